@@ -1,0 +1,221 @@
+"""The `defectdet` command line. Commands only parse arguments and call library functions.
+
+User-caused errors (`defectdet.errors.DefectDetError`) are printed as one red line, no traceback, exit 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from defectdet.errors import DefectDetError
+
+app = typer.Typer(
+    name="defectdet",
+    help="Industrial visual defect detection: synth -> check -> train -> val, on a CPU.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+console = Console(stderr=False)
+
+
+def _setup_logging(verbose: bool) -> None:
+    from rich.logging import RichHandler
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(message)s",
+        datefmt="[%X]",
+        handlers=[RichHandler(console=Console(stderr=True), show_path=False, rich_tracebacks=False)],
+        force=True,
+    )
+    for noisy in ("matplotlib", "PIL", "albumentations"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@app.callback()
+def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
+    _setup_logging(verbose)
+
+
+@app.command()
+def synth(
+    out: Path = typer.Argument(..., help="Folder to write the YOLO-format dataset into."),
+    boards: int = typer.Option(40, help="Number of boards (images)."),
+    seed: int = typer.Option(0, help="Random seed; the same seed writes the same dataset."),
+    template: bool = typer.Option(True, "--template/--no-template", help="Also render the defect-free template."),
+    min_size: int = typer.Option(480, help="Smallest image side in pixels."),
+    max_size: int = typer.Option(800, help="Largest image side in pixels."),
+    color: bool = typer.Option(False, "--color/--gray", help="Render RGB boards instead of grayscale."),
+) -> None:
+    """Write a procedural PCB dataset with exact defect boxes.
+
+    Example: defectdet synth data/synth --boards 60 --seed 1
+    """
+    from defectdet.data.synth import synthesize_dataset
+
+    data_yaml = synthesize_dataset(
+        out, boards=boards, seed=seed, template=template, min_size=min_size, max_size=max_size, color=color
+    )
+    console.print(f"[green]wrote[/green] {boards} boards -> {data_yaml}")
+
+
+@app.command()
+def check(
+    data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
+    format: Optional[str] = typer.Option(None, "--format", help="yolo|coco|voc|deeppcb (default: detected)."),
+) -> None:
+    """Validate a dataset: counts per class, sizes, templates, and every problem with its file and line.
+
+    Exit code 1 when any file has an error, 0 when there are only warnings.
+
+    Example: defectdet check ../shared/datasets/deeppcb
+    """
+    from defectdet.data.check import run_check
+
+    raise typer.Exit(run_check(data, format=format, console=console))
+
+
+@app.command()
+def presets(imgsz: int = typer.Option(640, help="Input size for the GFLOPs figure.")) -> None:
+    """List the model presets with parameters and GFLOPs.
+
+    Example: defectdet presets --imgsz 640
+    """
+    from defectdet.model.info import presets_table
+
+    console.print(presets_table(imgsz=imgsz))
+
+
+@app.command()
+def train(
+    data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
+    config: Optional[Path] = typer.Option(None, help="YAML with TrainConfig fields; options below override it."),
+    preset: Optional[str] = typer.Option(None, help="Model preset (see `defectdet presets`)."),
+    imgsz: Optional[int] = typer.Option(None, help="Letterbox size S (images become S x S)."),
+    crop_size: Optional[int] = typer.Option(None, "--crop", help="Train on random crops of this size (0 = full)."),
+    epochs: Optional[int] = typer.Option(None, help="Number of epochs."),
+    time: Optional[float] = typer.Option(None, "--time", help="Wall-clock budget in minutes (instead of epochs)."),
+    batch: Optional[int] = typer.Option(None, help="Batch size."),
+    workers: Optional[int] = typer.Option(None, help="DataLoader workers (default: picked from the CPU count)."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate."),
+    out: Optional[Path] = typer.Option(None, help="Run folder (default runs/train)."),
+    resume: Optional[Path] = typer.Option(None, help="Checkpoint to continue exactly from."),
+    device: Optional[str] = typer.Option(None, help="auto|cpu|cuda."),
+    amp: Optional[bool] = typer.Option(None, "--amp/--no-amp", help="Mixed precision (fp16 on CUDA; bf16 on CPU)."),
+    seed: Optional[int] = typer.Option(None, help="Random seed."),
+    train_split: Optional[str] = typer.Option(None, help="Split to train on (default train)."),
+    val_split: Optional[str] = typer.Option(None, help="Split to validate on (default val)."),
+    on_nonfinite: Optional[str] = typer.Option(None, help="skip|stop on a NaN/Inf loss or gradient."),
+    set_: list[str] = typer.Option([], "--set", help="Any other TrainConfig field: --set ema_decay=0.999"),
+) -> None:
+    """Train a detector. Writes last.pt, best.pt, metrics.csv, plots and report.html into the run folder.
+
+    Example: defectdet train data/synth/data.yaml --time 5 --out runs/synth
+    """
+    from defectdet.engine.config import load_config, parse_overrides
+    from defectdet.engine.trainer import train as run_training
+
+    overrides = parse_overrides(set_)
+    named = {
+        "data": str(data),
+        "preset": preset,
+        "imgsz": imgsz,
+        "crop_size": crop_size,
+        "epochs": epochs,
+        "time_minutes": time,
+        "batch": batch,
+        "workers": workers,
+        "lr": lr,
+        "out": str(out) if out else None,
+        "resume": str(resume) if resume else None,
+        "device": device,
+        "amp": amp,
+        "seed": seed,
+        "train_split": train_split,
+        "val_split": val_split,
+        "on_nonfinite": on_nonfinite,
+    }
+    overrides.update({key: value for key, value in named.items() if value is not None})
+    if overrides.get("crop_size") == 0:
+        overrides["crop_size"] = None
+    if time is not None and epochs is None:
+        overrides["epochs"] = None
+    result = run_training(load_config(config, overrides))
+    console.print(f"[green]done[/green]: run folder {result.run_dir}")
+    if result.best_metrics:
+        summary = ", ".join(f"{k}={v:.4f}" for k, v in result.best_metrics.items() if isinstance(v, float))
+        console.print(f"best: {summary}")
+
+
+@app.command()
+def val(
+    checkpoint: Path = typer.Argument(..., help="A checkpoint written by `defectdet train` (best.pt / last.pt)."),
+    data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
+    split: str = typer.Option("val", help="Split to evaluate (a DeepPCB list file stem, e.g. test)."),
+    protocol: str = typer.Option("both", help="coco|deeppcb|both."),
+    out: Optional[Path] = typer.Option(None, help="Output folder (default: runs/val/<checkpoint stem>)."),
+    conf: Optional[float] = typer.Option(None, help="Operating threshold (default: the best-F1 threshold)."),
+    target_recall: float = typer.Option(0.99, help="Also report the threshold that reaches this recall."),
+    clean_templates: bool = typer.Option(
+        False, help="Add each template image as a clean board, to measure the false-call rate on real clean boards."
+    ),
+    batch: int = typer.Option(8, help="Batch size."),
+    workers: Optional[int] = typer.Option(None, help="DataLoader workers."),
+    format: Optional[str] = typer.Option(None, "--format", help="Dataset format (default: detected)."),
+) -> None:
+    """Evaluate a checkpoint: COCO mAP, the DeepPCB protocol, operating point, plots and report.html.
+
+    Example: defectdet val runs/train/best.pt ../shared/datasets/deeppcb --split val --clean-templates
+    """
+    from defectdet.engine.validate import validate
+
+    metrics = validate(
+        checkpoint,
+        data,
+        split=split,
+        protocol=protocol,
+        out=out,
+        conf_threshold=conf,
+        target_recall=target_recall,
+        clean_templates=clean_templates,
+        batch=batch,
+        workers=workers,
+        format=format,
+        console=console,
+    )
+    console.print(f"[green]report[/green]: {metrics['report']}")
+
+
+@app.command()
+def demo(
+    out: Path = typer.Option(Path("runs/demo"), help="Folder for the synthetic data and the run."),
+    minutes: float = typer.Option(4.0, help="Training budget in minutes."),
+    boards: int = typer.Option(120, help="Synthetic boards to generate."),
+) -> None:
+    """The embedded default, offline: synthesize boards, check them, train, evaluate, report.
+
+    Example: defectdet demo --out runs/demo --minutes 4
+    """
+    from defectdet.demo import run_demo
+
+    run_demo(out, minutes=minutes, boards=boards, console=console)
+
+
+def main() -> None:
+    """Console entry point: user errors become one clear line and exit code 2."""
+    try:
+        app()
+    except DefectDetError as error:
+        Console(stderr=True).print(f"[bold red]error:[/bold red] {error}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

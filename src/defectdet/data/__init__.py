@@ -1,0 +1,1 @@
+"""Data in: dataset readers, robust image IO, letterbox, augmentation, torch datasets."""

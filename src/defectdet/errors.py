@@ -1,0 +1,30 @@
+"""Errors a user can cause. The CLI prints them without a traceback.
+
+Every message names the file, line or field at fault and says what to do.
+"""
+
+from __future__ import annotations
+
+
+class DefectDetError(Exception):
+    """Base class for errors caused by user input (data, config, checkpoints)."""
+
+
+class DatasetError(DefectDetError):
+    """A dataset cannot be read: unknown format, missing file, malformed label file."""
+
+
+class ImageReadError(DefectDetError):
+    """An image file is unreadable, truncated, empty or too large."""
+
+
+class ConfigError(DefectDetError):
+    """A config file or override has an unknown key or an invalid value."""
+
+
+class CheckpointError(DefectDetError):
+    """A checkpoint does not match the model (missing / unexpected / mis-shaped keys) or is corrupt."""
+
+
+class NonFiniteError(DefectDetError):
+    """Training produced a NaN/Inf loss or gradient and was told to stop."""
