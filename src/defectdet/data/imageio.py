@@ -1,0 +1,213 @@
+"""Robust image decoding: 8/16-bit, gray/RGB/RGBA/palette, EXIF orientation, size limits.
+
+The common case (8-bit JPEG/PNG) goes straight through `cv2.imdecode`, which also applies
+the EXIF orientation for the non-UNCHANGED flags used here. Pillow is the fallback for
+whatever OpenCV cannot decode. Everything a user can get wrong raises `ImageReadError`
+naming the file.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from defectdet.errors import ImageReadError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_PIXELS = 64_000_000
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_JPEG_SIGNATURE = b"\xff\xd8"
+# SOF0..SOF15 carry the frame size; C4 (DHT), C8 (JPG) and CC (DAC) share the range but do not.
+_JPEG_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_EXIF_ORIENTATION_TAG = 0x0112
+
+
+def read_image(path: str | Path, channels: int = 1, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Decode an image file to uint8: (H, W) when `channels == 1`, (H, W, 3) RGB when `channels == 3`.
+
+    16-bit (and other deep) images are scaled by their effective bit depth (a 12-bit camera
+    in a 16-bit PNG maps 4095 -> 255), so a tested image and its template from the same
+    camera keep comparable intensities. Alpha is dropped. EXIF orientation is applied.
+    """
+    if channels not in (1, 3):
+        raise ValueError(f"channels must be 1 or 3, got {channels}")
+    path = Path(path)
+    data = _read_bytes(path)
+    _check_size(path, data, max_pixels)
+
+    flags = cv2.IMREAD_ANYDEPTH | (cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR)
+    image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)
+    if image is None:
+        image = _decode_with_pillow(path, data, channels)
+    elif channels == 3:
+        image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)  # (H, W, 3) RGB
+    if image.dtype != np.uint8:
+        image = _to_uint8(image)
+    return image
+
+
+def read_image_size(path: str | Path) -> tuple[int, int]:
+    """(width, height) as `read_image` would return it (EXIF rotation applied), from the header only."""
+    path = Path(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                width, height = image.size
+                orientation = _exif_orientation(image)
+    except FileNotFoundError as error:
+        raise ImageReadError(f"{path}: image file not found") from error
+    except Image.DecompressionBombError:
+        with path.open("rb") as handle:
+            size = _header_size(handle.read(1 << 20))
+        if size is None:
+            raise ImageReadError(f"{path}: image too large to read its size") from None
+        return size
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+        if path.is_file() and path.stat().st_size == 0:
+            raise ImageReadError(f"{path}: image file is empty (0 bytes)") from error
+        raise ImageReadError(f"{path}: not a readable image ({error})") from error
+    if orientation in (5, 6, 7, 8):  # transposed / rotated by 90 or 270 degrees
+        width, height = height, width
+    return width, height
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        with path.open("rb") as handle:  # works for non-ASCII paths where cv2.imread does not
+            data = handle.read()
+    except FileNotFoundError as error:
+        raise ImageReadError(f"{path}: image file not found") from error
+    except IsADirectoryError as error:
+        raise ImageReadError(f"{path}: is a directory, not an image file") from error
+    except OSError as error:
+        raise ImageReadError(f"{path}: cannot read image file ({error.strerror or error})") from error
+    if not data:
+        raise ImageReadError(f"{path}: image file is empty (0 bytes)")
+    return data
+
+
+def _check_size(path: Path, data: bytes, max_pixels: int) -> None:
+    """Refuse images over `max_pixels` before decoding; detect truncated JPEGs."""
+    if data.startswith(_JPEG_SIGNATURE):
+        width, height, scan_start = _jpeg_header(data)
+        if scan_start < 0 or data.find(b"\xff\xd9", scan_start) < 0:
+            raise ImageReadError(f"{path}: JPEG is truncated (no image data end marker); re-export or drop it")
+    elif data.startswith(_PNG_SIGNATURE):
+        size = _png_size(data)
+        if size is None:
+            raise ImageReadError(f"{path}: PNG is truncated (header incomplete)")
+        width, height = size
+    else:
+        size = _pillow_size(path, data)
+        if size is None:  # a format only OpenCV knows; it enforces its own pixel limit
+            return
+        width, height = size
+    if width is None or height is None:
+        raise ImageReadError(f"{path}: JPEG has no frame header (truncated or corrupt)")
+    if width * height > max_pixels:
+        raise ImageReadError(
+            f"{path}: image is {width}x{height} = {width * height:,} pixels, over the limit of "
+            f"{max_pixels:,} (max_pixels); pass a larger max_pixels to read_image to allow it"
+        )
+
+
+def _jpeg_header(data: bytes) -> tuple[int | None, int | None, int]:
+    """Walk the JPEG marker segments: (width, height, offset of the first scan or -1)."""
+    width = height = None
+    position = 2
+    size = len(data)
+    while position + 4 <= size:
+        if data[position] != 0xFF:
+            return width, height, -1
+        marker = data[position + 1]
+        if marker == 0xFF:  # fill byte
+            position += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # standalone markers without a length
+            position += 2
+            continue
+        if marker == 0xD9:
+            return width, height, -1
+        if marker == 0xDA:
+            return width, height, position
+        if marker in _JPEG_SOF_MARKERS and position + 9 <= size:
+            height = int.from_bytes(data[position + 5 : position + 7], "big")
+            width = int.from_bytes(data[position + 7 : position + 9], "big")
+        position += 2 + int.from_bytes(data[position + 2 : position + 4], "big")
+    return width, height, -1
+
+
+def _png_size(data: bytes) -> tuple[int, int] | None:
+    if len(data) < 24 or data[12:16] != b"IHDR":
+        return None
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def _header_size(data: bytes) -> tuple[int, int] | None:
+    if data.startswith(_PNG_SIGNATURE):
+        return _png_size(data)
+    if data.startswith(_JPEG_SIGNATURE):
+        width, height, _ = _jpeg_header(data)
+        if width is not None and height is not None:
+            return width, height
+    return None
+
+
+def _pillow_size(path: Path, data: bytes) -> tuple[int, int] | None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                return image.size
+    except Image.DecompressionBombError as error:
+        raise ImageReadError(f"{path}: image is too large for Pillow to open ({error})") from error
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+        return None
+
+
+def _exif_orientation(image: Image.Image) -> int:
+    try:
+        return int(image.getexif().get(_EXIF_ORIENTATION_TAG, 1))
+    except Exception:  # noqa: BLE001 - broken EXIF must not make an image unreadable
+        return 1
+
+
+def _decode_with_pillow(path: Path, data: bytes, channels: int) -> np.ndarray:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as opened:
+                opened.load()
+                image = ImageOps.exif_transpose(opened) or opened
+                if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+                    array = np.asarray(image)  # (H, W) deep gray
+                    return array if channels == 1 else np.repeat(array[:, :, None], 3, axis=2)
+                return np.asarray(image.convert("L" if channels == 1 else "RGB"))
+    except Image.DecompressionBombError as error:
+        raise ImageReadError(f"{path}: image is too large for Pillow to decode ({error})") from error
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+        raise ImageReadError(f"{path}: cannot decode image (corrupt, truncated or not an image: {error})") from error
+
+
+def _to_uint8(image: np.ndarray) -> np.ndarray:
+    """Scale a deep image to uint8 by its effective bit depth (floats: [0, 1] or their own max)."""
+    if np.issubdtype(image.dtype, np.floating):
+        finite = np.nan_to_num(image.astype(np.float32), nan=0.0, posinf=0.0, neginf=0.0)
+        peak = float(finite.max()) if finite.size else 0.0
+        scale = 255.0 if peak <= 1.0 else 255.0 / peak
+        return np.clip(finite * scale + 0.5, 0, 255).astype(np.uint8)
+    peak = int(image.max()) if image.size else 0
+    bits = min(max(int(peak).bit_length(), 8), 32)
+    if bits == 8:
+        return np.clip(image, 0, 255).astype(np.uint8)
+    scale = 255.0 / float((1 << bits) - 1)
+    return np.clip(image.astype(np.float32) * scale + 0.5, 0, 255).astype(np.uint8)

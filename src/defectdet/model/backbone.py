@@ -1,0 +1,123 @@
+"""Input fusion (normalization + template difference) and a depthwise-separable backbone."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# Fixed normalization so the runtime feeds plain [0, 1] images.
+INPUT_MEAN = 0.5
+INPUT_STD = 0.25
+
+
+class ConvBnAct(nn.Module):
+    """Conv2d (no bias) -> BatchNorm -> SiLU (activation optional)."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int = 1,
+        stride: int = 1,
+        groups: int = 1,
+        padding: int | None = None,
+        activation: bool = True,
+    ) -> None:
+        super().__init__()
+        if padding is None:
+            padding = kernel_size // 2
+        self.conv = nn.Conv2d(
+            in_channels, out_channels, kernel_size, stride, padding, groups=groups, bias=False
+        )
+        self.norm = nn.BatchNorm2d(out_channels, eps=1e-3, momentum=0.03)
+        self.act = nn.SiLU(inplace=True) if activation else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.norm(self.conv(x)))
+
+
+class SeparableBlock(nn.Module):
+    """Depthwise kxk (stride s) -> pointwise 1x1; residual when shape is kept."""
+
+    def __init__(
+        self, in_channels: int, out_channels: int, stride: int = 1, kernel_size: int = 3
+    ) -> None:
+        super().__init__()
+        self.depthwise = ConvBnAct(in_channels, in_channels, kernel_size, stride, groups=in_channels)
+        self.pointwise = ConvBnAct(in_channels, out_channels, 1)
+        self.residual = stride == 1 and in_channels == out_channels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.pointwise(self.depthwise(x))
+        return x + y if self.residual else y
+
+
+class InputFusion(nn.Module):
+    """Normalizes [0, 1] input; with a template appends the signed difference.
+
+    Input channels are ``[tested (c), template (c)]`` when ``template`` is true.
+    Output is ``[tested, template, tested - template]`` (3c channels), so the stem
+    sees the change directly, the way AOI compares a board to its golden image.
+    """
+
+    def __init__(self, in_channels: int, template: bool) -> None:
+        super().__init__()
+        if template and in_channels % 2:
+            raise ValueError(f"template input needs an even channel count, got {in_channels}")
+        self.in_channels = in_channels
+        self.template = template
+        self.out_channels = in_channels // 2 * 3 if template else in_channels
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        # images: (B, C, H, W) in [0, 1]
+        if not self.template:
+            return (images - INPUT_MEAN) / INPUT_STD
+        half = self.in_channels // 2
+        tested, reference = images[:, :half], images[:, half:]
+        difference = (tested - reference) / INPUT_STD  # (B, c, H, W), zero where unchanged
+        return torch.cat(
+            [(tested - INPUT_MEAN) / INPUT_STD, (reference - INPUT_MEAN) / INPUT_STD, difference], 1
+        )
+
+
+class Backbone(nn.Module):
+    """Patchify stem (stride 4) then stages at strides 8, 16, 32.
+
+    The stride-4 patchify stem (a 4x4/4 conv) never materializes a full- or
+    half-resolution feature map, which is what dominates CPU latency at 640x640;
+    the smallest target defects (~24 px) still span 6 stem cells.
+    Returns the feature maps at strides 8, 16, 32.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        widths: tuple[int, int, int, int],
+        depths: tuple[int, int, int, int],
+        kernel_size: int = 3,
+    ) -> None:
+        super().__init__()
+        stem_width = widths[0]
+        self.stem = ConvBnAct(in_channels, stem_width, kernel_size=4, stride=4, padding=0)
+        stages: list[nn.Module] = []
+        previous = stem_width
+        for index, (width, depth) in enumerate(zip(widths, depths)):
+            blocks: list[nn.Module] = []
+            if index > 0:  # downsample into this stage
+                blocks.append(SeparableBlock(previous, width, stride=2, kernel_size=kernel_size))
+            elif previous != width:
+                blocks.append(ConvBnAct(previous, width, 1))
+            blocks += [SeparableBlock(width, width, 1, kernel_size) for _ in range(depth)]
+            stages.append(nn.Sequential(*blocks))
+            previous = width
+        self.stages = nn.ModuleList(stages)
+        self.out_channels = tuple(widths[1:])
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        x = self.stem(x)  # (B, w0, H/4, W/4)
+        outputs = []
+        for index, stage in enumerate(self.stages):
+            x = stage(x)
+            if index > 0:
+                outputs.append(x)  # strides 8, 16, 32
+        return outputs
