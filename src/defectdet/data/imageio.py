@@ -37,10 +37,22 @@ def read_image(path: str | Path, channels: int = 1, max_pixels: int = DEFAULT_MA
     in a 16-bit PNG maps 4095 -> 255), so a tested image and its template from the same
     camera keep comparable intensities. Alpha is dropped. EXIF orientation is applied.
     """
+    path = Path(path)
+    return decode_image(_read_bytes(path), path, channels, max_pixels)
+
+
+def decode_image(
+    data: bytes, name: str | Path = "<bytes>", channels: int = 1, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> np.ndarray:
+    """`read_image` on bytes already in memory (uploads, or a file read once for hashing too).
+
+    `name` only labels error messages.
+    """
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels}")
-    path = Path(path)
-    data = _read_bytes(path)
+    path = Path(name)
+    if not data:
+        raise ImageReadError(f"{path}: image file is empty (0 bytes)")
     _check_size(path, data, max_pixels)
 
     flags = cv2.IMREAD_ANYDEPTH | (cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR)
@@ -100,7 +112,9 @@ def _check_size(path: Path, data: bytes, max_pixels: int) -> None:
     if data.startswith(_JPEG_SIGNATURE):
         width, height, scan_start = _jpeg_header(data)
         if scan_start < 0 or data.find(b"\xff\xd9", scan_start) < 0:
-            raise ImageReadError(f"{path}: JPEG is truncated (no image data end marker); re-export or drop it")
+            raise ImageReadError(
+                f"{path}: JPEG is truncated (no image data end marker); re-export or drop it"
+            )
     elif data.startswith(_PNG_SIGNATURE):
         size = _png_size(data)
         if size is None:
@@ -195,7 +209,9 @@ def _decode_with_pillow(path: Path, data: bytes, channels: int) -> np.ndarray:
     except Image.DecompressionBombError as error:
         raise ImageReadError(f"{path}: image is too large for Pillow to decode ({error})") from error
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
-        raise ImageReadError(f"{path}: cannot decode image (corrupt, truncated or not an image: {error})") from error
+        raise ImageReadError(
+            f"{path}: cannot decode image (corrupt, truncated or not an image: {error})"
+        ) from error
 
 
 def _to_uint8(image: np.ndarray) -> np.ndarray:

@@ -1,0 +1,146 @@
+"""Dataset readers: YOLO data.yaml, COCO json, Pascal VOC folder, DeepPCB root -> `DatasetSplit`.
+
+Each reader module exposes `load(path, split) -> DatasetSplit` and `splits(path) -> list[str]`.
+Parse problems become `Problem`s on the split; only an unreadable dataset raises `DatasetError`.
+The reader modules are imported lazily so importing this package stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+from defectdet.data.sample import DatasetSplit, Problem
+from defectdet.errors import DatasetError
+
+FORMATS = ("yolo", "coco", "voc", "deeppcb")
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
+# Boxes may overshoot the image by this fraction of its side (at least 1 px) before it is an error.
+BOX_TOLERANCE = 0.01
+TINY_BOX_PIXELS = 2.0
+
+_DEEPPCB_LINE = re.compile(r"^\S+\.(?:jpg|jpeg|png|bmp|tif|tiff)\s+\S+\.txt$", re.IGNORECASE)
+
+
+def detect_format(path: str | Path) -> str:
+    """Guess the dataset format of `path`: 'yolo', 'coco', 'voc' or 'deeppcb'."""
+    path = Path(path)
+    if not path.exists():
+        raise DatasetError(f"{path}: dataset not found")
+    if path.is_file():
+        suffix = path.suffix.lower()
+        if suffix in (".yaml", ".yml"):
+            return "yolo"
+        if suffix == ".json":
+            return "coco"
+        if suffix == ".txt" and is_deeppcb_list(path):
+            return "deeppcb"
+    else:
+        if (path / "data.yaml").is_file() or (path / "data.yml").is_file():
+            return "yolo"
+        if (path / "Annotations").is_dir() and any((path / "Annotations").glob("*.xml")):
+            return "voc"
+        if any(path.glob("*.xml")):
+            return "voc"
+        if any(is_deeppcb_list(candidate) for candidate in sorted(path.glob("*.txt"))):
+            return "deeppcb"
+    raise DatasetError(
+        f"{path}: cannot tell the dataset format. Looked for a YOLO data.yaml (a .yaml/.yml file or a folder "
+        "holding data.yaml), a COCO .json file, a Pascal VOC folder (Annotations/*.xml, or *.xml beside the "
+        "images) and a DeepPCB root (*.txt list files with lines 'groupG/G/ID.jpg groupG/G_not/ID.txt'). "
+        f"Pass the format explicitly (one of {', '.join(FORMATS)})."
+    )
+
+
+def load_dataset(path: str | Path, split: str = "train", format: str | None = None) -> DatasetSplit:
+    """Read one split of the dataset at `path` (format detected unless given)."""
+    return _reader(path, format).load(Path(path), split)
+
+
+def available_splits(path: str | Path, format: str | None = None) -> list[str]:
+    """The split names `load_dataset` accepts for this dataset."""
+    return _reader(path, format).splits(Path(path))
+
+
+def _reader(path: str | Path, format: str | None):
+    name = format or detect_format(path)
+    if name not in FORMATS:
+        raise DatasetError(f"unknown dataset format {name!r}; expected one of {', '.join(FORMATS)}")
+    if not Path(path).exists():
+        raise DatasetError(f"{path}: dataset not found")
+    return importlib.import_module(f"defectdet.data.formats.{name}")
+
+
+def is_deeppcb_list(path: Path) -> bool:
+    """True when the first non-empty line of `path` looks like 'groupG/G/ID.jpg groupG/G_not/ID.txt'."""
+    try:
+        with path.open("r", encoding="utf-8", errors="replace") as handle:
+            for _, line in zip(range(20), handle, strict=False):
+                if line.strip():
+                    return bool(_DEEPPCB_LINE.match(line.strip()))
+    except OSError:
+        return False
+    return False
+
+
+def list_images(folder: Path) -> list[Path]:
+    """Image files under `folder`, recursively, in sorted order."""
+    return sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+
+
+def order_splits(names: set[str] | list[str]) -> list[str]:
+    """train, val, test first, then the rest alphabetically."""
+    preferred = [name for name in ("train", "val", "test") if name in names]
+    return preferred + sorted(set(names) - set(preferred))
+
+
+def check_box(
+    box: tuple[float, float, float, float],
+    width: float | None,
+    height: float | None,
+    problems: list[Problem],
+    path: str,
+    line: int = 0,
+    what: str = "box",
+) -> tuple[float, float, float, float] | None:
+    """Validate an xyxy pixel box: None (and an error) when unusable, else the box clipped to the image.
+
+    Zero/negative area and boxes beyond the image by more than `BOX_TOLERANCE` are errors;
+    boxes under `TINY_BOX_PIXELS` on a side are kept with a warning.
+    """
+    x1, y1, x2, y2 = box
+    if not (x2 > x1 and y2 > y1):
+        problems.append(Problem("error", path, f"{what} {_format_box(box)} has zero or negative area", line))
+        return None
+    if width is not None and height is not None:
+        tolerance_x = max(1.0, BOX_TOLERANCE * width)
+        tolerance_y = max(1.0, BOX_TOLERANCE * height)
+        if x1 < -tolerance_x or y1 < -tolerance_y or x2 > width + tolerance_x or y2 > height + tolerance_y:
+            problems.append(
+                Problem(
+                    "error",
+                    path,
+                    f"{what} {_format_box(box)} is outside the {width:g}x{height:g} image",
+                    line,
+                )
+            )
+            return None
+        x1, x2 = min(max(x1, 0.0), width), min(max(x2, 0.0), width)
+        y1, y2 = min(max(y1, 0.0), height), min(max(y2, 0.0), height)
+        if not (x2 > x1 and y2 > y1):
+            problems.append(
+                Problem("error", path, f"{what} {_format_box(box)} has no area inside the image", line)
+            )
+            return None
+    if x2 - x1 < TINY_BOX_PIXELS or y2 - y1 < TINY_BOX_PIXELS:
+        problems.append(
+            Problem(
+                "warning", path, f"{what} {_format_box(box)} is tiny (under {TINY_BOX_PIXELS:g} px)", line
+            )
+        )
+    return x1, y1, x2, y2
+
+
+def _format_box(box: tuple[float, float, float, float]) -> str:
+    return "(" + ", ".join(f"{value:.4g}" for value in box) + ")"

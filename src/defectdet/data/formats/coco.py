@@ -1,0 +1,182 @@
+"""COCO detection json: `images`, `annotations` (bbox x, y, w, h in pixels), `categories`.
+
+The json is the split (named by its stem). Category ids may be arbitrary; sorted ids map to
+0..K-1. Image `file_name`s resolve against the json's folder, an `images/` folder beside it,
+or the same two one level up (the `annotations/` + `images/` layout). Our extension: an image
+record may carry `template_file_name`. Crowd annotations (`iscrowd: 1`) are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from defectdet.data.formats import check_box, order_splits
+from defectdet.data.sample import DatasetSplit, Problem, Sample
+from defectdet.errors import DatasetError
+
+
+def splits(path: Path) -> list[str]:
+    return order_splits([json_path.stem for json_path in _json_files(path)])
+
+
+def load(path: Path, split: str) -> DatasetSplit:
+    if path.is_dir():
+        by_stem = {json_path.stem: json_path for json_path in _json_files(path)}
+        if split not in by_stem:
+            raise DatasetError(
+                f"{path}: no COCO json named {split}.json; available: {', '.join(sorted(by_stem))}"
+            )
+        path = by_stem[split]
+    document = _read_json(path)
+    json_name = str(path)
+    problems: list[Problem] = []
+    category_index, class_names = _categories(path, document)
+    samples_by_id: dict[Any, Sample] = {}
+    for position, record in enumerate(_records(path, document, "images")):
+        sample = _image_sample(path, position, record, problems)
+        if sample is not None:
+            samples_by_id[record["id"]] = sample
+    known_images = {record.get("id") for record in document.get("images", []) if isinstance(record, dict)}
+    boxes: dict[Any, list[tuple[float, float, float, float]]] = {image_id: [] for image_id in samples_by_id}
+    classes: dict[Any, list[int]] = {image_id: [] for image_id in samples_by_id}
+    for position, annotation in enumerate(_records(path, document, "annotations")):
+        where = f"annotations[{position}] (id {annotation.get('id', '?')})"
+        if annotation.get("iscrowd", 0):
+            continue
+        image_id = annotation.get("image_id")
+        if image_id not in known_images:
+            problems.append(Problem("error", json_name, f"{where}: image_id {image_id!r} is not in 'images'"))
+            continue
+        if annotation.get("category_id") not in category_index:
+            problems.append(
+                Problem(
+                    "error",
+                    json_name,
+                    f"{where}: category_id {annotation.get('category_id')!r} is not in 'categories'",
+                )
+            )
+            continue
+        if image_id not in samples_by_id:
+            continue  # its image is missing; reported once with the image
+        bbox = annotation.get("bbox")
+        if not (isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, (int, float)) for v in bbox)):
+            problems.append(
+                Problem("error", json_name, f"{where}: bbox must be 4 numbers [x, y, w, h], got {bbox!r}")
+            )
+            continue
+        x, y, box_width, box_height = (float(value) for value in bbox)
+        if box_width <= 0 or box_height <= 0:
+            problems.append(
+                Problem("error", json_name, f"{where}: bbox {bbox} has non-positive width or height")
+            )
+            continue
+        sample = samples_by_id[image_id]
+        checked = check_box(
+            (x, y, x + box_width, y + box_height),
+            sample.width,
+            sample.height,
+            problems,
+            json_name,
+            what=f"{where}: bbox",
+        )
+        if checked is not None:
+            boxes[image_id].append(checked)
+            classes[image_id].append(category_index[annotation["category_id"]])
+    for image_id, sample in samples_by_id.items():
+        sample.boxes = np.asarray(boxes[image_id], np.float32).reshape(-1, 4)
+        sample.classes = np.asarray(classes[image_id], np.int64)
+    return DatasetSplit(list(samples_by_id.values()), class_names, "coco", path.stem, path.parent, problems)
+
+
+def _json_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    found = sorted(path.glob("*.json")) or sorted((path / "annotations").glob("*.json"))
+    if not found:
+        raise DatasetError(f"{path}: no COCO .json file here or in annotations/")
+    return found
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise DatasetError(f"{path}: COCO json not found") from error
+    except json.JSONDecodeError as error:
+        raise DatasetError(
+            f"{path}:{error.lineno}: invalid JSON ({error.msg}, column {error.colno})"
+        ) from error
+    if not isinstance(document, dict) or not isinstance(document.get("images"), list):
+        raise DatasetError(f"{path}: not a COCO detection file (needs an 'images' list)")
+    return document
+
+
+def _records(path: Path, document: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    records = document.get(key, [])
+    if not isinstance(records, list):
+        raise DatasetError(f"{path}: field '{key}' must be a list")
+    return [record for record in records if isinstance(record, dict)]
+
+
+def _categories(path: Path, document: dict[str, Any]) -> tuple[dict[Any, int], list[str]]:
+    categories = _records(path, document, "categories")
+    if not categories:  # derive from the annotations rather than refuse the file
+        ids = sorted({a.get("category_id") for a in _records(path, document, "annotations")}, key=str)
+        return {category_id: index for index, category_id in enumerate(ids)}, [str(i) for i in ids]
+    by_id: dict[Any, str] = {}
+    for category in categories:
+        category_id = category.get("id")
+        if category_id in by_id:
+            raise DatasetError(f"{path}: field 'categories': id {category_id!r} appears twice")
+        by_id[category_id] = str(category.get("name", category_id))
+    try:
+        ordered = sorted(by_id)
+    except TypeError as error:
+        raise DatasetError(f"{path}: field 'categories': ids must all be numbers (or all strings)") from error
+    return {category_id: index for index, category_id in enumerate(ordered)}, [by_id[i] for i in ordered]
+
+
+def _image_sample(
+    path: Path, position: int, record: dict[str, Any], problems: list[Problem]
+) -> Sample | None:
+    where = f"images[{position}] (id {record.get('id', '?')})"
+    file_name = record.get("file_name")
+    if "id" not in record or not isinstance(file_name, str):
+        problems.append(Problem("error", str(path), f"{where}: needs 'id' and 'file_name'"))
+        return None
+    image_path = resolve_image(path.parent, file_name)
+    if image_path is None:
+        problems.append(Problem("error", str(path), f"{where}: image file {file_name!r} not found"))
+        return None
+    template_path = None
+    template_name = record.get("template_file_name")
+    if isinstance(template_name, str):
+        template_path = resolve_image(path.parent, template_name)
+        if template_path is None:
+            problems.append(Problem("warning", str(path), f"{where}: template {template_name!r} not found"))
+    width, height = record.get("width"), record.get("height")
+    return Sample(
+        image_path,
+        np.zeros((0, 4), np.float32),
+        np.zeros(0, np.int64),
+        template_path=template_path,
+        source=str(path),
+        image_id=str(record["id"]),
+        width=int(width) if isinstance(width, (int, float)) and width > 0 else None,
+        height=int(height) if isinstance(height, (int, float)) and height > 0 else None,
+    )
+
+
+def resolve_image(folder: Path, file_name: str) -> Path | None:
+    """The first existing of folder/name, folder/images/name, and the same one level up."""
+    name = Path(file_name)
+    if name.is_absolute():
+        return name if name.is_file() else None
+    for base in (folder, folder / "images", folder.parent, folder.parent / "images"):
+        if (base / name).is_file():
+            return base / name
+    return None

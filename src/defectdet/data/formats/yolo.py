@@ -1,0 +1,264 @@
+"""YOLO `data.yaml` datasets: normalized `cls cx cy w h` label files beside an images/labels tree.
+
+A split is a folder of images, a list of folders, or a .txt list of image paths. Labels live
+at the image path with its last `images` folder replaced by `labels` and the suffix `.txt`
+(or beside the image when there is no `images` folder). A missing label file means a clean image.
+Optional `templates: {split: folder}` (or one folder for all splits) holds each image's
+defect-free template under the same file name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from defectdet.data.formats import IMAGE_EXTENSIONS, check_box, list_images, order_splits
+from defectdet.data.imageio import read_image_size
+from defectdet.data.sample import DatasetSplit, Problem, Sample
+from defectdet.errors import DatasetError, ImageReadError
+
+SPLIT_KEYS = ("train", "val", "test")
+_NOT_LABELS = frozenset({"classes.txt", "data.txt"})
+
+
+def splits(path: Path) -> list[str]:
+    _, config = _read_config(path)
+    return order_splits([key for key in SPLIT_KEYS if config.get(key)])
+
+
+def load(path: Path, split: str) -> DatasetSplit:
+    yaml_path, config = _read_config(path)
+    root = _resolve_root(yaml_path, config)
+    class_names = _class_names(yaml_path, config)
+    spec = config.get(split)
+    if not spec:
+        raise DatasetError(f"{yaml_path}: no '{split}' split; available: {', '.join(splits(path)) or 'none'}")
+    problems: list[Problem] = []
+    entries = _split_images(yaml_path, root, split, spec, problems)  # (image, folder it came from or None)
+    template_folder = _template_folder(root, config.get("templates"), split)
+    samples: list[Sample] = []
+    label_folders: dict[Path, Path] = {}
+    for image_path, base in entries:
+        label_path = label_path_for(image_path)
+        if base is not None:
+            label_folders.setdefault(label_path_for(base / "x.jpg").parent, base)
+        sample = _read_sample(image_path, label_path, len(class_names), problems)
+        if sample is None:
+            continue
+        sample.image_id = _image_id(image_path, base, root)
+        if template_folder is not None:
+            sample.template_path = _find_template(template_folder, image_path, base, problems)
+        samples.append(sample)
+    _report_orphan_labels(label_folders, {image for image, _ in entries}, problems)
+    return DatasetSplit(samples, class_names, "yolo", split, root, problems)
+
+
+def label_path_for(image_path: Path) -> Path:
+    """`.../images/a/b.jpg` -> `.../labels/a/b.txt` (last `images` part); beside the image otherwise."""
+    parts = list(image_path.parts)
+    for index in range(len(parts) - 2, -1, -1):
+        if parts[index] == "images":
+            parts[index] = "labels"
+            return Path(*parts).with_suffix(".txt")
+    return image_path.with_suffix(".txt")
+
+
+def _read_config(path: Path) -> tuple[Path, dict[str, Any]]:
+    yaml_path = path
+    if path.is_dir():
+        yaml_path = path / "data.yaml" if (path / "data.yaml").is_file() else path / "data.yml"
+    try:
+        config = yaml.safe_load(yaml_path.read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise DatasetError(f"{yaml_path}: data.yaml not found") from error
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{yaml_path}:{mark.line + 1}" if mark is not None else str(yaml_path)
+        raise DatasetError(f"{where}: invalid YAML ({getattr(error, 'problem', error)})") from error
+    if not isinstance(config, dict):
+        raise DatasetError(f"{yaml_path}: expected a mapping with keys path, train, val, names")
+    return yaml_path, config
+
+
+def _resolve_root(yaml_path: Path, config: dict[str, Any]) -> Path:
+    root = config.get("path")
+    if not root:
+        return yaml_path.parent
+    root_path = Path(str(root)).expanduser()
+    return root_path if root_path.is_absolute() else yaml_path.parent / root_path
+
+
+def _class_names(yaml_path: Path, config: dict[str, Any]) -> list[str]:
+    names = config.get("names")
+    if isinstance(names, list):
+        return [str(name) for name in names]
+    if isinstance(names, dict):
+        try:
+            by_id = {int(key): str(value) for key, value in names.items()}
+        except (TypeError, ValueError) as error:
+            raise DatasetError(f"{yaml_path}: field 'names': keys must be integer class ids") from error
+        if sorted(by_id) != list(range(len(by_id))):
+            raise DatasetError(
+                f"{yaml_path}: field 'names': class ids must be 0..{len(by_id) - 1} without gaps"
+            )
+        return [by_id[index] for index in range(len(by_id))]
+    if isinstance(config.get("nc"), int):
+        return [str(index) for index in range(config["nc"])]
+    raise DatasetError(
+        f"{yaml_path}: field 'names' missing (a list of class names or an {{id: name}} mapping)"
+    )
+
+
+def _split_images(
+    yaml_path: Path, root: Path, split: str, spec: Any, problems: list[Problem]
+) -> list[tuple[Path, Path | None]]:
+    entries: list[tuple[Path, Path | None]] = []
+    for item in spec if isinstance(spec, list) else [spec]:
+        location = Path(str(item)).expanduser()
+        location = location if location.is_absolute() else root / location
+        if location.is_dir():
+            entries.extend((image, location) for image in list_images(location))
+        elif location.is_file() and location.suffix.lower() == ".txt":
+            entries.extend((image, None) for image in _read_image_list(location, root, problems))
+        elif location.is_file() and location.suffix.lower() in IMAGE_EXTENSIONS:
+            entries.append((location, None))
+        else:
+            raise DatasetError(
+                f"{yaml_path}: field '{split}': {location} is not an image folder or a .txt list"
+            )
+    return entries
+
+
+def _read_image_list(list_path: Path, root: Path, problems: list[Problem]) -> list[Path]:
+    images = []
+    for line_number, line in enumerate(list_path.read_text(encoding="utf-8").splitlines(), start=1):
+        name = line.strip()
+        if not name:
+            continue
+        candidate = Path(name).expanduser()
+        if not candidate.is_absolute():
+            beside_list = list_path.parent / candidate
+            candidate = (
+                beside_list if beside_list.exists() or not (root / candidate).exists() else root / candidate
+            )
+        if candidate.is_file():
+            images.append(candidate)
+        else:
+            problems.append(
+                Problem("error", str(list_path), f"listed image {candidate} not found", line_number)
+            )
+    return images
+
+
+def _read_sample(
+    image_path: Path, label_path: Path, num_classes: int, problems: list[Problem]
+) -> Sample | None:
+    try:
+        lines = label_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        lines = []  # no label file: an image without defects
+    except OSError as error:
+        problems.append(Problem("error", str(label_path), f"cannot read label file ({error})"))
+        return None
+    source = str(label_path) if lines else ""
+    if not any(line.strip() for line in lines):
+        return Sample(image_path, np.zeros((0, 4), np.float32), np.zeros(0, np.int64), source=source)
+    try:
+        width, height = read_image_size(image_path)
+    except ImageReadError as error:
+        problems.append(Problem("error", str(image_path), str(error).removeprefix(f"{image_path}: ")))
+        return None
+    boxes, classes = [], []
+    for line_number, line in enumerate(lines, start=1):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 5:
+            problems.append(
+                Problem(
+                    "error", source, f"expected 'class cx cy w h' (5 fields), got {len(fields)}", line_number
+                )
+            )
+            continue
+        try:
+            class_value = float(fields[0])
+            center_x, center_y, box_width, box_height = (float(value) for value in fields[1:])
+        except ValueError:
+            problems.append(Problem("error", source, f"non-numeric field in {line.strip()!r}", line_number))
+            continue
+        if class_value != int(class_value) or not 0 <= class_value < num_classes:
+            problems.append(
+                Problem(
+                    "error", source, f"class id {fields[0]} out of range 0..{num_classes - 1}", line_number
+                )
+            )
+            continue
+        box = (
+            (center_x - box_width / 2) * width,
+            (center_y - box_height / 2) * height,
+            (center_x + box_width / 2) * width,
+            (center_y + box_height / 2) * height,
+        )
+        checked = check_box(box, width, height, problems, source, line_number)
+        if checked is not None:
+            boxes.append(checked)
+            classes.append(int(class_value))
+    return Sample(
+        image_path,
+        np.asarray(boxes, np.float32).reshape(-1, 4),
+        np.asarray(classes, np.int64),
+        source=source,
+        width=width,
+        height=height,
+    )
+
+
+def _image_id(image_path: Path, base: Path | None, root: Path) -> str:
+    for anchor in (base, root):
+        if anchor is not None:
+            try:
+                return image_path.relative_to(anchor).with_suffix("").as_posix()
+            except ValueError:
+                continue
+    return image_path.stem
+
+
+def _template_folder(root: Path, templates: Any, split: str) -> Path | None:
+    if not templates:
+        return None
+    entry = templates.get(split) if isinstance(templates, dict) else templates
+    if not entry:
+        return None
+    folder = Path(str(entry)).expanduser()
+    return folder if folder.is_absolute() else root / folder
+
+
+def _find_template(folder: Path, image_path: Path, base: Path | None, problems: list[Problem]) -> Path | None:
+    candidates = []
+    if base is not None:
+        candidates.append(folder / image_path.relative_to(base))
+    candidates.append(folder / image_path.name)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    problems.append(Problem("warning", str(image_path), f"template not found (looked for {candidates[0]})"))
+    return None
+
+
+def _report_orphan_labels(
+    label_folders: dict[Path, Path], images: set[Path], problems: list[Problem]
+) -> None:
+    """Label files in a split's labels folder whose image does not exist."""
+    stems = {image.with_suffix("") for image in images}
+    for label_folder, image_folder in label_folders.items():
+        if not label_folder.is_dir():
+            continue
+        for label in sorted(label_folder.rglob("*.txt")):
+            if label.name in _NOT_LABELS:
+                continue
+            image_stem = image_folder / label.relative_to(label_folder).with_suffix("")
+            if image_stem not in stems:
+                problems.append(Problem("error", str(label), "label file without an image"))
