@@ -1,0 +1,392 @@
+"""`evaluate_records` (the one call trainer and `defectdet val` make) and the self-contained report.html."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from defectdet.evaluation.coco import coco_metrics
+from defectdet.evaluation.deeppcb import deeppcb_metrics, write_deeppcb_results
+from defectdet.evaluation.operating_point import confusion_matrix, operating_points
+from defectdet.evaluation.timing import StageTimer
+from defectdet.evaluation.types import ImageRecord
+
+logger = logging.getLogger(__name__)
+
+Protocol = Literal["coco", "deeppcb", "both"]
+PLOT_CAPTIONS = {
+    "pr_curve": "Precision-recall per class at IoU 0.5; the bold line is the mean over classes.",
+    "threshold_curves": "Box-level precision/recall/F1 and image-level escape/false-call rates against the "
+    "confidence threshold; vertical lines mark the chosen and the target-recall thresholds.",
+    "confusion_matrix": "Class confusions at the chosen threshold (IoU 0.5). Background column: missed defects; "
+    "background row: false alarms.",
+    "val_predictions": "Ground truth (green, dashed) and predictions (red) on the images with the most errors.",
+    "loss": "Training losses and validation metrics per epoch (from metrics.csv).",
+}
+
+
+def to_jsonable(value):
+    """Recursively turn NumPy scalars/arrays into Python values and non-finite floats into None."""
+    if isinstance(value, Mapping):
+        return {str(key): to_jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(item) for item in value]
+    if isinstance(value, np.ndarray):
+        return to_jsonable(value.tolist())
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def evaluate_records(
+    records: Sequence[ImageRecord],
+    class_names: Sequence[str],
+    out_dir: str | Path,
+    protocol: Protocol = "both",
+    target_recall: float = 0.99,
+    conf_threshold: float | None = None,
+    timing: StageTimer | Mapping | None = None,
+    *,
+    plots: bool = True,
+    load_image: Callable[[ImageRecord], np.ndarray | None] | None = None,
+    metrics_csv: str | Path | None = None,
+    deeppcb_results_dir: str | Path | None = None,
+    title: str = "defectdet evaluation",
+    settings: Mapping | None = None,
+) -> dict:
+    """Run COCO and/or DeepPCB metrics and the operating-point analysis; write `metrics.json`,
+    the plots and `report.html` into `out_dir`; return the metrics dict.
+
+    The operating threshold is `conf_threshold` when given, else the best-F1 threshold at IoU 0.5.
+    `plots=False` skips the PNGs and the report (cheap per-epoch validation). `metrics_csv` defaults
+    to `out_dir/metrics.csv` when that file exists (loss curves).
+    """
+    if protocol not in ("coco", "deeppcb", "both"):
+        raise ValueError(f"protocol must be 'coco', 'deeppcb' or 'both', got {protocol!r}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    class_names = list(class_names)
+
+    operating = operating_points(records, class_names, 0.5, target_recall, conf_threshold)
+    chosen_threshold = operating.summary["chosen"]["threshold"]
+    metrics: dict = {
+        "num_images": len(records),
+        "num_clean_images": sum(record.is_clean for record in records),
+        "num_gt": int(sum(len(record.gt_boxes) for record in records)),
+        "num_detections": int(sum(len(record.det_scores) for record in records)),
+        "class_names": class_names,
+        "protocol": protocol,
+    }
+    if protocol in ("coco", "both"):
+        metrics["coco"] = coco_metrics(records, class_names)
+    if protocol in ("deeppcb", "both"):
+        metrics["deeppcb"] = deeppcb_metrics(records, class_names, 0.33, chosen_threshold)
+        if deeppcb_results_dir is not None:
+            write_deeppcb_results(records, deeppcb_results_dir, class_names)
+    metrics["operating_point"] = operating.summary
+    if isinstance(timing, StageTimer):
+        metrics["timing"] = timing.summary()
+    else:
+        metrics["timing"] = dict(timing) if timing else None
+    metrics["per_class"] = _per_class_rows(metrics, class_names)
+    metrics["headline"] = _headline(metrics)
+    metrics = to_jsonable(metrics)
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
+
+    if plots:
+        plot_paths = _write_plots(
+            records, class_names, out_dir, operating, chosen_threshold, load_image, metrics_csv
+        )
+        write_report(out_dir, metrics, plot_paths, title, dict(settings or {}))
+    return metrics
+
+
+def _write_plots(
+    records, class_names, out_dir, operating, threshold, load_image, metrics_csv
+) -> dict[str, Path]:
+    from defectdet.evaluation import plots as plotting
+
+    paths: dict[str, Path] = {}
+    jobs = {
+        "pr_curve": lambda path: plotting.plot_pr_curves(operating.class_curves, class_names, path),
+        "threshold_curves": lambda path: plotting.plot_threshold_curves(operating, path),
+        "confusion_matrix": lambda path: plotting.plot_confusion_matrix(
+            confusion_matrix(records, len(class_names), threshold), class_names, path, threshold
+        ),
+        "val_predictions": lambda path: plotting.plot_prediction_grid(
+            records, class_names, path, threshold, load_image=load_image
+        ),
+    }
+    csv_path = Path(metrics_csv) if metrics_csv else out_dir / "metrics.csv"
+    if csv_path.is_file():
+        jobs["loss"] = lambda path: plotting.plot_loss_curves(csv_path, path)
+    for name, job in jobs.items():
+        try:
+            paths[name] = job(out_dir / f"{name}.png")
+        except Exception:  # a broken plot must not lose the metrics already computed
+            logger.exception("could not draw %s", name)
+    return paths
+
+
+def _per_class_rows(metrics: dict, class_names: list[str]) -> list[dict]:
+    rows = []
+    for index, name in enumerate(class_names):
+        op_row = metrics["operating_point"]["per_class"][index]
+        row = {"class": name, "gt": op_row["gt"], "detections": op_row["detections"]}
+        if "coco" in metrics:
+            row["AP50"] = metrics["coco"]["class_AP50"].get(name)
+            row["AP50_95"] = metrics["coco"]["class_AP50_95"].get(name)
+        if "deeppcb" in metrics:
+            row["deeppcb_AP"] = metrics["deeppcb"]["class_ap"].get(name)
+        row["precision"] = op_row["precision"]
+        row["recall"] = op_row["recall"]
+        rows.append(row)
+    return rows
+
+
+def _headline(metrics: dict) -> dict:
+    chosen = metrics["operating_point"]["chosen"]
+    target = metrics["operating_point"]["target_recall_point"]
+    coco = metrics.get("coco", {})
+    deeppcb = metrics.get("deeppcb", {})
+    timing = metrics.get("timing") or {}
+    return {
+        "mAP50": coco.get("mAP50"),
+        "mAP50_95": coco.get("mAP50_95"),
+        "deeppcb_mAP": deeppcb.get("mAP"),
+        "deeppcb_F": (deeppcb.get("best") or {}).get("f_score"),
+        "conf_threshold": chosen["threshold"],
+        "precision": chosen["precision"],
+        "recall": chosen["recall"],
+        "f1": chosen["f1"],
+        "escape_rate": chosen["escape_rate"],
+        "false_call_rate": chosen["false_call_rate"],
+        "target_recall_threshold": target.get("threshold"),
+        "images_per_second": timing.get("images_per_second"),
+    }
+
+
+# ---------------------------------------------------------------------------------------- HTML
+
+_CSS = """
+body{font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin:0;background:#f4f6f8;color:#1d2329}
+main{max-width:1180px;margin:0 auto;padding:24px 28px 48px}
+h1{font-size:26px;margin:0 0 4px} h2{font-size:19px;margin:30px 0 10px;border-bottom:1px solid #d6dbe0;padding-bottom:4px}
+.sub{color:#5c6670;font-size:13px;margin-bottom:18px}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(170px,1fr));gap:12px}
+.card{background:#fff;border-radius:8px;padding:12px 14px;box-shadow:0 1px 2px rgba(0,0,0,.08)}
+.card .label{font-size:12px;color:#5c6670;text-transform:uppercase;letter-spacing:.03em}
+.card .value{font-size:26px;font-weight:600;margin-top:4px}
+.card .note{font-size:12px;color:#5c6670;margin-top:2px}
+.card.bad .value{color:#c62828} .card.good .value{color:#2e7d32}
+table{border-collapse:collapse;background:#fff;box-shadow:0 1px 2px rgba(0,0,0,.08);font-size:14px}
+th,td{padding:6px 12px;text-align:right;border-bottom:1px solid #e6e9ec} th{background:#eef1f4}
+td:first-child,th:first-child{text-align:left}
+.plots{display:grid;grid-template-columns:1fr 1fr;gap:16px} .plots figure.wide{grid-column:1 / -1}
+.card .value.text{font-size:19px}
+figure{background:#fff;margin:0;padding:12px;border-radius:8px;box-shadow:0 1px 2px rgba(0,0,0,.08)}
+figure img{max-width:100%;height:auto;display:block;margin:0 auto}
+figcaption{font-size:13px;color:#5c6670;margin-top:6px}
+.muted{color:#8a949e} dl{font-size:13px} dt{font-weight:600;margin-top:6px} dd{margin-left:16px;color:#3b444c}
+"""
+
+
+def _fmt(value, percent: bool = False, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, np.integer)) and not percent:
+        return f"{int(value):,}"
+    if percent:
+        return f"{100 * float(value):.{max(digits - 2, 1)}f}%"
+    return f"{float(value):.{digits}f}"
+
+
+def _card(label: str, value: str, note: str = "", tone: str = "") -> str:
+    return (
+        f'<div class="card {tone}"><div class="label">{html.escape(label)}</div>'
+        f'<div class="value{" text" if len(value) > 12 else ""}">{html.escape(value)}</div><div class="note">{html.escape(note)}</div></div>'
+    )
+
+
+def _image_data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
+
+
+def write_report(
+    out_dir: str | Path, metrics: dict, plots: Mapping[str, Path], title: str, settings: Mapping
+) -> Path:
+    """Write `out_dir/report.html`: headline numbers, per-class table, settings and the plots embedded
+    as base64 PNGs, inline CSS, no external resources."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    operating = metrics.get("operating_point", {})
+    chosen = operating.get("chosen", {})
+    target = operating.get("target_recall_point", {})
+    coco = metrics.get("coco")
+    deeppcb = metrics.get("deeppcb")
+    timing = metrics.get("timing") or {}
+
+    cards = []
+    if coco:
+        cards.append(_card("mAP@0.5 (COCO)", _fmt(coco.get("mAP50")), "pycocotools, 101-point"))
+        cards.append(_card("mAP@0.5:0.95", _fmt(coco.get("mAP50_95")), f"AR@100 {_fmt(coco.get('AR100'))}"))
+    if deeppcb:
+        best = deeppcb.get("best", {})
+        cards.append(_card("DeepPCB mAP", _fmt(deeppcb.get("mAP")), "IoU > 0.33, all-point AP"))
+        cards.append(
+            _card(
+                "DeepPCB F-score",
+                _fmt(best.get("f_score")),
+                f"best at conf {_fmt(best.get('threshold'))}; "
+                f"at chosen {_fmt(deeppcb.get('at_threshold', {}).get('f_score'))}",
+            )
+        )
+    cards.append(
+        _card(
+            "operating threshold",
+            _fmt(chosen.get("threshold")),
+            "given" if chosen.get("source") == "given" else "max F1 at IoU 0.5",
+        )
+    )
+    cards.append(
+        _card(
+            "precision / recall",
+            f"{_fmt(chosen.get('precision'))} / {_fmt(chosen.get('recall'))}",
+            f"F1 {_fmt(chosen.get('f1'))}, {chosen.get('false_positives', 0)} false alarms, "
+            f"{chosen.get('false_negatives', 0)} misses",
+        )
+    )
+    escape = chosen.get("escape_rate")
+    cards.append(
+        _card(
+            "escape rate",
+            _fmt(escape, percent=True),
+            f"{chosen.get('escapes', 0)} of {chosen.get('defective_images', 0)} defective images called clean",
+            "bad" if escape else "good" if escape == 0 else "",
+        )
+    )
+    false_call = chosen.get("false_call_rate")
+    cards.append(
+        _card(
+            "false-call rate",
+            _fmt(false_call, percent=True),
+            f"{chosen.get('false_calls', 0)} of {chosen.get('clean_images', 0)} clean images flagged"
+            if false_call is not None
+            else "no clean images in the set",
+            "bad" if false_call else "good" if false_call == 0 else "",
+        )
+    )
+    if target.get("reachable"):
+        cards.append(
+            _card(
+                f"threshold for recall ≥ {operating.get('target_recall', 0):g}",
+                _fmt(target.get("threshold")),
+                f"precision {_fmt(target.get('precision'))}, false-call "
+                f"{_fmt(target.get('false_call_rate'), percent=True)}",
+            )
+        )
+    else:
+        cards.append(
+            _card(
+                f"recall ≥ {operating.get('target_recall', 0):g}",
+                "not reachable",
+                f"max recall {_fmt(target.get('max_recall'))}",
+                "bad",
+            )
+        )
+    if timing.get("images_per_second"):
+        stages = ", ".join(
+            f"{name} {_fmt(ms, digits=1)}" for name, ms in (timing.get("ms_per_image") or {}).items()
+        )
+        cards.append(_card("throughput", f"{timing['images_per_second']:.1f} img/s", f"ms/image: {stages}"))
+
+    per_class = metrics.get("per_class", [])
+    columns = [
+        key
+        for key in ("class", "gt", "detections", "AP50", "AP50_95", "deeppcb_AP", "precision", "recall")
+        if per_class and key in per_class[0]
+    ]
+    headers = {
+        "class": "class",
+        "gt": "gt boxes",
+        "detections": "detections",
+        "AP50": "AP@0.5",
+        "AP50_95": "AP@0.5:0.95",
+        "deeppcb_AP": "DeepPCB AP",
+        "precision": "precision @thr",
+        "recall": "recall @thr",
+    }
+    table = ["<table><tr>" + "".join(f"<th>{headers[key]}</th>" for key in columns) + "</tr>"]
+    for row in per_class:
+        cells = [html.escape(str(row[key])) if key == "class" else _fmt(row[key]) for key in columns]
+        table.append("<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
+    table.append("</table>")
+
+    size_rows = ""
+    if coco:
+        size_rows = (
+            f"<p class='sub'>COCO AP by object size: small {_fmt(coco.get('AP_small'))}, "
+            f"medium {_fmt(coco.get('AP_medium'))}, large {_fmt(coco.get('AP_large'))}, "
+            f"mAP@0.75 {_fmt(coco.get('mAP75'))}.</p>"
+        )
+
+    settings_rows = "".join(
+        f"<tr><td>{html.escape(str(key))}</td><td style='text-align:left'>{html.escape(str(value))}</td></tr>"
+        for key, value in settings.items()
+    )
+    figures = []
+    for name, path in plots.items():
+        caption = PLOT_CAPTIONS.get(name, name)
+        wide = "" if name in ("pr_curve", "threshold_curves") else ' class="wide"'
+        figures.append(
+            f'<figure{wide}><img alt="{html.escape(name)}" src="{_image_data_uri(Path(path))}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+        )
+
+    summary_line = (
+        f"{metrics.get('num_images', 0)} images ({metrics.get('num_clean_images', 0)} clean), "
+        f"{metrics.get('num_gt', 0)} ground-truth boxes, {metrics.get('num_detections', 0)} detections. "
+        f"Generated {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}."
+    )
+    document = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(title)}</title><style>{_CSS}</style></head>
+<body><main>
+<h1>{html.escape(title)}</h1>
+<div class="sub">{html.escape(summary_line)}</div>
+<div class="cards">{"".join(cards)}</div>
+<h2>Per class</h2>
+{"".join(table)}
+{size_rows}
+<h2>Plots</h2>
+<div class="plots">{"".join(figures) or '<p class="muted">no plots</p>'}</div>
+<h2>Settings</h2>
+{f"<table>{settings_rows}</table>" if settings_rows else '<p class="muted">none recorded</p>'}
+<h2>Definitions</h2>
+<dl>
+<dt>mAP@0.5, mAP@0.5:0.95</dt><dd>COCO box AP from pycocotools (IoU ≥ threshold, 101-point interpolation, ≤100 detections per image).</dd>
+<dt>DeepPCB mAP / F-score</dt><dd>A detection is correct when IoU &gt; 0.33 with an unmatched ground truth of the same class (greedy by score); AP is the all-point interpolated area under the PR curve; F = 2PR/(P+R) pooled over classes.</dd>
+<dt>Operating threshold</dt><dd>Detections with score ≥ threshold are kept; precision/recall at IoU ≥ 0.5, same class.</dd>
+<dt>Escape rate</dt><dd>Defective images (with at least one ground-truth defect) with no detection ≥ threshold, over all defective images.</dd>
+<dt>False-call rate</dt><dd>Clean images (no ground truth) with any detection ≥ threshold, over all clean images.</dd>
+</dl>
+</main></body></html>
+"""
+    path = out_dir / "report.html"
+    path.write_text(document, encoding="utf-8")
+    return path
