@@ -1,0 +1,224 @@
+"""Training configuration: one typed source of defaults, loaded from YAML plus overrides.
+
+An unknown key (in the file or in an override) is an error naming it, with close matches suggested.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from defectdet.errors import ConfigError
+
+try:  # the data engineer's augmentation config; a plain dict until it exists
+    from defectdet.data.augment import AugmentConfig
+except ImportError:  # pragma: no cover - only while data.augment is being written
+    AugmentConfig = None  # type: ignore[assignment,misc]
+
+DEFAULT_EPOCHS = 50
+DEFAULT_LEARNING_RATES = {"adamw": 0.002, "sgd": 0.01}
+DEFAULT_WEIGHT_DECAY = {"adamw": 0.05, "sgd": 0.0005}
+
+if AugmentConfig is not None:
+    _AugmentField = AugmentConfig  # type: ignore[misc]
+
+    def _default_augment() -> Any:
+        return AugmentConfig()
+
+else:  # pragma: no cover
+    _AugmentField = dict  # type: ignore[misc]
+
+    def _default_augment() -> Any:
+        return {}
+
+
+class TrainConfig(BaseModel):
+    """Everything `train` needs. Written to `RUN_DIR/config.yaml` and stored in checkpoints."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # data
+    data: Path | None = None
+    train_split: str = "train"
+    val_split: str | None = "val"
+    format: str | None = None
+    imgsz: int = Field(640, ge=32)
+    crop_size: int | None = Field(320, ge=32)
+    channels: Literal[1, 3] | None = None  # None: gray (1) for now
+    template: bool | None = None  # None: use templates when the dataset has them
+    batch: int = Field(16, ge=1)
+    workers: int | None = Field(None, ge=0)
+    augment: _AugmentField = Field(default_factory=_default_augment)  # type: ignore[valid-type]
+
+    # model
+    preset: str = "nano"
+
+    # budget: epochs, wall-clock minutes, or both (whichever ends first; the LR schedule follows epochs then)
+    epochs: int | None = Field(None, ge=1)
+    time_minutes: float | None = Field(None, gt=0)
+    max_steps: int | None = Field(None, ge=1)  # hard stop after this many optimizer steps (smoke tests)
+
+    # optimisation
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float | None = Field(None, gt=0)  # None: 0.002 (AdamW) / 0.01 (SGD)
+    weight_decay: float | None = Field(None, ge=0)  # None: 0.05 (AdamW) / 5e-4 (SGD)
+    momentum: float = Field(0.9, ge=0, lt=1)  # SGD momentum, AdamW beta1
+    warmup_epochs: float = Field(1.0, ge=0)
+    warmup_steps: int | None = Field(None, ge=0)  # overrides warmup_epochs when set
+    final_lr_ratio: float = Field(0.05, ge=0, le=1)
+    clip_grad_norm: float | None = Field(10.0, gt=0)
+    ema: bool = True
+    ema_decay: float = Field(0.9998, gt=0, lt=1)
+    ema_ramp_steps: float = Field(1000.0, gt=0)  # decay = ema_decay * (1 - exp(-updates / ema_ramp_steps))
+    amp: bool | None = None  # None: fp16 on CUDA, off on CPU
+    amp_dtype: Literal["float16", "bfloat16"] | None = None  # 'bfloat16' enables autocast on CPU
+
+    # run
+    seed: int = 0
+    deterministic: bool = False
+    device: str = "auto"
+    out: Path | None = None
+    resume: Path | None = None
+    progress: bool = True
+
+    # validation
+    val_every: int = Field(1, ge=1)
+    protocol: Literal["coco", "deeppcb"] = "coco"
+    score_threshold: float = Field(0.001, ge=0, le=1)
+    nms_iou_threshold: float = Field(0.6, gt=0, le=1)
+    max_detections: int = Field(300, ge=1)
+
+    # diagnostics
+    grad_stats_every: int = Field(100, ge=1)
+    on_nonfinite: Literal["skip", "stop"] = "skip"
+    max_consecutive_nonfinite: int = Field(20, ge=1)
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+            return value
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {value!r}")
+
+    @model_validator(mode="after")
+    def _fill_defaults(self) -> TrainConfig:
+        # Resolve optimizer-dependent defaults here so config.yaml records the values actually used.
+        # (object.__setattr__ avoids re-running validation through validate_assignment.)
+        if self.lr is None:
+            object.__setattr__(self, "lr", DEFAULT_LEARNING_RATES[self.optimizer])
+        if self.weight_decay is None:
+            object.__setattr__(self, "weight_decay", DEFAULT_WEIGHT_DECAY[self.optimizer])
+        if self.epochs is None and self.time_minutes is None:
+            object.__setattr__(self, "epochs", DEFAULT_EPOCHS)
+        return self
+
+    @property
+    def time_budget_seconds(self) -> float | None:
+        return None if self.time_minutes is None else self.time_minutes * 60.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able values (paths as strings), for config.yaml and checkpoints."""
+        return self.model_dump(mode="json")
+
+
+def _suggest(key: str, candidates: list[str]) -> str:
+    matches = difflib.get_close_matches(key, candidates, n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(repr(m) for m in matches)}?" if matches else ""
+
+
+def _model_fields(model: type[BaseModel]) -> list[str]:
+    return list(model.model_fields)
+
+
+def check_unknown_keys(values: dict[str, Any], where: str) -> None:
+    """Raise ConfigError for keys TrainConfig (or its nested augment config) does not know."""
+    known = _model_fields(TrainConfig)
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"{where}: unknown key {key!r}{_suggest(key, known)}")
+        if key == "augment" and AugmentConfig is not None and isinstance(value, dict):
+            nested = _model_fields(AugmentConfig)
+            for sub_key in value:
+                if sub_key not in nested:
+                    raise ConfigError(f"{where}: unknown key 'augment.{sub_key}'{_suggest(sub_key, nested)}")
+
+
+def _apply_override(values: dict[str, Any], dotted_key: str, value: Any) -> None:
+    parts = dotted_key.split(".")
+    target = values
+    for part in parts[:-1]:
+        current = target.get(part)
+        if current is None:
+            current = {}
+        elif isinstance(current, BaseModel):
+            current = current.model_dump()
+        elif not isinstance(current, dict):
+            raise ConfigError(f"override {dotted_key!r}: {part!r} is not a section")
+        target[part] = current
+        target = current
+    target[parts[-1]] = value
+
+
+def _format_validation_error(error: ValidationError, where: str) -> str:
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(p) for p in item["loc"]) or "(config)"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown key {field!r}")
+        else:
+            lines.append(f"{where}: field {field!r}: {item['msg']} (got {item.get('input')!r})")
+    return "\n".join(lines)
+
+
+def config_from_dict(values: dict[str, Any], where: str = "config") -> TrainConfig:
+    """Validate a plain dict; errors become ConfigError naming the field and `where` it came from."""
+    check_unknown_keys(values, where)
+    try:
+        return TrainConfig(**values)
+    except ValidationError as error:
+        raise ConfigError(_format_validation_error(error, where)) from None
+
+
+def load_config(yaml_path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read `yaml_path` (optional) and apply `overrides` (keys may be dotted, e.g. 'augment.flip').
+
+    Overrides are applied as given, including None values: pass only what the user set.
+    """
+    values: dict[str, Any] = {}
+    where = "overrides"
+    if yaml_path is not None:
+        path = Path(yaml_path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as error:
+            raise ConfigError(f"{path}: cannot read config file ({error.strerror or error})") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            line = f":{mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{path}{line}: invalid YAML ({getattr(error, 'problem', error)})") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of config keys, got {type(loaded).__name__}")
+        check_unknown_keys(loaded, str(path))
+        values.update(loaded)
+        where = str(path)
+    for key, value in (overrides or {}).items():
+        top = key.split(".")[0]
+        check_unknown_keys({top: {}}, "override")
+        if "." in key and top == "augment" and AugmentConfig is not None:
+            check_unknown_keys({"augment": {key.split(".", 1)[1].split(".")[0]: None}}, "override")
+        _apply_override(values, key, value)
+    if overrides:
+        where = f"{where} + overrides" if yaml_path is not None else "overrides"
+    return config_from_dict(values, where)
+
+
+def save_config(config: TrainConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")

@@ -1,0 +1,352 @@
+"""The training step loop and evaluation, as plain functions that can be tested alone."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from defectdet.diagnostics.grad_stats import GradStatsMonitor
+from defectdet.diagnostics.nonfinite import NonFiniteGuard, diagnose_nonfinite
+from defectdet.engine.distributed import DistributedContext, all_ranks_true, broadcast_values, unwrap_model
+from defectdet.engine.ema import ModelEMA
+from defectdet.engine.optim import WarmupCosineSchedule
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainState:
+    """Training position; stored in checkpoints so a resumed run continues exactly."""
+
+    epoch: int = 0  # completed epochs
+    epoch_batch: int = 0  # batches consumed in the current, unfinished epoch
+    step: int = 0  # optimizer steps taken
+    elapsed_seconds: float = 0.0  # wall clock spent training, summed over resumes
+    skipped_steps: int = 0  # non-finite steps skipped
+    best_fitness: float | None = None
+    best_epoch: int = -1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainState:
+        return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class AmpSettings:
+    enabled: bool = False
+    dtype: torch.dtype | None = None
+    use_scaler: bool = False  # fp16 on CUDA needs a GradScaler
+
+    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
+        if not self.enabled:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=self.dtype)
+
+
+def resolve_amp(amp: bool | None, amp_dtype: str | None, device: torch.device) -> AmpSettings:
+    """CUDA: fp16 (+ GradScaler) unless disabled or bf16 asked; CPU: only bf16, and only when asked."""
+    if amp is False:
+        return AmpSettings()
+    if device.type == "cuda":
+        if amp_dtype == "bfloat16":
+            return AmpSettings(True, torch.bfloat16, False)
+        return AmpSettings(True, torch.float16, True)
+    if amp_dtype == "bfloat16":
+        return AmpSettings(True, torch.bfloat16, False)
+    if amp is True:
+        logger.warning("AMP on CPU needs amp_dtype='bfloat16' (float16 autocast on CPU is slow); AMP is off")
+    return AmpSettings()
+
+
+@dataclass
+class LoopOptions:
+    """What `train_one_epoch` needs beyond model, data and optimizer. Only `device` is required."""
+
+    device: torch.device = torch.device("cpu")
+    amp: AmpSettings = field(default_factory=AmpSettings)
+    clip_grad_norm: float | None = 10.0
+    schedule: WarmupCosineSchedule | None = None
+    scaler: torch.amp.GradScaler | None = None
+    ema: ModelEMA | None = None
+    grad_monitor: GradStatsMonitor | None = None
+    guard: NonFiniteGuard = field(default_factory=NonFiniteGuard)
+    context: DistributedContext = field(default_factory=DistributedContext)
+    clock: Callable[[], float] | None = None  # total elapsed training seconds (incl. earlier sessions)
+    should_stop: Callable[[TrainState], bool] | None = None  # checked after each step
+    progress: Any = None  # TrainProgress-like: update(losses, images)
+    log: logging.Logger = logger
+    _warned_dtype: bool = False
+
+
+@dataclass
+class EpochSummary:
+    loss_means: dict[str, float]
+    batches: int
+    steps: int
+    images: int
+    seconds: float
+    stopped: bool  # should_stop ended the epoch early
+
+
+def _to_device(images: torch.Tensor, targets: Sequence[torch.Tensor], device: torch.device):
+    non_blocking = device.type == "cuda"
+    return images.to(device, non_blocking=non_blocking), [
+        t.to(device, non_blocking=non_blocking) for t in targets
+    ]
+
+
+def _check_loss_dtypes(losses: dict[str, torch.Tensor], options: LoopOptions) -> None:
+    if options._warned_dtype:
+        return
+    odd = {name: str(value.dtype) for name, value in losses.items() if value.dtype != torch.float32}
+    if odd:
+        options._warned_dtype = True
+        options.log.warning(
+            "loss terms are not float32 under autocast (%s): compute losses in float32 to avoid "
+            "overflow/underflow",
+            odd,
+        )
+
+
+def train_one_epoch(
+    model: nn.Module,
+    loader: Iterable,
+    optimizer: torch.optim.Optimizer,
+    state: TrainState,
+    options: LoopOptions,
+) -> EpochSummary:
+    """Run optimizer steps over `loader`, updating `state` in place.
+
+    Each step: zero grads, forward under autocast, non-finite loss check (all ranks agree), backward,
+    unscale + clip, non-finite gradient check, optimizer step, EMA update. A non-finite step takes no
+    optimizer step; the guard decides skip or stop. Empty batches are skipped.
+    """
+    device, context, log = options.device, options.context, options.log
+    model.train()
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    # A skipped batch must not leave its statistics in BatchNorm buffers (NaN there would poison eval):
+    # snapshot buffers before each forward, restore them when the step is skipped.
+    buffers = list(model.buffers())
+    snapshot = [b.detach().clone() for b in buffers]
+    sums: dict[str, float] = {}
+    counted = batches = steps = images_seen = 0
+    started = time.perf_counter()
+    stopped = False
+    for images, targets, _metas in loader:
+        state.epoch_batch += 1
+        batches += 1
+        if not all_ranks_true(images.shape[0] > 0, context):
+            log.warning("skipping an empty batch (all its samples failed to load) at step %d", state.step)
+            continue
+        images, targets = _to_device(images, targets, device)
+        elapsed = state.elapsed_seconds
+        if options.clock is not None:
+            elapsed = state.elapsed_seconds = broadcast_values([options.clock()], context)[0]
+        if options.schedule is not None:
+            options.schedule.apply(optimizer, state.step, elapsed)
+        optimizer.zero_grad(set_to_none=True)
+        if buffers:
+            torch._foreach_copy_(snapshot, buffers)
+        with options.amp.autocast(device):
+            losses = model(images, targets)  # dict of scalar losses, 'loss' is the total
+        loss = losses["loss"]
+        _check_loss_dtypes(losses, options)
+        finite = all_ranks_true(bool(torch.isfinite(loss.detach()).all()), context)
+        if not finite:
+            if buffers:
+                torch._foreach_copy_(buffers, snapshot)
+            terms = {k: float(v.detach().float().item()) for k, v in losses.items()}
+            plain = unwrap_model(model)
+
+            def rerun(plain=plain, images=images, targets=targets):
+                with options.amp.autocast(device):
+                    return plain(images, targets)
+
+            local_nonfinite = not math.isfinite(terms.get("loss", float("nan")))
+            diagnosis = diagnose_nonfinite(
+                plain, state.step, "loss", terms, rerun if local_nonfinite else None
+            )
+            if not local_nonfinite:
+                diagnosis.note = "the non-finite loss happened on another rank"
+            del losses, loss
+            state.skipped_steps += 1
+            options.guard.record(diagnosis)
+            continue
+        scaler = options.scaler if options.scaler is not None and options.scaler.is_enabled() else None
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+        else:
+            loss.backward()
+        max_norm = options.clip_grad_norm if options.clip_grad_norm else float("inf")
+        total_norm = float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+        if not math.isfinite(total_norm):
+            if scaler is not None:  # fp16 overflow: the scaler skips this step and lowers its scale
+                scaler.step(optimizer)
+                scaler.update()
+                log.debug("AMP overflow at step %d; scale now %g", state.step, scaler.get_scale())
+                continue
+            terms = {k: float(v.detach().float().item()) for k, v in losses.items()}
+            diagnosis = diagnose_nonfinite(unwrap_model(model), state.step, "gradient", terms, None)
+            optimizer.zero_grad(set_to_none=True)
+            if buffers:
+                torch._foreach_copy_(buffers, snapshot)
+            state.skipped_steps += 1
+            options.guard.record(diagnosis)
+            continue
+        if options.grad_monitor is not None:
+            options.grad_monitor.observe(state.step, total_norm)
+            if options.grad_monitor.due(state.step) and context.is_main:
+                options.grad_monitor.record(state.step, unwrap_model(model), total_norm)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        if options.ema is not None:
+            options.ema.update(unwrap_model(model))
+        options.guard.finite()
+        state.step += 1
+        steps += 1
+        images_seen += images.shape[0]
+        values = {k: float(v.detach().float().item()) for k, v in losses.items()}
+        for name, value in values.items():
+            sums[name] = sums.get(name, 0.0) + value
+        counted += 1
+        if options.progress is not None:
+            options.progress.update(values, images.shape[0])
+        if options.clock is not None:
+            state.elapsed_seconds = broadcast_values([options.clock()], context)[0]
+        if options.should_stop is not None and options.should_stop(state):
+            stopped = True
+            break
+    means = {name: total / max(1, counted) for name, total in sums.items()}
+    return EpochSummary(means, batches, steps, images_seen, time.perf_counter() - started, stopped)
+
+
+# --------------------------------------------------------------------------------------------- evaluation
+
+
+def headline_mAP50(metrics: dict) -> float | None:
+    """mAP@0.5 from an evaluate_records / coco_metrics dict, None when unavailable."""
+    for container in (metrics.get("headline") or {}, metrics.get("coco") or {}, metrics):
+        value = container.get("mAP50")
+        if value is not None and math.isfinite(float(value)):
+            return float(value)
+    return None
+
+
+def _records_for_batch(
+    predictions: np.ndarray,
+    targets: Sequence[torch.Tensor],
+    metas: Sequence[dict],
+    score_threshold: float,
+    iou_threshold: float,
+    max_detections: int,
+) -> list:
+    from defectdet.data.letterbox import boxes_from_letterbox
+    from defectdet.evaluation.types import ImageRecord
+    from defectdet.model.postprocess import postprocess
+
+    detections = postprocess(predictions, score_threshold, iou_threshold, max_detections)
+    records = []
+    for detection, target, meta in zip(detections, targets, metas, strict=True):
+        transform = meta["transform"]
+        target = target.detach().cpu().numpy().reshape(-1, 5)
+        records.append(
+            ImageRecord(
+                image_id=str(meta.get("image_id", len(records))),
+                width=transform.original_width,
+                height=transform.original_height,
+                gt_boxes=boxes_from_letterbox(target[:, 1:5], transform),
+                gt_classes=target[:, 0].astype(np.int64),
+                det_boxes=boxes_from_letterbox(detection.boxes, transform),
+                det_scores=detection.scores,
+                det_classes=detection.classes,
+                image_path=str(meta["image_path"]) if meta.get("image_path") else None,
+            )
+        )
+    return records
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: Iterable,
+    class_names: Sequence[str],
+    *,
+    device: torch.device | str = "cpu",
+    amp: AmpSettings | None = None,
+    score_threshold: float = 0.001,
+    iou_threshold: float = 0.6,
+    max_detections: int = 300,
+    out_dir: str | Path | None = None,
+    protocol: str = "coco",
+    plots: bool = False,
+    compute_loss: bool = False,
+    settings: dict | None = None,
+) -> tuple[list, dict]:
+    """Predict every batch, map boxes back to original pixels, and score them.
+
+    With `out_dir`, `evaluate_records` writes metrics.json (and plots/report when `plots`) there;
+    without, only COCO metrics are computed. `compute_loss` adds `val_<term>` means (a second forward).
+    Returns (records, metrics); metrics always has 'mAP50' (None when undefined).
+    """
+    device = torch.device(device)
+    amp = amp or AmpSettings()
+    was_training = model.training
+    model.eval()
+    records: list = []
+    loss_sums: dict[str, float] = {}
+    loss_batches = 0
+    try:
+        for images, targets, metas in loader:
+            if images.shape[0] == 0:
+                continue
+            images, targets = _to_device(images, targets, device)
+            with amp.autocast(device):
+                predictions = model(images)  # (B, A, 4 + K)
+            records += _records_for_batch(
+                predictions.float().cpu().numpy(),
+                targets,
+                metas,
+                score_threshold,
+                iou_threshold,
+                max_detections,
+            )
+            if compute_loss:
+                with amp.autocast(device):
+                    losses = model(images, targets)
+                for name, value in losses.items():
+                    loss_sums[name] = loss_sums.get(name, 0.0) + float(value.float().item())
+                loss_batches += 1
+    finally:
+        model.train(was_training)
+    metrics: dict[str, Any]
+    if out_dir is not None:
+        from defectdet.evaluation.report import evaluate_records
+
+        metrics = evaluate_records(
+            records, list(class_names), out_dir, protocol, plots=plots, settings=settings
+        )
+    else:
+        from defectdet.evaluation.coco import coco_metrics
+
+        metrics = {"coco": coco_metrics(records, list(class_names))}
+    metrics["mAP50"] = headline_mAP50(metrics)
+    for name, total in loss_sums.items():
+        metrics[f"val_{name}"] = total / max(1, loss_batches)
+    return records, metrics
