@@ -87,7 +87,7 @@ class TrainConfig(BaseModel):
 
     # validation
     val_every: int = Field(1, ge=1)
-    protocol: Literal["coco", "deeppcb"] = "coco"
+    protocol: Literal["coco", "deeppcb", "both"] = "both"
     score_threshold: float = Field(0.001, ge=0, le=1)
     nms_iou_threshold: float = Field(0.6, gt=0, le=1)
     max_detections: int = Field(300, ge=1)

@@ -39,9 +39,7 @@ class ConvBnAct(nn.Module):
 class SeparableBlock(nn.Module):
     """Depthwise kxk (stride s) -> pointwise 1x1; residual when shape is kept."""
 
-    def __init__(
-        self, in_channels: int, out_channels: int, stride: int = 1, kernel_size: int = 3
-    ) -> None:
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1, kernel_size: int = 3) -> None:
         super().__init__()
         self.depthwise = ConvBnAct(in_channels, in_channels, kernel_size, stride, groups=in_channels)
         self.pointwise = ConvBnAct(in_channels, out_channels, 1)
@@ -101,7 +99,7 @@ class Backbone(nn.Module):
         self.stem = ConvBnAct(in_channels, stem_width, kernel_size=4, stride=4, padding=0)
         stages: list[nn.Module] = []
         previous = stem_width
-        for index, (width, depth) in enumerate(zip(widths, depths)):
+        for index, (width, depth) in enumerate(zip(widths, depths, strict=True)):
             blocks: list[nn.Module] = []
             if index > 0:  # downsample into this stage
                 blocks.append(SeparableBlock(previous, width, stride=2, kernel_size=kernel_size))

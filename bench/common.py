@@ -1,0 +1,137 @@
+"""Shared helpers for the benchmarks: machine/version info, JSON results, a rich table.
+
+Scripts run as `python bench/<name>.py`; import with
+`from common import ...` (the script's folder is on sys.path) or `from bench.common import ...`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+DEFAULT_PACKAGES = ("torch", "numpy", "opencv-python-headless", "albumentations", "onnxruntime", "defectdet")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, cores, memory, OS and the current load (other work on the box skews timings)."""
+    info: dict[str, Any] = {
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "usable_cores": usable_cores(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+    try:
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        total_kb = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal"))
+        info["memory_gib"] = round(total_kb / 2**20, 1)
+    except (OSError, StopIteration, ValueError):
+        pass
+    if hasattr(os, "getloadavg"):
+        info["load_average"] = [round(value, 2) for value in os.getloadavg()]
+    return info
+
+
+def versions(packages: Sequence[str] = DEFAULT_PACKAGES) -> dict[str, str | None]:
+    """Installed versions of `packages` (distribution names); None when not installed."""
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for package in packages:
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def git_commit() -> str | None:
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() or None
+
+
+def environment(packages: Sequence[str] = DEFAULT_PACKAGES) -> dict[str, Any]:
+    return {
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        "machine": machine_info(),
+        "versions": versions(packages),
+    }
+
+
+def write_result(name: str, payload: dict[str, Any], directory: Path = RESULTS_DIR) -> Path:
+    """Write `{name, environment, **payload}` to `<directory>/<name>.json`; returns the path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
+    document = {"name": name, "environment": environment(), **payload}
+    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    return path
+
+
+def summarize(values: Sequence[float]) -> dict[str, float]:
+    """mean / p50 / p90 / min / max of a list of timings (same unit in, same unit out)."""
+    ordered = sorted(values)
+    if not ordered:
+        return {}
+    return {
+        "mean": statistics.fmean(ordered),
+        "p50": ordered[len(ordered) // 2],
+        "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+        "min": ordered[0],
+        "max": ordered[-1],
+    }
+
+
+def print_table(
+    title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], console: Console | None = None
+) -> None:
+    """Print rows as a rich table; floats get 1-3 significant decimals."""
+    table = Table(title=title)
+    for index, column in enumerate(columns):
+        table.add_column(column, justify="left" if index == 0 else "right")
+    for row in rows:
+        table.add_row(*(_format(value) for value in row))
+    (console or Console()).print(table)
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
+    return str(value)

@@ -1,0 +1,31 @@
+"""Template-aware anchor-free detector: presets, builder, info, post-processing.
+
+Exports are resolved lazily (PEP 562) so that ``defectdet.model.postprocess`` —
+NumPy + OpenCV only, used by the deployment runtime — never pulls in torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from defectdet.model.detector import PRESETS, Detector, build_model, detector_from_config
+    from defectdet.model.info import model_info, preset_summaries
+
+_EXPORTS = {
+    "PRESETS": "defectdet.model.detector",
+    "Detector": "defectdet.model.detector",
+    "build_model": "defectdet.model.detector",
+    "detector_from_config": "defectdet.model.detector",
+    "model_info": "defectdet.model.info",
+    "preset_summaries": "defectdet.model.info",
+}
+
+__all__ = ["PRESETS", "Detector", "build_model", "detector_from_config", "model_info", "preset_summaries"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'defectdet.model' has no attribute {name!r}")

@@ -1,0 +1,86 @@
+"""Score filtering + class-aware NMS on decoded predictions (NumPy + OpenCV only, no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+
+@dataclass
+class Detections:
+    """Detections of one image: ``boxes`` (K, 4) float32 xyxy, ``scores`` (K,) float32,
+    ``classes`` (K,) int64; sorted by descending score."""
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    classes: np.ndarray
+
+    @classmethod
+    def empty(cls) -> Detections:
+        return cls(np.zeros((0, 4), np.float32), np.zeros((0,), np.float32), np.zeros((0,), np.int64))
+
+    def __len__(self) -> int:
+        return int(self.scores.shape[0])
+
+
+def postprocess(
+    predictions: np.ndarray,
+    score_threshold: float = 0.05,
+    iou_threshold: float = 0.6,
+    max_detections: int = 300,
+    class_agnostic: bool = False,
+    pre_nms_top_k: int = 1000,
+) -> list[Detections]:
+    """``predictions`` (B, A, 4 + K): xyxy boxes then per-class scores -> one Detections per image.
+
+    Each anchor yields its best class (one box per location). Candidates above
+    ``score_threshold`` are cut to the ``pre_nms_top_k`` best before NMS.
+    """
+    predictions = np.asarray(predictions)
+    if predictions.ndim != 3 or predictions.shape[2] < 5:
+        raise ValueError(f"predictions must be (B, A, 4 + K), got {predictions.shape}")
+    results = []
+    for image_predictions in predictions:
+        results.append(
+            _postprocess_one(
+                image_predictions,
+                score_threshold,
+                iou_threshold,
+                max_detections,
+                class_agnostic,
+                pre_nms_top_k,
+            )
+        )
+    return results
+
+
+def _postprocess_one(
+    predictions: np.ndarray,  # (A, 4 + K)
+    score_threshold: float,
+    iou_threshold: float,
+    max_detections: int,
+    class_agnostic: bool,
+    pre_nms_top_k: int,
+) -> Detections:
+    class_scores = predictions[:, 4:]
+    classes = class_scores.argmax(1)  # (A,)
+    scores = class_scores[np.arange(class_scores.shape[0]), classes]  # (A,)
+    keep = np.flatnonzero(scores > score_threshold)
+    if keep.size == 0 or max_detections <= 0:
+        return Detections.empty()
+    if keep.size > pre_nms_top_k:
+        keep = keep[np.argpartition(-scores[keep], pre_nms_top_k - 1)[:pre_nms_top_k]]
+    boxes = predictions[keep, :4].astype(np.float32)
+    scores, classes = scores[keep].astype(np.float32), classes[keep].astype(np.int64)
+    xywh = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], 1)
+    if class_agnostic:
+        indices = cv2.dnn.NMSBoxes(xywh.tolist(), scores.tolist(), score_threshold, iou_threshold)
+    else:
+        indices = cv2.dnn.NMSBoxesBatched(
+            xywh.tolist(), scores.tolist(), classes.tolist(), score_threshold, iou_threshold
+        )
+    indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+    indices = indices[np.argsort(-scores[indices], kind="stable")][:max_detections]
+    return Detections(boxes=boxes[indices], scores=scores[indices], classes=classes[indices])
