@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
 import common  # noqa: E402  (bench/common.py: machine info, JSON writing, rich table)
 
 from defectdet.model import PRESETS, build_model, model_info  # noqa: E402
+from defectdet.model.onnx_export import export_onnx  # noqa: E402
 
 
 def percentiles(call: Callable[[], object], warmup: int, runs: int) -> tuple[float, float]:
@@ -35,22 +36,6 @@ def percentiles(call: Callable[[], object], warmup: int, runs: int) -> tuple[flo
         times.append((time.perf_counter() - start) * 1e3)
     times.sort()
     return statistics.median(times), times[min(len(times) - 1, int(round(0.95 * (len(times) - 1))))]
-
-
-def export_onnx(model: torch.nn.Module, path: Path, channels: int, imgsz: int) -> None:
-    torch.onnx.export(
-        model,
-        (torch.rand(1, channels, imgsz, imgsz),),
-        str(path),
-        opset_version=17,
-        input_names=["images"],
-        output_names=["predictions"],
-        dynamic_axes={
-            "images": {0: "batch", 2: "height", 3: "width"},
-            "predictions": {0: "batch", 1: "anchors"},
-        },
-        dynamo=False,
-    )
 
 
 def bench_preset(

@@ -88,9 +88,18 @@ def presets(imgsz: int = typer.Option(640, help="Input size for the GFLOPs figur
 
     Example: defectdet presets --imgsz 640
     """
-    from defectdet.model.info import presets_table
+    from rich.table import Table
 
-    console.print(presets_table(imgsz=imgsz))
+    from defectdet.model import PRESETS, build_model, model_info
+
+    table = Table(title=f"model presets (gray + template input, 6 classes, {imgsz}x{imgsz})")
+    for column in ("preset", "params", "GFLOPs", "strides"):
+        table.add_column(column, justify="left" if column == "preset" else "right")
+    for name in PRESETS:
+        model = build_model(name, num_classes=6, in_channels=2, template=True)
+        info = model_info(model, imgsz)
+        table.add_row(name, f"{info['params']:,}", f"{info['gflops']:.3f}", ", ".join(map(str, model.strides)))
+    console.print(table)
 
 
 @app.command()

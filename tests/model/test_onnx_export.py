@@ -9,25 +9,10 @@ import pytest
 import torch
 
 from defectdet.model import PRESETS, build_model
+from defectdet.model.onnx_export import export_onnx
 
 onnxruntime = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
-
-
-def export_onnx(model: torch.nn.Module, path: Path, channels: int) -> None:
-    torch.onnx.export(
-        model,
-        (torch.rand(1, channels, 64, 64),),
-        str(path),
-        opset_version=17,
-        input_names=["images"],
-        output_names=["predictions"],
-        dynamic_axes={
-            "images": {0: "batch", 2: "height", 3: "width"},
-            "predictions": {0: "batch", 1: "anchors"},
-        },
-        dynamo=False,
-    )
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
@@ -41,7 +26,7 @@ def test_onnx_matches_eager(preset: str, tmp_path: Path) -> None:
             model(torch.rand(2, 2, 64, 64), [torch.zeros(0, 5)] * 2)
     model.eval()
     path = tmp_path / f"{preset}.onnx"
-    export_onnx(model, path, 2)
+    export_onnx(model, path, 2, imgsz=64)
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for shape in [(1, 2, 64, 64), (2, 2, 96, 128)]:  # dynamic batch and size
         images = torch.rand(*shape)

@@ -223,7 +223,10 @@ def _origin_containing(low: float, high: float, crop: int, limit: int, rng: np.r
     return int(np.clip(round(start), 0, limit))
 
 
-def to_input_tensor(image: np.ndarray, template: np.ndarray | None, dtype: torch.dtype) -> torch.Tensor:
+def to_input_tensor(
+    image: np.ndarray, template: np.ndarray | None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Stack the tested image and its template (HxW or HxWx3 uint8) into one (C, H, W) tensor in [0, 1]."""
     planes = [image] if template is None else [image, template]
     chw = [plane[None] if plane.ndim == 2 else plane.transpose(2, 0, 1) for plane in planes]
     stacked = np.concatenate(chw, axis=0)  # (C, S, S) uint8

@@ -33,6 +33,9 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(descriptor, 0o666 & ~umask)  # mkstemp makes 0600; a checkpoint is shared like any file
         with os.fdopen(descriptor, "wb") as handle:
             torch.save(state, handle)
             handle.flush()

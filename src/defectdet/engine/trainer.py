@@ -67,6 +67,9 @@ LOGGER_NAME = "defectdet.engine.trainer"
 
 
 @dataclass
+HOLD_OUT_FRACTION = 0.2  # validation share when a dataset has a single split
+
+
 class TrainResult:
     run_dir: Path
     best_metrics: dict
@@ -105,6 +108,7 @@ def build_train_data(config: TrainConfig) -> TrainData:
     """Load the dataset splits named in `config` and wrap them in DetectionDatasets."""
     from defectdet.data.dataset import DetectionDataset
     from defectdet.data.formats import load_dataset
+    from defectdet.data.holdout import hold_out, same_images
 
     if config.data is None:
         raise ConfigError(
@@ -114,6 +118,14 @@ def build_train_data(config: TrainConfig) -> TrainData:
     val_split = None
     if config.val_split:
         val_split = load_dataset(config.data, config.val_split, format=config.format)
+        if same_images(train_split, val_split):
+            train_split, val_split = hold_out(train_split, HOLD_OUT_FRACTION)
+            logging.getLogger(LOGGER_NAME).warning(
+                "%s has no separate %r split (it gives the same images as %r): validating on a fixed "
+                "%d%% hold-out (%d images) chosen by file-name hash",
+                config.data, config.val_split, config.train_split, round(100 * HOLD_OUT_FRACTION),
+                len(val_split.samples),
+            )
     channels = config.channels or 1
     train_set = DetectionDataset(
         train_split,
@@ -246,7 +258,7 @@ def _train(
         from defectdet.model import build_model
 
         model = build_model(config.preset, len(data.class_names), data.in_channels, data.template)
-    model.to(device)
+    model.to(device, memory_format=torch.channels_last)
     amp = resolve_amp(config.amp, config.amp_dtype, device)
     optimizer = build_optimizer(model, config.optimizer, config.lr, config.weight_decay, config.momentum)
     check_optimizer_coverage(model, optimizer)

@@ -1,0 +1,105 @@
+"""Time-to-accuracy on DeepPCB: train on some board groups, validate on whole held-out groups.
+
+    python bench/train_deeppcb.py [--minutes 20] [--preset nano] [--data ../shared/datasets/deeppcb]
+
+Validation boards (groups 77000 and 92000 on the shared trainval half: the highest-numbered groups
+until >= 20% of images) are never seen in training; images of one board are near-duplicates, so a
+random split would overstate accuracy. Prints time-to-mAP@0.5 0.90 / 0.95 (wall clock including
+validation) and the final metrics, and writes bench/results/train_deeppcb.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from pathlib import Path
+
+from common import print_table, write_result
+
+from defectdet.engine.config import TrainConfig
+from defectdet.engine.trainer import train
+
+DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "datasets" / "deeppcb"
+THRESHOLDS = (0.90, 0.95, 0.986)
+
+
+def time_to_reach(rows: list[dict[str, str]], key: str, threshold: float) -> float | None:
+    """Seconds (the run's own clock, validation included) at the first validation with `key` >= threshold."""
+    for row in rows:
+        value = row.get(key)
+        if value not in (None, "") and float(value) >= threshold:
+            return float(row["time"])
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--minutes", type=float, default=20.0)
+    parser.add_argument("--preset", default="nano")
+    parser.add_argument("--val-every", type=int, default=2, help="validate every N epochs")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench_deeppcb"))
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if not (args.data / "trainval.txt").is_file():
+        print(f"DeepPCB not found at {args.data} (needs trainval.txt); pass --data", file=sys.stderr)
+        return 2
+
+    config = TrainConfig(
+        data=args.data,
+        train_split="train",
+        val_split="val",
+        preset=args.preset,
+        time_minutes=args.minutes,
+        val_every=args.val_every,
+        out=args.out,
+        seed=args.seed,
+        progress=sys.stdout.isatty(),
+    )
+    started = time.perf_counter()
+    result = train(config)
+    wall_seconds = time.perf_counter() - started
+
+    with open(result.run_dir / "metrics.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    reached = {f"time_to_mAP50_{t:g}_s": time_to_reach(rows, "mAP50", t) for t in THRESHOLDS}
+    headline = result.final_metrics.get("headline", {})
+    final = {
+        "mAP50": headline.get("mAP50"),
+        "mAP50_95": headline.get("mAP50_95"),
+        "deeppcb_mAP_iou0.33": headline.get("deeppcb_mAP"),
+        "deeppcb_F_best": headline.get("deeppcb_F"),
+        "best_mAP50": result.best_metrics.get("mAP50"),
+        "epochs": float(rows[-1]["epoch"]) if rows else None,
+        "steps": int(rows[-1]["step"]) if rows else None,
+        "train_images_per_second": float(rows[-1]["images_per_second"]) if rows else None,
+    }
+    curve = [
+        {"time_s": float(r["time"]), "epoch": float(r["epoch"]), "mAP50": float(r["mAP50"])}
+        for r in rows
+        if r.get("mAP50") not in (None, "")
+    ]
+    print_table(
+        f"DeepPCB, {args.preset}, {args.minutes:g} min budget, held-out board groups",
+        ["figure", "value"],
+        [[key, value if value is not None else "not reached"] for key, value in {**reached, **final}.items()],
+    )
+    path = write_result(
+        "train_deeppcb",
+        {
+            "settings": config.to_dict(),
+            "wall_seconds": wall_seconds,
+            "time_to": reached,
+            "final": final,
+            "curve": curve,
+            "run_dir": str(result.run_dir),
+        },
+    )
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
