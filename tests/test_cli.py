@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from defectdet.cli import app
@@ -90,8 +91,10 @@ def test_val_rejects_a_dataset_with_other_classes(trained_run: Path, tmp_path: P
     other = tmp_path / "other"
     runner.invoke(app, ["synth", str(other), "--boards", "2", "--min-size", "96", "--max-size", "96"])
     data = other / "data.yaml"
-    data.write_text(data.read_text().replace("missing-hole]", "missing-hole, extra]"))
-    result = _cli("val", str(trained_run / "best.pt"), str(data))
+    spec = yaml.safe_load(data.read_text())
+    spec["names"] = [*spec["names"], "extra"]
+    data.write_text(yaml.safe_dump(spec))
+    result = _cli("val", str(trained_run / "best.pt"), str(data), "--out", str(tmp_path / "val"))
     assert result.returncode == 2 and "classes" in result.stderr and "Traceback" not in result.stderr
 
 

@@ -64,12 +64,10 @@ from defectdet.engine.progress import TrainProgress
 from defectdet.errors import CheckpointError, ConfigError
 
 LOGGER_NAME = "defectdet.engine.trainer"
-
-
-@dataclass
 HOLD_OUT_FRACTION = 0.2  # validation share when a dataset has a single split
 
 
+@dataclass
 class TrainResult:
     run_dir: Path
     best_metrics: dict
