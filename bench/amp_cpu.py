@@ -18,13 +18,19 @@ from common import print_table, write_result
 from defectdet.model import build_model
 
 
-def time_steps(preset: str, batch: int, crop: int, steps: int, threads: int, dtype: torch.dtype | None) -> float:
+def time_steps(
+    preset: str, batch: int, crop: int, steps: int, threads: int, dtype: torch.dtype | None
+) -> float:
     torch.manual_seed(0)
     torch.set_num_threads(threads)
-    model = build_model(preset, num_classes=6, in_channels=2, template=True).to(memory_format=torch.channels_last)
+    model = build_model(preset, num_classes=6, in_channels=2, template=True).to(
+        memory_format=torch.channels_last
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     images = torch.rand(batch, 2, crop, crop).to(memory_format=torch.channels_last)
-    targets = [torch.tensor([[i % 6, 40.0, 40.0, 80.0, 76.0], [1, 150.0, 120.0, 190.0, 170.0]]) for i in range(batch)]
+    targets = [
+        torch.tensor([[i % 6, 40.0, 40.0, 80.0, 76.0], [1, 150.0, 120.0, 190.0, 170.0]]) for i in range(batch)
+    ]
     timings = []
     for step in range(steps + 3):
         started = time.perf_counter()
@@ -39,7 +45,9 @@ def time_steps(preset: str, batch: int, crop: int, steps: int, threads: int, dty
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--preset", default="nano")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--crop", type=int, default=320)

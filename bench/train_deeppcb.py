@@ -35,7 +35,9 @@ def time_to_reach(rows: list[dict[str, str]], key: str, threshold: float) -> flo
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--minutes", type=float, default=20.0)
     parser.add_argument("--preset", default="nano")

@@ -19,14 +19,20 @@ runner = CliRunner()
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "defectdet.cli", *args], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-m", "defectdet.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("synth")
-    result = runner.invoke(app, ["synth", str(out), "--boards", "8", "--min-size", "160", "--max-size", "192"])
+    result = runner.invoke(
+        app, ["synth", str(out), "--boards", "8", "--min-size", "160", "--max-size", "192"]
+    )
     assert result.exit_code == 0, result.output
     return out / "data.yaml"
 
@@ -72,7 +78,9 @@ def test_train_writes_the_run_folder(trained_run: Path) -> None:
     assert len(rows) == 4  # header + one row per epoch
 
 
-def test_val_writes_both_protocols_and_clean_board_rates(trained_run: Path, tiny_data: Path, tmp_path: Path) -> None:
+def test_val_writes_both_protocols_and_clean_board_rates(
+    trained_run: Path, tiny_data: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "val"
     result = runner.invoke(
         app, ["val", str(trained_run / "best.pt"), str(tiny_data), "--clean-templates", "--out", str(out)]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -49,7 +48,9 @@ def synth(
     out: Path = typer.Argument(..., help="Folder to write the YOLO-format dataset into."),
     boards: int = typer.Option(40, help="Number of boards (images)."),
     seed: int = typer.Option(0, help="Random seed; the same seed writes the same dataset."),
-    template: bool = typer.Option(True, "--template/--no-template", help="Also render the defect-free template."),
+    template: bool = typer.Option(
+        True, "--template/--no-template", help="Also render the defect-free template."
+    ),
     min_size: int = typer.Option(480, help="Smallest image side in pixels."),
     max_size: int = typer.Option(800, help="Largest image side in pixels."),
     color: bool = typer.Option(False, "--color/--gray", help="Render RGB boards instead of grayscale."),
@@ -69,7 +70,7 @@ def synth(
 @app.command()
 def check(
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
-    format: Optional[str] = typer.Option(None, "--format", help="yolo|coco|voc|deeppcb (default: detected)."),
+    format: str | None = typer.Option(None, "--format", help="yolo|coco|voc|deeppcb (default: detected)."),
 ) -> None:
     """Validate a dataset: counts per class, sizes, templates, and every problem with its file and line.
 
@@ -98,30 +99,38 @@ def presets(imgsz: int = typer.Option(640, help="Input size for the GFLOPs figur
     for name in PRESETS:
         model = build_model(name, num_classes=6, in_channels=2, template=True)
         info = model_info(model, imgsz)
-        table.add_row(name, f"{info['params']:,}", f"{info['gflops']:.3f}", ", ".join(map(str, model.strides)))
+        table.add_row(
+            name, f"{info['params']:,}", f"{info['gflops']:.3f}", ", ".join(map(str, model.strides))
+        )
     console.print(table)
 
 
 @app.command()
 def train(
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
-    config: Optional[Path] = typer.Option(None, help="YAML with TrainConfig fields; options below override it."),
-    preset: Optional[str] = typer.Option(None, help="Model preset (see `defectdet presets`)."),
-    imgsz: Optional[int] = typer.Option(None, help="Letterbox size S (images become S x S)."),
-    crop_size: Optional[int] = typer.Option(None, "--crop", help="Train on random crops of this size (0 = full)."),
-    epochs: Optional[int] = typer.Option(None, help="Number of epochs."),
-    time: Optional[float] = typer.Option(None, "--time", help="Wall-clock budget in minutes (instead of epochs)."),
-    batch: Optional[int] = typer.Option(None, help="Batch size."),
-    workers: Optional[int] = typer.Option(None, help="DataLoader workers (default: picked from the CPU count)."),
-    lr: Optional[float] = typer.Option(None, help="Peak learning rate."),
-    out: Optional[Path] = typer.Option(None, help="Run folder (default runs/train)."),
-    resume: Optional[Path] = typer.Option(None, help="Checkpoint to continue exactly from."),
-    device: Optional[str] = typer.Option(None, help="auto|cpu|cuda."),
-    amp: Optional[bool] = typer.Option(None, "--amp/--no-amp", help="Mixed precision (fp16 on CUDA; bf16 on CPU)."),
-    seed: Optional[int] = typer.Option(None, help="Random seed."),
-    train_split: Optional[str] = typer.Option(None, help="Split to train on (default train)."),
-    val_split: Optional[str] = typer.Option(None, help="Split to validate on (default val)."),
-    on_nonfinite: Optional[str] = typer.Option(None, help="skip|stop on a NaN/Inf loss or gradient."),
+    config: Path | None = typer.Option(None, help="YAML with TrainConfig fields; options below override it."),
+    preset: str | None = typer.Option(None, help="Model preset (see `defectdet presets`)."),
+    imgsz: int | None = typer.Option(None, help="Letterbox size S (images become S x S)."),
+    crop_size: int | None = typer.Option(
+        None, "--crop", help="Train on random crops of this size (0 = full)."
+    ),
+    epochs: int | None = typer.Option(None, help="Number of epochs."),
+    time: float | None = typer.Option(
+        None, "--time", help="Wall-clock budget in minutes (instead of epochs)."
+    ),
+    batch: int | None = typer.Option(None, help="Batch size."),
+    workers: int | None = typer.Option(None, help="DataLoader workers (default: picked from the CPU count)."),
+    lr: float | None = typer.Option(None, help="Peak learning rate."),
+    out: Path | None = typer.Option(None, help="Run folder (default runs/train)."),
+    resume: Path | None = typer.Option(None, help="Checkpoint to continue exactly from."),
+    device: str | None = typer.Option(None, help="auto|cpu|cuda."),
+    amp: bool | None = typer.Option(
+        None, "--amp/--no-amp", help="Mixed precision (fp16 on CUDA; bf16 on CPU)."
+    ),
+    seed: int | None = typer.Option(None, help="Random seed."),
+    train_split: str | None = typer.Option(None, help="Split to train on (default train)."),
+    val_split: str | None = typer.Option(None, help="Split to validate on (default val)."),
+    on_nonfinite: str | None = typer.Option(None, help="skip|stop on a NaN/Inf loss or gradient."),
     set_: list[str] = typer.Option([], "--set", help="Any other TrainConfig field: --set ema_decay=0.999"),
 ) -> None:
     """Train a detector. Writes last.pt, best.pt, metrics.csv, plots and report.html into the run folder.
@@ -165,19 +174,22 @@ def train(
 
 @app.command()
 def val(
-    checkpoint: Path = typer.Argument(..., help="A checkpoint written by `defectdet train` (best.pt / last.pt)."),
+    checkpoint: Path = typer.Argument(
+        ..., help="A checkpoint written by `defectdet train` (best.pt / last.pt)."
+    ),
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
     split: str = typer.Option("val", help="Split to evaluate (a DeepPCB list file stem, e.g. test)."),
     protocol: str = typer.Option("both", help="coco|deeppcb|both."),
-    out: Optional[Path] = typer.Option(None, help="Output folder (default: runs/val/<checkpoint stem>)."),
-    conf: Optional[float] = typer.Option(None, help="Operating threshold (default: the best-F1 threshold)."),
+    out: Path | None = typer.Option(None, help="Output folder (default: runs/val/<checkpoint stem>)."),
+    conf: float | None = typer.Option(None, help="Operating threshold (default: the best-F1 threshold)."),
     target_recall: float = typer.Option(0.99, help="Also report the threshold that reaches this recall."),
     clean_templates: bool = typer.Option(
-        False, help="Add each template image as a clean board, to measure the false-call rate on real clean boards."
+        False,
+        help="Add each template image as a clean board, to measure the false-call rate on real clean boards.",
     ),
     batch: int = typer.Option(8, help="Batch size."),
-    workers: Optional[int] = typer.Option(None, help="DataLoader workers."),
-    format: Optional[str] = typer.Option(None, "--format", help="Dataset format (default: detected)."),
+    workers: int | None = typer.Option(None, help="DataLoader workers."),
+    format: str | None = typer.Option(None, "--format", help="Dataset format (default: detected)."),
 ) -> None:
     """Evaluate a checkpoint: COCO mAP, the DeepPCB protocol, operating point, plots and report.html.
 
@@ -205,12 +217,12 @@ def val(
 @app.command()
 def demo(
     out: Path = typer.Option(Path("runs/demo"), help="Folder for the synthetic data and the run."),
-    minutes: float = typer.Option(4.0, help="Training budget in minutes."),
-    boards: int = typer.Option(120, help="Synthetic boards to generate."),
+    minutes: float = typer.Option(5.0, help="Training budget in minutes."),
+    boards: int = typer.Option(160, help="Synthetic boards to generate."),
 ) -> None:
     """The embedded default, offline: synthesize boards, check them, train, evaluate, report.
 
-    Example: defectdet demo --out runs/demo --minutes 4
+    Example: defectdet demo --out runs/demo --minutes 5
     """
     from defectdet.demo import run_demo
 

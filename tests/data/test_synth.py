@@ -34,8 +34,11 @@ def test_files_and_data_yaml(dataset: Path) -> None:
     assert config["path"] == "."
     assert config["train"] == "images/train" and config["val"] == "images/val"
     assert config["templates"] == {"train": "templates/train", "val": "templates/val"}
-    assert config["names"] == list(CLASS_NAMES) == [
-        "open", "short", "mousebite", "spur", "copper", "pin-hole", "missing-hole"]
+    assert (
+        config["names"]
+        == list(CLASS_NAMES)
+        == ["open", "short", "mousebite", "spur", "copper", "pin-hole", "missing-hole"]
+    )
     images = _images(root)
     assert len(images) == 4
     assert {path.parent.name for path in images} == {"train", "val"}
@@ -75,11 +78,13 @@ def test_deterministic_and_seed_dependent(dataset: Path, tmp_path: Path) -> None
     again = synthesize_dataset(tmp_path / "again", seed=3, **SMALL).parent
     root = dataset.parent
     assert _labels(again) == _labels(root)
-    for first, second in zip(_images(root) + _images(root, "templates"),
-                             _images(again) + _images(again, "templates"), strict=True):
+    for first, second in zip(
+        _images(root) + _images(root, "templates"), _images(again) + _images(again, "templates"), strict=True
+    ):
         assert first.name == second.name
-        assert np.array_equal(cv2.imread(str(first), cv2.IMREAD_UNCHANGED),
-                              cv2.imread(str(second), cv2.IMREAD_UNCHANGED))
+        assert np.array_equal(
+            cv2.imread(str(first), cv2.IMREAD_UNCHANGED), cv2.imread(str(second), cv2.IMREAD_UNCHANGED)
+        )
     other = synthesize_dataset(tmp_path / "other", seed=4, **SMALL).parent
     assert _labels(other) != _labels(root)
 

@@ -34,7 +34,9 @@ def compute_letterbox(width: int, height: int, size: int) -> LetterboxTransform:
     return LetterboxTransform(float(scale), float(pad_x), float(pad_y), width, height, size)
 
 
-def letterbox_image(image: np.ndarray, size: int, pad_value: int = 114) -> tuple[np.ndarray, LetterboxTransform]:
+def letterbox_image(
+    image: np.ndarray, size: int, pad_value: int = 114
+) -> tuple[np.ndarray, LetterboxTransform]:
     """Resize `image` (HxW or HxWxC, any dtype) into a `size` x `size` canvas; returns it and the transform."""
     height, width = image.shape[:2]
     transform = compute_letterbox(width, height, size)

@@ -34,7 +34,9 @@ class Sample:
         self.boxes = np.asarray(self.boxes, dtype=np.float32).reshape(-1, 4)
         self.classes = np.asarray(self.classes, dtype=np.int64).reshape(-1)
         if len(self.boxes) != len(self.classes):
-            raise ValueError(f"{self.source or self.image_path}: {len(self.boxes)} boxes but {len(self.classes)} classes")
+            raise ValueError(
+                f"{self.source or self.image_path}: {len(self.boxes)} boxes but {len(self.classes)} classes"
+            )
         if not self.image_id:
             self.image_id = self.image_path.stem
 

@@ -21,7 +21,9 @@ def _plane_to_rgb(plane: np.ndarray) -> np.ndarray:
     return np.repeat(image, 3, axis=2) if image.shape[2] == 1 else np.ascontiguousarray(image)
 
 
-def draw_boxes(image: np.ndarray, boxes: np.ndarray, classes: np.ndarray, class_names: Sequence[str]) -> np.ndarray:
+def draw_boxes(
+    image: np.ndarray, boxes: np.ndarray, classes: np.ndarray, class_names: Sequence[str]
+) -> np.ndarray:
     """Draw xyxy boxes with class names onto an RGB uint8 image (a copy)."""
     canvas = image.copy()
     for (x1, y1, x2, y2), class_id in zip(boxes.round().astype(int), classes.astype(int), strict=True):

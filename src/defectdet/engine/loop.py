@@ -105,9 +105,7 @@ def _to_device(images: torch.Tensor, targets: Sequence[torch.Tensor], device: to
     non_blocking = device.type == "cuda"
     # channels_last: depthwise convolutions run ~25% faster in NHWC on CPU (oneDNN), and no slower on CUDA
     images = images.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
-    return images, [
-        t.to(device, non_blocking=non_blocking) for t in targets
-    ]
+    return images, [t.to(device, non_blocking=non_blocking) for t in targets]
 
 
 def _check_loss_dtypes(losses: dict[str, torch.Tensor], options: LoopOptions) -> None:

@@ -121,7 +121,10 @@ def build_train_data(config: TrainConfig) -> TrainData:
             logging.getLogger(LOGGER_NAME).warning(
                 "%s has no separate %r split (it gives the same images as %r): validating on a fixed "
                 "%d%% hold-out (%d images) chosen by file-name hash",
-                config.data, config.val_split, config.train_split, round(100 * HOLD_OUT_FRACTION),
+                config.data,
+                config.val_split,
+                config.train_split,
+                round(100 * HOLD_OUT_FRACTION),
                 len(val_split.samples),
             )
     channels = config.channels or 1

@@ -31,7 +31,9 @@ logger = logging.getLogger(__name__)
 PROTOCOLS = ("coco", "deeppcb", "both")
 
 
-def load_detector(checkpoint_path: str | Path, use_ema: bool = True) -> tuple[torch.nn.Module, dict[str, Any]]:
+def load_detector(
+    checkpoint_path: str | Path, use_ema: bool = True
+) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Rebuild the detector stored in a training checkpoint (EMA weights when present) in eval mode."""
     from defectdet.model import Detector
 
@@ -67,7 +69,9 @@ def add_clean_templates(split: DatasetSplit) -> DatasetSplit:
         if sample.template_path is not None
     ]
     if not clean:
-        raise ConfigError(f"--clean-templates: the {split.split!r} split of {split.root} has no template images")
+        raise ConfigError(
+            f"--clean-templates: the {split.split!r} split of {split.root} has no template images"
+        )
     return DatasetSplit(
         samples=[*split.samples, *clean],
         class_names=split.class_names,
@@ -116,7 +120,9 @@ def predict_records(
                 try:
                     with timer.stage("decode"):
                         image = read_image(sample.image_path, channels=channels)
-                        template = read_image(sample.template_path, channels=channels) if use_template else None
+                        template = (
+                            read_image(sample.template_path, channels=channels) if use_template else None
+                        )
                 except (ImageReadError, cv2.error, OSError) as error:
                     logger.warning("skipping %s: %s", sample.image_path, error)
                     skipped.append(str(sample.image_path))

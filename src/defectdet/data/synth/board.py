@@ -27,11 +27,13 @@ def _label(copper: np.ndarray, holes: np.ndarray) -> np.ndarray:
     return label
 
 
-def generate_board(seed: int, index: int, min_size: int = 480, max_size: int = 800,
-                   color: bool = False) -> SynthBoard:
+def generate_board(
+    seed: int, index: int, min_size: int = 480, max_size: int = 800, color: bool = False
+) -> SynthBoard:
     """Generate board number `index` of the set seeded by `seed` (independent of other boards)."""
     layout_rng, defect_rng, style_rng, tested_rng, template_rng = (
-        np.random.default_rng(child) for child in np.random.SeedSequence([seed, index]).spawn(5))
+        np.random.default_rng(child) for child in np.random.SeedSequence([seed, index]).spawn(5)
+    )
     height = int(layout_rng.integers(min_size, max_size + 1))
     width = int(layout_rng.integers(min_size, max_size + 1))
     layout = generate_layout(layout_rng, height, width)
@@ -42,9 +44,14 @@ def generate_board(seed: int, index: int, min_size: int = 480, max_size: int = 8
     image = render_image(_label(copper, holes), tested_pads, style, tested_rng)
     magnitude = template_rng.uniform(0, 1) ** 2 * 1.5
     angle = template_rng.uniform(0, 2 * np.pi)
-    template = render_image(_label(layout.copper, layout.holes), layout.pads, style, template_rng,
-                            shift=(float(magnitude * np.cos(angle)), float(magnitude * np.sin(angle))),
-                            rotation_degrees=float(template_rng.uniform(-0.04, 0.04)))
+    template = render_image(
+        _label(layout.copper, layout.holes),
+        layout.pads,
+        style,
+        template_rng,
+        shift=(float(magnitude * np.cos(angle)), float(magnitude * np.sin(angle))),
+        rotation_degrees=float(template_rng.uniform(-0.04, 0.04)),
+    )
     boxes = np.array([defect.box for defect in defects], dtype=np.float32).reshape(-1, 4)
     classes = np.array([defect.class_id for defect in defects], dtype=np.int64)
     return SynthBoard(image, template, boxes, classes)

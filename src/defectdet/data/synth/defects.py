@@ -109,8 +109,12 @@ def _open(state: _State, rng: np.random.Generator, zoom: float) -> bool:
     gap = rng.uniform(3, 10) * zoom if rng.random() < 0.75 else rng.uniform(10, 30) * zoom
     half_across = site.width / 2 + 2
     jitter = rng.uniform(-0.3, 0.3, size=4) * max(gap, 4)
-    corners = [(-gap / 2 + jitter[0], -half_across), (gap / 2 + jitter[1], -half_across),
-               (gap / 2 + jitter[2], half_across), (-gap / 2 + jitter[3], half_across)]
+    corners = [
+        (-gap / 2 + jitter[0], -half_across),
+        (gap / 2 + jitter[1], -half_across),
+        (gap / 2 + jitter[2], half_across),
+        (-gap / 2 + jitter[3], half_across),
+    ]
     points = np.array([site.centre + site.along * a + site.normal * n for a, n in corners])
     _fill(state.copper, points, 0)
     return True
@@ -136,8 +140,13 @@ def _short(state: _State, rng: np.random.Generator, zoom: float) -> bool:
     start = site.centre + direction * (gap_start - 2)
     end = site.centre + direction * (step + 2)
     skew = site.along * rng.uniform(-0.4, 0.4) * (step - gap_start)
-    cv2.line(state.copper, tuple(np.round(start).astype(int)), tuple(np.round(end + skew).astype(int)), 255,
-             thickness)
+    cv2.line(
+        state.copper,
+        tuple(np.round(start).astype(int)),
+        tuple(np.round(end + skew).astype(int)),
+        255,
+        thickness,
+    )
     return True
 
 
@@ -171,9 +180,14 @@ def _spur(state: _State, rng: np.random.Generator, zoom: float) -> bool:
             return False
     half_base = rng.uniform(1.0, 3.0) * zoom + 0.5
     tip_half = rng.uniform(0.5, 1.5)
-    points = np.array([base - site.along * half_base, base + site.along * half_base,
-                       base + direction * length + site.along * tip_half,
-                       base + direction * length - site.along * tip_half])
+    points = np.array(
+        [
+            base - site.along * half_base,
+            base + site.along * half_base,
+            base + direction * length + site.along * tip_half,
+            base + direction * length - site.along * tip_half,
+        ]
+    )
     _fill(state.copper, points, 255)
     return True
 
@@ -186,13 +200,16 @@ def _random_blob(centre: np.ndarray, radius: float, rng: np.random.Generator) ->
     radii = radius * rng.uniform(0.6, 1.15, count)
     x = radii * np.cos(angles)
     y = radii * np.sin(angles) * stretch
-    return centre + np.stack([x * np.cos(rotation) - y * np.sin(rotation),
-                              x * np.sin(rotation) + y * np.cos(rotation)], axis=1)
+    return centre + np.stack(
+        [x * np.cos(rotation) - y * np.sin(rotation), x * np.sin(rotation) + y * np.cos(rotation)], axis=1
+    )
 
 
-def _sample_where(distance: np.ndarray, minimum: float, margin: int, rng: np.random.Generator) -> np.ndarray | None:
+def _sample_where(
+    distance: np.ndarray, minimum: float, margin: int, rng: np.random.Generator
+) -> np.ndarray | None:
     height, width = distance.shape
-    candidates = np.flatnonzero(distance[margin:height - margin, margin:width - margin] >= minimum)
+    candidates = np.flatnonzero(distance[margin : height - margin, margin : width - margin] >= minimum)
     if candidates.size == 0:
         return None
     index = int(candidates[rng.integers(candidates.size)])
@@ -222,7 +239,11 @@ def _pin_hole(state: _State, rng: np.random.Generator, zoom: float) -> bool:
 
 
 def _missing_hole(state: _State, rng: np.random.Generator, zoom: float) -> bool:
-    drills = [drill for drill in state.layout.drills if state.inside(np.array(drill.center, float), drill.radius + 4)]
+    drills = [
+        drill
+        for drill in state.layout.drills
+        if state.inside(np.array(drill.center, float), drill.radius + 4)
+    ]
     if not drills:
         return False
     drill = drills[int(rng.integers(len(drills)))]
@@ -231,12 +252,20 @@ def _missing_hole(state: _State, rng: np.random.Generator, zoom: float) -> bool:
     return True
 
 
-_DRAWERS = {OPEN: _open, SHORT: _short, MOUSEBITE: _mousebite, SPUR: _spur, COPPER: _copper,
-            PIN_HOLE: _pin_hole, MISSING_HOLE: _missing_hole}
+_DRAWERS = {
+    OPEN: _open,
+    SHORT: _short,
+    MOUSEBITE: _mousebite,
+    SPUR: _spur,
+    COPPER: _copper,
+    PIN_HOLE: _pin_hole,
+    MISSING_HOLE: _missing_hole,
+}
 
 
-def _state_difference(copper_before: np.ndarray, holes_before: np.ndarray, copper_after: np.ndarray,
-                      holes_after: np.ndarray) -> np.ndarray:
+def _state_difference(
+    copper_before: np.ndarray, holes_before: np.ndarray, copper_after: np.ndarray, holes_after: np.ndarray
+) -> np.ndarray:
     """(H, W) uint8 mask of pixels whose state (substrate / copper / hole; hole wins) changed."""
     visible_before = cv2.bitwise_and(copper_before, cv2.bitwise_not(holes_before))
     visible_after = cv2.bitwise_and(copper_after, cv2.bitwise_not(holes_after))
@@ -260,8 +289,9 @@ def _overlap_fraction(box: tuple, other: tuple) -> float:
     return width * height / max(smaller, 1e-9)
 
 
-def _annotate(changed: tuple[int, int, int, int], zoom: float, height: int, width: int,
-              rng: np.random.Generator) -> tuple[float, float, float, float]:
+def _annotate(
+    changed: tuple[int, int, int, int], zoom: float, height: int, width: int, rng: np.random.Generator
+) -> tuple[float, float, float, float]:
     """Pad the changed-pixel box like a human annotator: a few px margin and a minimum size."""
     x1, y1, x2, y2 = changed
     scale = 0.5 + 0.5 * zoom  # annotators' boxes grow less than the features do
@@ -276,12 +306,17 @@ def _annotate(changed: tuple[int, int, int, int], zoom: float, height: int, widt
     top = min(y1 - 1.0, centre_y - box_h / 2)
     right = max(x2 + 1.0, left + box_w)
     bottom = max(y2 + 1.0, top + box_h)
-    return (float(max(0.0, round(left))), float(max(0.0, round(top))),
-            float(min(width, round(right))), float(min(height, round(bottom))))
+    return (
+        float(max(0.0, round(left))),
+        float(max(0.0, round(top))),
+        float(min(width, round(right))),
+        float(min(height, round(bottom))),
+    )
 
 
-def add_defects(layout: BoardLayout, rng: np.random.Generator, count: int | None = None
-                ) -> tuple[np.ndarray, np.ndarray, list[Defect]]:
+def add_defects(
+    layout: BoardLayout, rng: np.random.Generator, count: int | None = None
+) -> tuple[np.ndarray, np.ndarray, list[Defect]]:
     """Damage a copy of `layout`; returns (tested copper, tested holes, defects)."""
     state = _State(layout)
     zoom = layout.zoom
@@ -305,7 +340,8 @@ def add_defects(layout: BoardLayout, rng: np.random.Generator, count: int | None
                 x, y, box_w, box_h = cv2.boundingRect(difference)
                 changed = (x, y, x + box_w, y + box_h)
                 ok = max(changed[2] - changed[0], changed[3] - changed[1]) <= 110 * zoom and not _boxes_clash(
-                    changed, changed_boxes, margin=4)
+                    changed, changed_boxes, margin=4
+                )
             if ok:
                 box = _annotate(changed, zoom, state.height, state.width, rng)
                 ok = all(_overlap_fraction(box, other.box) < 0.3 for other in defects)

@@ -54,8 +54,9 @@ def _ipoints(points: np.ndarray, offset: tuple[int, int] = (0, 0)) -> np.ndarray
     return np.round(points - np.asarray(offset, dtype=np.float64)).astype(np.int32).reshape(-1, 1, 2)
 
 
-def _draw(canvas: np.ndarray, shape: tuple, grow: int = 0, offset: tuple[int, int] = (0, 0),
-          value: int = 255) -> None:
+def _draw(
+    canvas: np.ndarray, shape: tuple, grow: int = 0, offset: tuple[int, int] = (0, 0), value: int = 255
+) -> None:
     """Draw one primitive. Shapes: ('circle', cx, cy, r), ('rect', cx, cy, half_w, half_h),
     ('line', points (K, 2), width), ('poly', points (K, 2))."""
     kind = shape[0]
@@ -90,8 +91,12 @@ def _bounds(shape: tuple) -> tuple[float, float, float, float]:
         return cx - half_w, cy - half_h, cx + half_w, cy + half_h
     points = shape[1]
     half = shape[2] / 2 if kind == "line" else 0
-    return (points[:, 0].min() - half, points[:, 1].min() - half,
-            points[:, 0].max() + half, points[:, 1].max() + half)
+    return (
+        points[:, 0].min() - half,
+        points[:, 1].min() - half,
+        points[:, 0].max() + half,
+        points[:, 1].max() + half,
+    )
 
 
 def fits(copper: np.ndarray, shapes: list[tuple], clearance: int, ignore: list[tuple] = ()) -> bool:
@@ -160,8 +165,10 @@ class _Builder:
         self.drills.append(Drill((int(round(cx)), int(round(cy))), int(radius), int(pad_radius)))
 
     def random_point(self, margin: float = 0.0) -> tuple[float, float]:
-        return (float(self.rng.uniform(margin, self.width - margin)),
-                float(self.rng.uniform(margin, self.height - margin)))
+        return (
+            float(self.rng.uniform(margin, self.width - margin)),
+            float(self.rng.uniform(margin, self.height - margin)),
+        )
 
     # -- copper pours -----------------------------------------------------------------------
     def pour(self) -> None:
@@ -181,8 +188,18 @@ class _Builder:
             x0 = rng.uniform(-0.2, 0.8) * width
             x1 = x0 + span_w
         chamfer = rng.uniform(0.05, 0.3) * min(x1 - x0, y1 - y0)
-        points = np.array([(x0 + chamfer, y0), (x1 - chamfer, y0), (x1, y0 + chamfer), (x1, y1 - chamfer),
-                           (x1 - chamfer, y1), (x0 + chamfer, y1), (x0, y1 - chamfer), (x0, y0 + chamfer)])
+        points = np.array(
+            [
+                (x0 + chamfer, y0),
+                (x1 - chamfer, y0),
+                (x1, y0 + chamfer),
+                (x1, y1 - chamfer),
+                (x1 - chamfer, y1),
+                (x0 + chamfer, y1),
+                (x0, y1 - chamfer),
+                (x0, y0 + chamfer),
+            ]
+        )
         shape = ("poly", points)
         if not fits(self.copper, [shape], self.clearance):
             return
@@ -202,7 +219,9 @@ class _Builder:
     def component(self) -> None:
         rng = self.rng
         zoom = self.zoom
-        kind = rng.choice(["round_row", "smd_pair", "via", "square", "oblong"], p=[0.25, 0.25, 0.25, 0.1, 0.15])
+        kind = rng.choice(
+            ["round_row", "smd_pair", "via", "square", "oblong"], p=[0.25, 0.25, 0.25, 0.1, 0.15]
+        )
         count = int(rng.integers(1, 5)) if kind == "round_row" else 1
         horizontal = rng.random() < 0.5
         for _attempt in range(6):
@@ -229,9 +248,15 @@ class _Builder:
                 half_h = rng.uniform(10, 22) * zoom
                 gap = rng.uniform(10, 28) * zoom + self.clearance
                 if horizontal:
-                    shapes += [("rect", cx, cy, half_w, half_h), ("rect", cx + 2 * half_w + gap, cy, half_w, half_h)]
+                    shapes += [
+                        ("rect", cx, cy, half_w, half_h),
+                        ("rect", cx + 2 * half_w + gap, cy, half_w, half_h),
+                    ]
                 else:
-                    shapes += [("rect", cx, cy, half_h, half_w), ("rect", cx, cy + 2 * half_w + gap, half_h, half_w)]
+                    shapes += [
+                        ("rect", cx, cy, half_h, half_w),
+                        ("rect", cx, cy + 2 * half_w + gap, half_h, half_w),
+                    ]
             else:  # oblong pad with a hole at one end
                 radius = int(round(rng.uniform(12, 24) * zoom))
                 length = rng.uniform(1.0, 2.5) * radius
@@ -249,7 +274,9 @@ class _Builder:
             return
 
     # -- traces -----------------------------------------------------------------------------
-    def _walk(self, start: np.ndarray, direction: int, max_segments: int, allow_right_angle: bool) -> np.ndarray:
+    def _walk(
+        self, start: np.ndarray, direction: int, max_segments: int, allow_right_angle: bool
+    ) -> np.ndarray:
         rng = self.rng
         zoom = self.zoom
         points = [start.astype(np.float64)]
@@ -309,8 +336,10 @@ class _Builder:
         for bx, by, b_half in candidates:
             b = np.array([bx, by])
             width = int(min(trace_width, max(3, 1.6 * b_half)))
-            ignore = [("circle", ax, ay, a_half + width + self.clearance),
-                      ("circle", bx, by, b_half + width + self.clearance)]
+            ignore = [
+                ("circle", ax, ay, a_half + width + self.clearance),
+                ("circle", bx, by, b_half + width + self.clearance),
+            ]
             for route in _octilinear_routes(a, b, rng):
                 shape = ("line", route, width)
                 if fits(self.copper, [shape], self.clearance, ignore=ignore):
@@ -322,8 +351,12 @@ class _Builder:
             direction = int(rng.integers(4)) * 2
             route = self._walk(a, direction, int(rng.integers(1, 3)), allow_right_angle=False)
             shape = ("line", route, trace_width)
-            if len(route) >= 2 and fits(self.copper, [shape], self.clearance,
-                                       ignore=[("circle", ax, ay, a_half + trace_width + self.clearance)]):
+            if len(route) >= 2 and fits(
+                self.copper,
+                [shape],
+                self.clearance,
+                ignore=[("circle", ax, ay, a_half + trace_width + self.clearance)],
+            ):
                 self.commit([shape])
                 self.traces.append(Trace(route, trace_width))
                 return
@@ -375,5 +408,14 @@ def generate_layout(rng: np.random.Generator, height: int, width: int) -> BoardL
     # Holes go through the copper: drilled pixels are never copper.
     builder.copper[builder.holes > 0] = 0
     builder.pads[builder.holes > 0] = 0
-    return BoardLayout(height, width, builder.zoom, builder.clearance, builder.copper, builder.pads,
-                       builder.holes, builder.traces, builder.drills)
+    return BoardLayout(
+        height,
+        width,
+        builder.zoom,
+        builder.clearance,
+        builder.copper,
+        builder.pads,
+        builder.holes,
+        builder.traces,
+        builder.drills,
+    )

@@ -47,8 +47,9 @@ def _per_channel(field: np.ndarray, image: np.ndarray) -> np.ndarray:
     return field if image.ndim == 2 else field[..., None]
 
 
-def make_style(rng: np.random.Generator, height: int, width: int, color: bool,
-               binarize_probability: float = 0.5) -> BoardStyle:
+def make_style(
+    rng: np.random.Generator, height: int, width: int, color: bool, binarize_probability: float = 0.5
+) -> BoardStyle:
     """Pick the board's material colours and surface texture."""
     if color:
         substrate = np.array([25, 85, 45]) + rng.uniform(-12, 12, 3)
@@ -64,13 +65,20 @@ def make_style(rng: np.random.Generator, height: int, width: int, color: bool,
         pad = copper + rng.uniform(-10, 15)
         levels = np.array([[substrate], [copper], [hole], [pad]], dtype=np.float32)
         binarized = bool(rng.random() < binarize_probability)
-    texture = (_smooth_field(rng, height, width, int(rng.integers(8, 30))) * rng.uniform(2, 7)
-               + _noise(rng, (height, width), rng.uniform(0.5, 3)))
+    texture = _smooth_field(rng, height, width, int(rng.integers(8, 30))) * rng.uniform(2, 7) + _noise(
+        rng, (height, width), rng.uniform(0.5, 3)
+    )
     return BoardStyle(binarized, color, levels, texture.astype(np.float32))
 
 
-def render_image(label: np.ndarray, pads: np.ndarray, style: BoardStyle, rng: np.random.Generator,
-                 shift: tuple[float, float] = (0.0, 0.0), rotation_degrees: float = 0.0) -> np.ndarray:
+def render_image(
+    label: np.ndarray,
+    pads: np.ndarray,
+    style: BoardStyle,
+    rng: np.random.Generator,
+    shift: tuple[float, float] = (0.0, 0.0),
+    rotation_degrees: float = 0.0,
+) -> np.ndarray:
     """Render one picture of a board state.
 
     label: (H, W) uint8, 0 substrate, 1 copper, 2 hole. pads: (H, W) uint8 exposed-pad mask.
@@ -90,8 +98,9 @@ def render_image(label: np.ndarray, pads: np.ndarray, style: BoardStyle, rng: np
     if shift != (0.0, 0.0) or rotation_degrees:
         matrix = cv2.getRotationMatrix2D((width / 2, height / 2), rotation_degrees, 1.0)
         matrix[:, 2] += shift
-        image = cv2.warpAffine(image, matrix, (width, height), flags=cv2.INTER_LINEAR,
-                               borderMode=cv2.BORDER_REFLECT)
+        image = cv2.warpAffine(
+            image, matrix, (width, height), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT
+        )
     image = cv2.GaussianBlur(image, (0, 0), rng.uniform(0.5, 1.2))
 
     # Lighting: a tilted plane, vignetting and a low-frequency unevenness, then exposure and gamma.
@@ -102,8 +111,13 @@ def render_image(label: np.ndarray, pads: np.ndarray, style: BoardStyle, rng: np
     tilt_x, tilt_y = (float(value) for value in rng.uniform(-0.15, 0.15, 2))
     vignette = float(rng.uniform(0, 0.3))
     gain = float(rng.uniform(0.93, 1.07))
-    coarse = (1.0 + tilt_x * xs + tilt_y * ys - vignette * (xs * xs + ys * ys)
-              + _smooth_field(rng, coarse_h, coarse_w, 4) * float(rng.uniform(0, 0.04))) * gain
+    coarse = (
+        1.0
+        + tilt_x * xs
+        + tilt_y * ys
+        - vignette * (xs * xs + ys * ys)
+        + _smooth_field(rng, coarse_h, coarse_w, 4) * float(rng.uniform(0, 0.04))
+    ) * gain
     # Specular glare; a binarized board is imaged under controlled light (glare would break the threshold).
     glare_strength = 0.0
     if not style.binarized and rng.random() < 0.25:
@@ -111,14 +125,17 @@ def render_image(label: np.ndarray, pads: np.ndarray, style: BoardStyle, rng: np
         spread = float(rng.uniform(0.05, 0.2))
         glare = np.exp(-((xs - cx) ** 2) / (2 * spread**2)) * np.exp(-((ys - cy) ** 2) / (2 * spread**2))
         glare_strength = float(rng.uniform(20, 55))
-    lighting = cv2.resize(coarse.astype(np.float32), (width, height), interpolation=cv2.INTER_LINEAR)  # (H, W)
+    lighting = cv2.resize(
+        coarse.astype(np.float32), (width, height), interpolation=cv2.INTER_LINEAR
+    )  # (H, W)
     image = image * _per_channel(lighting, image) + np.float32(rng.uniform(-5, 5))
     gamma = rng.uniform(0.9, 1.1)
     table = np.clip(255.0 * np.power(np.arange(256) / 255.0, gamma), 0, 255).astype(np.uint8)
     image = cv2.LUT(np.clip(image, 0, 255).astype(np.uint8), table).astype(np.float32)
     if glare_strength:
-        glare_full = cv2.resize((glare * glare_strength).astype(np.float32), (width, height),
-                                interpolation=cv2.INTER_LINEAR)
+        glare_full = cv2.resize(
+            (glare * glare_strength).astype(np.float32), (width, height), interpolation=cv2.INTER_LINEAR
+        )
         image += _per_channel(glare_full, image)
     image += _noise(rng, image.shape, rng.uniform(1, 4))
 

@@ -27,8 +27,10 @@ def _label_lines(board: SynthBoard) -> str:
     height, width = board.image.shape[:2]
     lines = []
     for (x1, y1, x2, y2), class_id in zip(board.boxes.tolist(), board.classes.tolist(), strict=True):
-        lines.append(f"{class_id} {(x1 + x2) / 2 / width:.6f} {(y1 + y2) / 2 / height:.6f} "
-                     f"{(x2 - x1) / width:.6f} {(y2 - y1) / height:.6f}")
+        lines.append(
+            f"{class_id} {(x1 + x2) / 2 / width:.6f} {(y1 + y2) / 2 / height:.6f} "
+            f"{(x2 - x1) / width:.6f} {(y2 - y1) / height:.6f}"
+        )
     return "".join(line + "\n" for line in lines)
 
 
@@ -43,9 +45,17 @@ def _split_of_boards(boards: int, val_fraction: float, seed: int) -> list[str]:
     return splits
 
 
-def synthesize_dataset(out: Path, boards: int = 40, seed: int = 0, template: bool = True, min_size: int = 480,
-                       max_size: int = 800, val_fraction: float = 0.2, color: bool = False,
-                       progress: bool = True) -> Path:
+def synthesize_dataset(
+    out: Path,
+    boards: int = 40,
+    seed: int = 0,
+    template: bool = True,
+    min_size: int = 480,
+    max_size: int = 800,
+    val_fraction: float = 0.2,
+    color: bool = False,
+    progress: bool = True,
+) -> Path:
     """Generate `boards` synthetic PCB images with exact defect boxes; returns `out/data.yaml`.
 
     Layout: `images/{train,val}/board_XXXX.png`, `labels/...txt` (YOLO `cls cx cy w h`),
