@@ -5,13 +5,14 @@
 Validation boards (groups 77000 and 92000 on the shared trainval half: the highest-numbered groups
 until >= 20% of images) are never seen in training; images of one board are near-duplicates, so a
 random split would overstate accuracy. Prints time-to-mAP@0.5 0.90 / 0.95 (wall clock including
-validation) and the final metrics, and writes bench/results/train_deeppcb.json.
+validation) and the final metrics, and writes bench/results/train_deeppcb_<preset>_<minutes>min.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import logging
 import sys
 import time
 from pathlib import Path
@@ -45,6 +46,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/bench_deeppcb"))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if not (args.data / "trainval.txt").is_file():
         print(f"DeepPCB not found at {args.data} (needs trainval.txt); pass --data", file=sys.stderr)
         return 2
@@ -89,7 +91,7 @@ def main() -> int:
         [[key, value if value is not None else "not reached"] for key, value in {**reached, **final}.items()],
     )
     path = write_result(
-        "train_deeppcb",
+        f"train_deeppcb_{args.preset}_{args.minutes:g}min",
         {
             "settings": config.to_dict(),
             "wall_seconds": wall_seconds,
