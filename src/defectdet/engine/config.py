@@ -12,28 +12,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from defectdet.data.augment import AugmentConfig
 from defectdet.errors import ConfigError
-
-try:  # the data engineer's augmentation config; a plain dict until it exists
-    from defectdet.data.augment import AugmentConfig
-except ImportError:  # pragma: no cover - only while data.augment is being written
-    AugmentConfig = None  # type: ignore[assignment,misc]
 
 DEFAULT_EPOCHS = 50
 DEFAULT_LEARNING_RATES = {"adamw": 0.008, "sgd": 0.01}  # AdamW 8e-3: best of 2e-3..8e-3 on DeepPCB, nano
 DEFAULT_WEIGHT_DECAY = {"adamw": 0.05, "sgd": 0.0005}
-
-if AugmentConfig is not None:
-    _AugmentField = AugmentConfig  # type: ignore[misc]
-
-    def _default_augment() -> Any:
-        return AugmentConfig()
-
-else:  # pragma: no cover
-    _AugmentField = dict  # type: ignore[misc]
-
-    def _default_augment() -> Any:
-        return {}
 
 
 class TrainConfig(BaseModel):
@@ -52,7 +36,7 @@ class TrainConfig(BaseModel):
     template: bool | None = None  # None: use templates when the dataset has them
     batch: int = Field(16, ge=1)
     workers: int | None = Field(None, ge=0)
-    augment: _AugmentField = Field(default_factory=_default_augment)  # type: ignore[valid-type]
+    augment: AugmentConfig = Field(default_factory=AugmentConfig)
 
     # model
     preset: str = "nano"
