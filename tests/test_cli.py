@@ -156,3 +156,12 @@ def test_val_on_a_deeppcb_list_file_writes_result_files(tmp_path: Path) -> None:
         x1, y1, x2, y2, confidence, kind = line.split(",")
         assert kind in {"open", "short", "mousebite", "spur", "copper", "pin-hole"}
         assert 0 <= float(confidence) <= 1 and int(x1) <= int(x2) and int(y1) <= int(y2)
+
+
+def test_package_exports_the_python_api_lazily() -> None:
+    import defectdet
+
+    for name in defectdet.__all__:
+        assert getattr(defectdet, name) is not None, name
+    with pytest.raises(AttributeError):
+        defectdet.no_such_thing  # noqa: B018

@@ -1,11 +1,34 @@
 """defectdet: industrial visual defect detection on PyTorch.
 
-Heavy submodules are imported lazily so that `import defectdet` stays cheap and the
-deployment runtime never pulls in training code.
+Every command is also a Python API, e.g. `from defectdet import train, TrainConfig, validate`.
+Exports are resolved lazily so that `import defectdet` stays cheap and torch-free parts stay torch-free.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+_EXPORTS = {
+    "TrainConfig": "defectdet.engine.config",
+    "load_config": "defectdet.engine.config",
+    "train": "defectdet.engine.trainer",
+    "validate": "defectdet.engine.validate",
+    "load_detector": "defectdet.engine.validate",
+    "build_model": "defectdet.model",
+    "load_dataset": "defectdet.data.formats",
+    "check_dataset": "defectdet.data.check",
+    "synthesize_dataset": "defectdet.data.synth",
+    "evaluate_records": "defectdet.evaluation.report",
+    "run_demo": "defectdet.demo",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'defectdet' has no attribute {name!r}")
