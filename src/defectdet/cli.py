@@ -6,6 +6,7 @@ User-caused errors (`defectdet.errors.DefectDetError`) are printed as one red li
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -166,6 +167,8 @@ def train(
     if time is not None and epochs is None:
         overrides["epochs"] = None
     result = run_training(load_config(config, overrides))
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
+        return
     console.print(f"[green]done[/green]: run folder {result.run_dir}")
     if result.best_metrics:
         summary = ", ".join(f"{k}={v:.4f}" for k, v in result.best_metrics.items() if isinstance(v, float))
