@@ -6,8 +6,7 @@ Exports are resolved lazily so that `import defectdet` stays cheap and torch-fre
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from defectdet._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -27,8 +26,4 @@ _EXPORTS = {
 
 __all__ = ["__version__", *_EXPORTS]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'defectdet' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -77,7 +77,9 @@ def run_demo(
         f"{_fmt(headline.get('images_per_second'))} images/s"
     )
     console.print(f"checkpoint: {result.best_checkpoint}")
-    console.print(f"report: {metrics['report']} (training curves and plots: {result.run_dir / 'report.html'})")
+    console.print(
+        f"report: {metrics['report']} (training curves and plots: {result.run_dir / 'report.html'})"
+    )
     console.print(f"demo finished in {(time.perf_counter() - started) / 60:.1f} min")
     return metrics
 

@@ -3,6 +3,8 @@ tracing, state_dict comparison."""
 
 from __future__ import annotations
 
+from defectdet._lazy import lazy_exports
+
 __all__ = [
     "diagnose_state_dict",
     "load_state_dict_checked",
@@ -19,10 +21,4 @@ _WHERE = {
     "locate_nonfinite_module": "defectdet.diagnostics.nonfinite",
 }
 
-
-def __getattr__(name: str):
-    if name in _WHERE:
-        import importlib
-
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'defectdet.diagnostics' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _WHERE)

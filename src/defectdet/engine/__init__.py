@@ -5,6 +5,8 @@ Imported lazily: `from defectdet.engine import train` pulls in torch only when u
 
 from __future__ import annotations
 
+from defectdet._lazy import lazy_exports
+
 __all__ = [
     "TrainConfig",
     "TrainResult",
@@ -27,10 +29,4 @@ _WHERE = {
     "load_checkpoint": "defectdet.engine.checkpoint",
 }
 
-
-def __getattr__(name: str):
-    if name in _WHERE:
-        import importlib
-
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'defectdet.engine' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _WHERE)

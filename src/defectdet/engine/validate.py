@@ -35,7 +35,7 @@ def load_detector(
     checkpoint_path: str | Path, use_ema: bool = True
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Rebuild the detector stored in a training checkpoint (EMA weights when present) in eval mode."""
-    from defectdet.model import Detector
+    from defectdet.model import detector_from_config
 
     checkpoint = load_checkpoint(checkpoint_path)
     model_config = checkpoint.get("model_config")
@@ -44,7 +44,7 @@ def load_detector(
             f"{checkpoint_path}: no 'model_config' in the checkpoint, so the detector cannot be rebuilt; "
             "was it written by `defectdet train`?"
         )
-    model = Detector(model_config)
+    model = detector_from_config(model_config)
     key = "ema" if use_ema and checkpoint.get("ema") is not None else "model"
     weights = checkpoint[key]
     if key == "ema" and isinstance(weights, dict) and "module" in weights:

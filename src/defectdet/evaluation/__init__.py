@@ -6,20 +6,15 @@ importing the package stays cheap.
 
 from __future__ import annotations
 
+from defectdet._lazy import lazy_exports
+
 __all__ = ["ImageRecord", "StageTimer", "evaluate_records"]
 
-
-def __getattr__(name: str):
-    if name == "ImageRecord":
-        from defectdet.evaluation.types import ImageRecord
-
-        return ImageRecord
-    if name == "StageTimer":
-        from defectdet.evaluation.timing import StageTimer
-
-        return StageTimer
-    if name == "evaluate_records":
-        from defectdet.evaluation.report import evaluate_records
-
-        return evaluate_records
-    raise AttributeError(f"module 'defectdet.evaluation' has no attribute {name!r}")
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "ImageRecord": "defectdet.evaluation.types",
+        "StageTimer": "defectdet.evaluation.timing",
+        "evaluate_records": "defectdet.evaluation.report",
+    },
+)

@@ -6,8 +6,9 @@ NumPy + OpenCV only, used by the deployment runtime — never pulls in torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from defectdet._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from defectdet.model.detector import PRESETS, Detector, build_model, detector_from_config
@@ -24,8 +25,4 @@ _EXPORTS = {
 
 __all__ = ["PRESETS", "Detector", "build_model", "detector_from_config", "model_info", "preset_summaries"]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'defectdet.model' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -58,7 +58,7 @@ def synthesize_dataset(
 ) -> Path:
     """Generate `boards` synthetic PCB images with exact defect boxes; returns `out/data.yaml`.
 
-    Layout: `images/{train,val}/board_XXXX.png`, `labels/...txt` (YOLO `cls cx cy w h`),
+    Layout: `images/{train,val}/board_<4-digit index>.png`, `labels/...txt` (YOLO `cls cx cy w h`),
     `templates/...png` (when `template`), `data.yaml`. The same seed gives identical files.
     """
     out = Path(out)
