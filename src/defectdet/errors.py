@@ -28,3 +28,7 @@ class CheckpointError(DefectDetError):
 
 class NonFiniteError(DefectDetError):
     """Training produced a NaN/Inf loss or gradient and was told to stop."""
+
+
+class InputError(DefectDetError):
+    """An inference input does not fit the model: missing template, template of another size, bad array."""
