@@ -102,24 +102,25 @@ class Augmenter:
 
     Images are uint8 HxW or HxWx3; boxes float xyxy pixels. Returns float32 (N, 4) boxes and int64 (N,)
     classes; N may drop to 0. With `active=False` it only normalises dtypes (validation / disabled).
-    Randomness is private to the instance; `reseed` restarts it (the loader's worker_init_fn does so
-    per worker so workers differ and runs are reproducible).
+    Randomness is private to the instance; `reseed` restarts it. The dataset reseeds it for every sample
+    from (seed, epoch, index), so a draw never depends on what ran before (exact resume, any worker count).
     """
 
     def __init__(self, config: AugmentConfig, active: bool = True, seed: int = 0) -> None:
         self.config = config
         self.active = active and config.enabled
         self._noise_bank: np.ndarray | None = None
+        self._bank_seed = seed  # the noise bank depends on the construction seed only (see `_bank`)
         if self.active:
             self._photometric_image = self._build_photometric(config)
             self._photometric_template = self._build_photometric(config)
         self.reseed(seed)
 
     def reseed(self, seed: int) -> None:
-        """Restart every random stream from `seed` (independent streams derived from it)."""
+        """Restart every random stream from `seed` (independent streams derived from it). Cheap (~0.3 ms):
+        the noise bank, a fixed table the noise windows are cut from, is kept."""
         streams = np.random.SeedSequence(seed).generate_state(3)
         self._rng = np.random.default_rng(int(streams[0]))
-        self._noise_bank = None  # regenerated from the new stream on first use
         if self.active:
             for photometric, stream in (
                 (self._photometric_image, streams[1]),
@@ -251,8 +252,8 @@ class Augmenter:
         """A standard-normal float32 bank at least 1.5x the request; windows of it are the noise."""
         bank = self._noise_bank
         if bank is None or bank.shape[0] < height or bank.shape[1] < width:
-            generator = np.random.default_rng(int(self._rng.integers(2**31)))
             shape = (int(height * 1.5) + 1, int(width * 1.5) + 1)
+            generator = np.random.default_rng([self._bank_seed, *shape])  # same request, same bank
             bank = generator.standard_normal(shape, dtype=np.float32)
             self._noise_bank = bank
         return bank
