@@ -178,7 +178,7 @@ def train(
 @app.command()
 def val(
     checkpoint: Path = typer.Argument(
-        ..., help="A checkpoint written by `defectdet train` (best.pt / last.pt)."
+        ..., help="A checkpoint written by `defectdet train` (best.pt / last.pt) or a bundle (model.onnx)."
     ),
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
     split: str = typer.Option("val", help="Split to evaluate (a DeepPCB list file stem, e.g. test)."),
@@ -215,6 +215,94 @@ def val(
         console=console,
     )
     console.print(f"[green]report[/green]: {metrics['report']}")
+
+
+@app.command()
+def export(
+    checkpoint: Path = typer.Argument(..., help="A checkpoint written by `defectdet train` (best.pt)."),
+    out: Path | None = typer.Option(None, "--out", help="Bundle file (default: <checkpoint stem>.onnx beside it)."),
+    format: list[str] = typer.Option(
+        ["onnx"],
+        "--format",
+        help="onnx (always written) | torchscript (.ts; TorchScript is in maintenance mode upstream: prefer "
+        "pt2) | pt2 (torch.export) | all. Repeatable.",
+    ),
+    int8: bool = typer.Option(
+        False, "--int8", help="Also write <name>.int8.onnx (static QDQ S8S8, per-channel) if it keeps mAP@0.5."
+    ),
+    force: bool = typer.Option(False, "--force", help="Write the int8 model even when it loses > 0.5 mAP points."),
+    data: Path | None = typer.Option(
+        None, help="Dataset to measure thresholds and the drift reference on (default: the training data)."
+    ),
+    split: str | None = typer.Option(None, help="Split to measure on (default: the training's validation split)."),
+    calibration_images: int = typer.Option(64, help="Training images to calibrate int8 on."),
+) -> None:
+    """Export a checkpoint to ONE self-describing .onnx bundle (EMA weights, BatchNorm folded, thresholds
+    measured on the validation split, drift reference) that `predict`, `serve` and `Predictor` run without torch.
+
+    Example: defectdet export runs/train/best.pt --out model.onnx --int8
+    """
+    from defectdet.deploy.export import export_bundle
+
+    result = export_bundle(
+        checkpoint, out, data=data, split=split, formats=tuple(format), int8=int8, force=force,
+        calibration_images=calibration_images, console=console,
+    )  # fmt: skip
+    meta = result.metadata
+    console.print(f"[green]bundle[/green]: {result.bundle} ({result.bundle.stat().st_size / 1024:.0f} KiB)")
+    console.print(
+        f"input {meta.input_size}x{meta.input_size}, {meta.channels} channel(s), template={meta.template}; "
+        f"eager vs onnxruntime max |diff| {result.parity_max_abs_diff:.1e}"
+    )
+    recall = meta.thresholds.recall_threshold
+    console.print(
+        f"operating threshold {meta.thresholds.score:.3f} ({meta.thresholds.score_source}); "
+        f"recall {meta.thresholds.recall_target:g} threshold: {'unreachable' if recall is None else f'{recall:.3f}'}; "
+        f"drift reference: {'yes' if meta.drift_reference else 'no'}"
+    )
+    for name, path in result.extra_files.items():
+        console.print(f"[green]{name}[/green]: {path}")
+    if result.int8 is not None:
+        report = result.int8
+        verdict = "[green]written[/green]" if report["written"] else "[red]refused[/red]"
+        console.print(
+            f"int8 {verdict}: mAP@0.5 {report['mAP50_fp32']:.4f} -> {report['mAP50_int8']:.4f} "
+            f"(drop {report['mAP50_drop']:+.4f}, limit {report['max_drop']}), p50 {report['p50_ms_fp32']} -> "
+            f"{report['p50_ms_int8']} ms (x{report['speedup']})" + (f": {report['path']}" if report["path"] else "")
+        )
+        if not report["written"]:
+            raise typer.Exit(1)
+
+
+@app.command()
+def predict(
+    model: Path = typer.Argument(..., help="A bundle (.onnx) or a training checkpoint (exported first)."),
+    source: str = typer.Argument(..., help="An image file, a folder of images, or a quoted glob ('dir/*.jpg')."),
+    templates: Path | None = typer.Option(None, help="Folder of template images, matched by file name."),
+    conf: float | None = typer.Option(None, help="Operating threshold (default: the bundle's best-F1 threshold)."),
+    out: Path = typer.Option(Path("runs/predict"), help="Output folder."),
+    save_images: bool = typer.Option(True, "--save-images/--no-save-images", help="Write annotated PNGs."),
+    threads: int | None = typer.Option(None, help="onnxruntime threads (default: physical cores, at most 4)."),
+) -> None:
+    """Predict a file, folder or glob: annotated images, predictions.jsonl and YOLO label files in --out.
+    Unreadable files are listed and skipped; exit code 1 when any file failed.
+
+    Example: defectdet predict model.onnx 'line3/*.jpg' --templates golden/ --out runs/line3
+    """
+    from defectdet.deploy.predict import predict_source
+
+    summary = predict_source(
+        model, source, out, templates=templates, conf=conf, save_images=save_images, threads=threads
+    )
+    console.print(
+        f"{summary.images} images, {summary.defective} defective, {summary.detections} detections, "
+        f"mean {summary.mean_total_ms} ms/image end to end -> {summary.out_dir}/predictions.jsonl"
+    )
+    if summary.failed:
+        console.print(f"[red]{len(summary.failed)} file(s) failed[/red]:")
+        for name, error in summary.failed:
+            console.print(f"  {name}: {error}")
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -190,7 +190,9 @@ def validate(
         raise ConfigError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
     if threads:
         torch.set_num_threads(threads)
-    model, state = load_detector(checkpoint)
+    from defectdet.engine.bundle_model import is_bundle, load_bundle_model
+
+    model, state = load_bundle_model(checkpoint, threads) if is_bundle(checkpoint) else load_detector(checkpoint)
     config = state.get("config") or {}
     dataset = load_dataset(data, split, format=format)
     class_names = list(state.get("class_names") or dataset.class_names)

@@ -137,14 +137,35 @@ class Detector(nn.Module):
         self, images: torch.Tensor, targets: list[torch.Tensor] | None = None
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         self._check_input(images)
-        features = self.neck(self.backbone(self.fusion(images)))
-        logits, distances = self.head(features)  # (B, A, K), (B, A, 4)
-        points, _ = make_anchor_points(features, self.strides)  # (A, 2)
-        boxes = distances_to_boxes(points, distances.float())  # (B, A, 4)
+        logits, boxes, points, _ = self._run(images)
         if targets is None:
             return torch.cat([boxes, logits.float().sigmoid()], -1)  # (B, A, 4 + K)
         self._check_targets(targets, images.shape[0])
         return self.criterion(logits, boxes, points, targets)
+
+    def forward_with_features(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eval predictions ``(B, A, 4 + K)`` plus ``(B, F)`` per-channel means of the backbone's
+        stride 8/16/32 feature maps: the drift monitor's activation statistics, exported as a second
+        ONNX output so a deployed bundle measures itself without hooks or a second pass."""
+        self._check_input(images)
+        logits, boxes, _, backbone_features = self._run(images)
+        pooled = torch.cat([feature.float().mean((2, 3)) for feature in backbone_features], 1)
+        return torch.cat([boxes, logits.float().sigmoid()], -1), pooled
+
+    @property
+    def feature_channels(self) -> int:
+        """F of :meth:`forward_with_features`."""
+        return int(sum(self.backbone.out_channels))
+
+    def _run(
+        self, images: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        backbone_features = self.backbone(self.fusion(images))
+        features = self.neck(backbone_features)
+        logits, distances = self.head(features)  # (B, A, K), (B, A, 4)
+        points, _ = make_anchor_points(features, self.strides)  # (A, 2)
+        boxes = distances_to_boxes(points, distances.float())  # (B, A, 4)
+        return logits, boxes, points, backbone_features
 
 
 def build_model(

@@ -1,0 +1,139 @@
+"""The bundle's metadata: one JSON document in the ONNX file's `metadata_props["defectdet"]`.
+
+Torch-free. Writing needs the `onnx` package (export side); reading goes through onnxruntime, which the
+runtime loads anyway, or `onnx` when it is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from defectdet.errors import CheckpointError
+
+METADATA_KEY = "defectdet"
+FORMAT_VERSION = 1
+INPUT_NAME = "images"
+PREDICTIONS_OUTPUT = "predictions"
+FEATURES_OUTPUT = "features"
+
+
+class Normalization(BaseModel):
+    """How uint8 pixels become the graph input: ``x = pixel * scale``; mean/std are applied in the graph."""
+
+    model_config = ConfigDict(extra="forbid")
+    scale: float = 1.0 / 255.0
+    mean: float = 0.5
+    std: float = 0.25
+    in_graph: bool = True
+
+
+class Letterbox(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pad_value: int = Field(114, ge=0, le=255)
+
+
+class Thresholds(BaseModel):
+    """Operating thresholds. ``score`` decides the image verdict (defective when any detection reaches it);
+    ``min_score`` is the floor below which candidates are dropped before NMS."""
+
+    model_config = ConfigDict(extra="forbid")
+    score: float = Field(0.25, ge=0, le=1)
+    score_source: str = "default"
+    recall_target: float = 0.99
+    recall_threshold: float | None = None
+    nms_iou: float = Field(0.6, gt=0, le=1)
+    max_detections: int = Field(300, ge=1)
+    min_score: float = Field(0.001, ge=0, le=1)
+
+
+class BundleMetadata(BaseModel):
+    """Everything needed to run a bundle; see docs/deploy.md."""
+
+    model_config = ConfigDict(extra="forbid")
+    format_version: int = FORMAT_VERSION
+    defectdet_version: str
+    created: str
+    preset: str | None = None
+    class_names: list[str]
+    input_size: int = Field(ge=32)
+    channels: int = Field(ge=1, le=3)
+    template: bool
+    normalization: Normalization = Field(default_factory=Normalization)
+    letterbox: Letterbox = Field(default_factory=Letterbox)
+    thresholds: Thresholds = Field(default_factory=Thresholds)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    config_hash: str | None = None
+    train_config: dict[str, Any] = Field(default_factory=dict)
+    drift_layers: list[str] = Field(default_factory=list)
+    drift_reference: dict[str, Any] | None = None
+    registration: bool = False
+    precision: str = "fp32"
+
+    @property
+    def input_channels(self) -> int:
+        """C of the graph input: c, or 2c with a template."""
+        return self.channels * (2 if self.template else 1)
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """A short stable hash of a training config (keys sorted), to tell which run a bundle came from."""
+    text = json.dumps(config, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def parse_metadata(text: str | None, source: str | Path) -> BundleMetadata:
+    """Parse the JSON stored under ``metadata_props["defectdet"]``; a clear error when absent or invalid."""
+    if not text:
+        raise CheckpointError(
+            f"{source}: not a defectdet bundle (no {METADATA_KEY!r} metadata); export one with `defectdet export`"
+        )
+    try:
+        return BundleMetadata.model_validate_json(text)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise CheckpointError(f"{source}: bundle metadata field {field!r}: {first['msg']}") from None
+
+
+def write_metadata(path: str | Path, metadata: BundleMetadata) -> None:
+    """Store ``metadata`` in the ONNX file at ``path`` (replacing an earlier defectdet entry), atomically."""
+    import onnx
+
+    path = Path(path)
+    model = onnx.load(str(path))
+    kept = [prop for prop in model.metadata_props if prop.key != METADATA_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = METADATA_KEY, metadata.to_json()
+    temporary = path.with_name(path.name + ".tmp")
+    onnx.save(model, str(temporary))
+    temporary.replace(path)
+
+
+def read_metadata(path: str | Path) -> BundleMetadata:
+    """Read a bundle's metadata without running it."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: bundle file not found")
+    try:
+        import onnx
+
+        model = onnx.load(str(path), load_external_data=False)
+        text = next((prop.value for prop in model.metadata_props if prop.key == METADATA_KEY), None)
+    except ImportError:
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        text = session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
+    except Exception as error:  # onnx raises its own DecodeError types
+        raise CheckpointError(f"{path}: not a readable ONNX file ({error})") from None
+    return parse_metadata(text, path)

@@ -1,0 +1,303 @@
+"""`export_bundle`: a training checkpoint -> one self-describing `.onnx` file (and optionally TorchScript,
+`torch.export` and int8 variants). The only deploy module that imports torch.
+
+The operating thresholds and the drift reference are measured on the validation split by running the
+exported file itself through `val`'s prediction path, so the numbers in the bundle are the bundle's own.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from defectdet.deploy.bundle import (
+    FEATURES_OUTPUT,
+    INPUT_NAME,
+    PREDICTIONS_OUTPUT,
+    BundleMetadata,
+    Thresholds,
+    config_hash,
+    write_metadata,
+)
+from defectdet.errors import ConfigError, DatasetError, DefectDetError
+
+logger = logging.getLogger(__name__)
+
+ONNX_OPSET = 17
+FORMATS = ("onnx", "torchscript", "pt2", "all")
+INT8_MAX_MAP50_DROP = 0.005  # 0.5 mAP@0.5 points
+DRIFT_LAYERS = ["backbone.stride8.mean", "backbone.stride16.mean", "backbone.stride32.mean"]
+
+
+@dataclass
+class ExportResult:
+    """Paths written and what was measured on the way."""
+
+    bundle: Path
+    metadata: BundleMetadata
+    parity_max_abs_diff: float
+    extra_files: dict[str, Path] = field(default_factory=dict)
+    int8: dict[str, Any] | None = None
+    measured_on: str | None = None
+
+
+class _BundleGraph(nn.Module):
+    """What the ONNX graph computes: predictions plus the pooled features the drift monitor watches."""
+
+    def __init__(self, detector: nn.Module) -> None:
+        super().__init__()
+        self.detector = detector
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.detector.forward_with_features(images)
+
+
+def fold_batchnorm(model: nn.Module) -> nn.Module:
+    """Fold every eval-mode BatchNorm into the convolution before it (in place); returns ``model``."""
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    from defectdet.model.backbone import ConvBnAct
+
+    model.eval()
+    for module in model.modules():
+        if isinstance(module, ConvBnAct) and isinstance(module.norm, nn.BatchNorm2d):
+            module.conv = fuse_conv_bn_eval(module.conv, module.norm)
+            module.norm = nn.Identity()
+    return model
+
+
+def export_onnx_graph(detector: nn.Module, path: Path, channels: int, imgsz: int) -> None:
+    """Write the bare graph: input (B, C, S, S) with a dynamic batch, outputs predictions and features."""
+    import onnx
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    graph = _BundleGraph(detector).eval()
+    with torch.inference_mode(False), torch.no_grad():
+        torch.onnx.export(
+            graph,
+            (torch.rand(1, channels, imgsz, imgsz),),
+            str(path),
+            opset_version=ONNX_OPSET,
+            input_names=[INPUT_NAME],
+            output_names=[PREDICTIONS_OUTPUT, FEATURES_OUTPUT],
+            dynamic_axes={INPUT_NAME: {0: "batch"}, PREDICTIONS_OUTPUT: {0: "batch"}, FEATURES_OUTPUT: {0: "batch"}},
+            do_constant_folding=True,
+            dynamo=False,
+        )
+    onnx.checker.check_model(onnx.load(str(path)), full_check=True)
+
+
+def base_metadata(detector: nn.Module, checkpoint: dict[str, Any]) -> BundleMetadata:
+    """Metadata known from the checkpoint alone (thresholds from its logged validation when present)."""
+    from defectdet import __version__
+
+    config = checkpoint.get("config") or {}
+    template = bool(detector.template)
+    channels = detector.in_channels // (2 if template else 1)
+    metrics = checkpoint.get("best_metrics") or checkpoint.get("metrics") or {}
+    thresholds = Thresholds(
+        nms_iou=float(config.get("nms_iou_threshold", 0.6)),
+        max_detections=int(config.get("max_detections", 300)),
+        min_score=float(config.get("score_threshold", 0.001)),
+    )
+    logged = metrics.get("conf_threshold")
+    if isinstance(logged, float):
+        thresholds.score, thresholds.score_source = logged, "best F1 logged by training on its validation split"
+    return BundleMetadata(
+        defectdet_version=__version__,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        preset=(checkpoint.get("model_config") or {}).get("preset"),
+        class_names=list(checkpoint.get("class_names") or []),
+        input_size=int(config.get("imgsz", 640)),
+        channels=channels,
+        template=template,
+        thresholds=thresholds,
+        metrics={key: value for key, value in metrics.items() if isinstance(value, (int, float, str))},
+        config_hash=config_hash(config),
+        train_config=json.loads(json.dumps(config, default=str)),
+        drift_layers=list(DRIFT_LAYERS),
+        registration=bool(config.get("register_pairs", False)),
+    )
+
+
+def parity(detector: nn.Module, bundle: Path, images: np.ndarray) -> float:
+    """Largest absolute difference between eager and onnxruntime outputs on ``images`` (B, C, S, S)."""
+    from defectdet.deploy.runtime import Predictor
+
+    predictor = Predictor(bundle)
+    with torch.inference_mode():
+        eager_predictions, eager_features = detector.forward_with_features(torch.from_numpy(images))
+    predictions, features = predictor.run(images)
+    return float(
+        max(
+            np.abs(predictions - eager_predictions.numpy()).max(),
+            np.abs(features - eager_features.numpy()).max(),
+        )
+    )
+
+
+def export_bundle(
+    checkpoint: str | Path,
+    out: str | Path | None = None,
+    *,
+    data: str | Path | None = None,
+    split: str | None = None,
+    formats: tuple[str, ...] = ("onnx",),
+    int8: bool = False,
+    force: bool = False,
+    calibration_images: int = 64,
+    target_recall: float = 0.99,
+    console: Any = None,
+) -> ExportResult:
+    """Export ``checkpoint`` (EMA weights, BatchNorm folded) to a bundle at ``out`` (default: beside the
+    checkpoint, ``<stem>.onnx``). With validation data (``data``, default the training config's dataset and
+    ``split``, default its validation split) the bundle carries thresholds, metrics and a drift reference
+    measured on it; without, the checkpoint's logged thresholds and no drift reference."""
+    from defectdet.engine.validate import load_detector
+
+    for name in formats:
+        if name not in FORMATS:
+            raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {name!r}")
+    wanted = set(FORMATS[:-1]) if "all" in formats else set(formats) | {"onnx"}
+    checkpoint = Path(checkpoint)
+    detector, state = load_detector(checkpoint)
+    fold_batchnorm(detector)
+    metadata = base_metadata(detector, state)
+    bundle = Path(out) if out else checkpoint.with_suffix(".onnx")
+    if bundle.suffix.lower() != ".onnx":
+        raise ConfigError(f"--out {bundle}: the bundle file name must end in .onnx")
+    size, channels = metadata.input_size, metadata.input_channels
+
+    export_onnx_graph(detector, bundle, channels, size)
+    write_metadata(bundle, metadata)
+    probe = np.random.default_rng(0).random((2, channels, size, size), dtype=np.float32)
+    max_diff = parity(detector, bundle, probe)
+    if max_diff > 1e-3:
+        raise DefectDetError(f"{bundle}: onnxruntime differs from eager by {max_diff:.2e}; this is a bug")
+
+    config = state.get("config") or {}
+    data = data or config.get("data")
+    split = split or config.get("val_split") or "val"
+    measured_on = None
+    if data and Path(str(data)).exists():
+        metadata = _measure(bundle, metadata, data, split, target_recall, console)
+        write_metadata(bundle, metadata)
+        measured_on = f"{data} [{split}]"
+    else:
+        logger.warning(
+            "no validation data (%s): the bundle keeps the checkpoint's logged thresholds and has no drift "
+            "reference; pass --data to measure them",
+            data,
+        )
+    result = ExportResult(bundle, metadata, max_diff, measured_on=measured_on)
+    if "torchscript" in wanted:
+        result.extra_files["torchscript"] = export_torchscript(detector, bundle.with_suffix(".ts"), metadata)
+    if "pt2" in wanted:
+        result.extra_files["pt2"] = export_pt2(detector, bundle.with_suffix(".pt2"), metadata)
+    if int8:
+        from defectdet.deploy.quantize import quantize_bundle
+
+        if measured_on is None:
+            raise ConfigError("--int8 needs validation data to prove the int8 model (pass --data)")
+        result.int8 = quantize_bundle(
+            bundle, data, train_split=config.get("train_split") or "train", val_split=split,
+            calibration_images=calibration_images, max_drop=INT8_MAX_MAP50_DROP, force=force, console=console,
+        )
+    return result
+
+
+def _measure(
+    bundle: Path, metadata: BundleMetadata, data: str | Path, split: str, target_recall: float, console: Any
+) -> BundleMetadata:
+    """Thresholds and metrics from `val` on the bundle itself; the drift reference from the same images."""
+    from defectdet.engine.validate import validate
+
+    with tempfile.TemporaryDirectory() as folder:
+        metrics = validate(bundle, data, split=split, out=folder, target_recall=target_recall, console=None)
+    headline = metrics.get("headline", {})
+    thresholds = metadata.thresholds.model_copy()
+    if isinstance(headline.get("conf_threshold"), float):
+        thresholds.score = headline["conf_threshold"]
+        thresholds.score_source = f"best F1 on {Path(str(data)).name} [{split}]"
+    thresholds.recall_target = target_recall
+    thresholds.recall_threshold = headline.get("target_recall_threshold")
+    reference = drift_reference(bundle, data, split)
+    kept = {key: value for key, value in headline.items() if isinstance(value, (int, float)) and value is not None}
+    return metadata.model_copy(
+        update={"thresholds": thresholds, "metrics": {**kept, "split": split}, "drift_reference": reference}
+    )
+
+
+def drift_reference(bundle: Path, data: str | Path, split: str, max_images: int = 500) -> dict[str, Any] | None:
+    """Image statistics and pooled activations of the split's images, as the monitor's reference profile."""
+    from defectdet.data.formats import load_dataset
+    from defectdet.deploy.monitor import build_reference, image_statistics
+    from defectdet.deploy.runtime import Predictor
+
+    predictor = Predictor(bundle)
+    samples = load_dataset(data, split).samples[:max_images]
+    stats, features = [], []
+    for sample in samples:
+        try:
+            image = predictor.load(sample.image_path)
+            template = predictor.load(sample.template_path) if predictor.metadata.template else None
+            tensor, _, content = predictor.prepare(image, template)
+        except DefectDetError as error:
+            logger.warning("drift reference: skipping %s: %s", sample.image_path, error)
+            continue
+        stats.append(image_statistics(content))
+        features.append(predictor.run(tensor[None])[1][0])
+    if not stats:
+        return None
+    return build_reference(stats, np.stack(features))
+
+
+def export_torchscript(detector: nn.Module, path: Path, metadata: BundleMetadata) -> Path:
+    """`torch.jit.trace` + `optimize_for_inference`, the metadata in `_extra_files["defectdet.json"]`.
+    TorchScript is in maintenance mode upstream (torch.export is its successor); kept for C++/LibTorch users."""
+    import warnings
+
+    size, channels = metadata.input_size, metadata.input_channels
+    example = torch.rand(1, channels, size, size)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(_BundleGraph(detector).eval(), example)
+        optimized = torch.jit.optimize_for_inference(torch.jit.freeze(traced.eval()))
+        torch.jit.save(optimized, str(path), _extra_files={"defectdet.json": metadata.to_json()})
+    return path
+
+
+def export_pt2(detector: nn.Module, path: Path, metadata: BundleMetadata) -> Path:
+    """`torch.export` program (`.pt2`, dynamic batch), the metadata in its extra files."""
+    size, channels = metadata.input_size, metadata.input_channels
+    example = (torch.rand(2, channels, size, size),)
+    batch = torch.export.Dim("batch", min=1, max=256)
+    program = torch.export.export(_BundleGraph(detector).eval(), example, dynamic_shapes=({0: batch},))
+    torch.export.save(program, str(path), extra_files={"defectdet.json": metadata.to_json()})
+    return path
+
+
+def time_onnx(path: Path, channels: int, size: int, runs: int = 30, threads: int | None = None) -> float:
+    """p50 milliseconds of one batch-1 run of an ONNX file."""
+    from defectdet.deploy.runtime import Predictor
+
+    predictor = Predictor(path, threads=threads)
+    batch = np.random.default_rng(0).random((1, channels, size, size), dtype=np.float32)
+    for _ in range(5):
+        predictor.run(batch)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        predictor.run(batch)
+        times.append((time.perf_counter() - start) * 1e3)
+    return float(np.median(times))

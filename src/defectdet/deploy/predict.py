@@ -1,0 +1,194 @@
+"""`predict_source`: run a bundle over a file, folder or glob; write annotated images, predictions.jsonl and
+YOLO label files. An unreadable file is listed and skipped; the run goes on."""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from defectdet.deploy.runtime import Detection, PredictionResult, Predictor
+from defectdet.errors import DefectDetError, InputError
+
+logger = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".pgm", ".ppm"})
+_PALETTE = [(230, 25, 75), (60, 180, 75), (255, 160, 0), (0, 130, 200), (145, 30, 180), (70, 240, 240),
+            (240, 50, 230), (210, 245, 60), (0, 128, 128), (170, 110, 40)]  # fmt: skip
+
+
+@dataclass
+class PredictSummary:
+    """What a `predict` run did: counts, the files that failed and where the outputs are."""
+
+    images: int = 0
+    defective: int = 0
+    detections: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    out_dir: Path | None = None
+    mean_total_ms: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "images": self.images,
+            "defective": self.defective,
+            "detections": self.detections,
+            "failed": [{"file": name, "error": error} for name, error in self.failed],
+            "out_dir": str(self.out_dir) if self.out_dir else None,
+            "mean_total_ms": self.mean_total_ms,
+        }
+
+
+def list_sources(source: str | Path) -> list[Path]:
+    """A file, a folder (its images, sorted, not recursive) or a glob pattern -> image paths."""
+    text = str(source)
+    path = Path(text)
+    if path.is_dir():
+        found = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    elif path.is_file():
+        found = [path]
+    elif any(char in text for char in "*?["):
+        found = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
+    else:
+        raise InputError(f"{source}: no such file, folder or glob match")
+    if not found:
+        raise InputError(f"{source}: no images found (looked for {', '.join(sorted(IMAGE_SUFFIXES))})")
+    return found
+
+
+def find_template(image: Path, templates: Path | None) -> Path | None:
+    """The template of ``image``: the file of the same name in ``templates``, or the same stem with any
+    image suffix."""
+    if templates is None:
+        return None
+    exact = templates / image.name
+    if exact.is_file():
+        return exact
+    for candidate in sorted(templates.glob(f"{glob.escape(image.stem)}.*")):
+        if candidate.suffix.lower() in IMAGE_SUFFIXES:
+            return candidate
+    return None
+
+
+def yolo_lines(detections: list[Detection], width: int, height: int) -> list[str]:
+    """Detections as YOLO label lines: ``class cx cy w h`` normalised to the image size."""
+    lines = []
+    for detection in detections:
+        x1, y1, x2, y2 = detection.box
+        lines.append(
+            f"{detection.class_id} {(x1 + x2) / 2 / width:.6f} {(y1 + y2) / 2 / height:.6f} "
+            f"{(x2 - x1) / width:.6f} {(y2 - y1) / height:.6f}"
+        )
+    return lines
+
+
+def draw_detections(image: np.ndarray, result: PredictionResult) -> np.ndarray:
+    """The image (gray or RGB uint8) as BGR with boxes, labels and the verdict drawn."""
+    canvas = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR) if image.ndim == 2 else cv2.cvtColor(image, cv2.COLOR_RGB2BGR)
+    thickness = max(1, round(max(canvas.shape[:2]) / 400))
+    scale = max(0.4, max(canvas.shape[:2]) / 1400)
+    for detection in result.detections:
+        red, green, blue = _PALETTE[detection.class_id % len(_PALETTE)]
+        color = (blue, green, red)
+        x1, y1, x2, y2 = (round(value) for value in detection.box)
+        cv2.rectangle(canvas, (x1, y1), (x2, y2), color, thickness)
+        label = f"{detection.class_name} {detection.score:.2f}"
+        (text_w, text_h), _ = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)
+        top = max(0, y1 - text_h - 4)
+        cv2.rectangle(canvas, (x1, top), (x1 + text_w + 2, top + text_h + 4), color, -1)
+        cv2.putText(canvas, label, (x1 + 1, top + text_h + 1), cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), 1, cv2.LINE_AA)
+    verdict_color = (40, 40, 220) if result.defective else (60, 170, 60)
+    cv2.putText(canvas, result.verdict.upper(), (6, int(28 * scale) + 6), cv2.FONT_HERSHEY_SIMPLEX, scale * 1.2,
+                verdict_color, max(1, thickness), cv2.LINE_AA)  # fmt: skip
+    return canvas
+
+
+def iterate_predictions(
+    predictor: Predictor, images: list[Path], templates: Path | None, conf: float | None
+) -> Iterator[tuple[Path, np.ndarray | None, PredictionResult | None, str | None]]:
+    """(path, decoded image, result, error) per image; errors are caught per file."""
+    for path in images:
+        try:
+            template_path = find_template(path, templates)
+            if predictor.metadata.template and template_path is None:
+                where = f"in {templates}" if templates else "(pass --templates DIR)"
+                raise InputError(f"{path}: no template of the same name {where}")
+            image = predictor.load(path)
+            template = predictor.load(template_path) if predictor.metadata.template else None
+            result = predictor.predict(image, template, conf=conf)
+        except (DefectDetError, cv2.error, OSError) as error:
+            yield path, None, None, str(error)
+            continue
+        yield path, image, result, None
+
+
+def predict_source(
+    model: str | Path,
+    source: str | Path,
+    out: str | Path,
+    *,
+    templates: str | Path | None = None,
+    conf: float | None = None,
+    save_images: bool = True,
+    threads: int | None = None,
+    progress: bool = True,
+) -> PredictSummary:
+    """Predict every image of ``source`` with ``model`` (a bundle, or a checkpoint exported on the fly)."""
+    from rich.progress import Progress
+
+    out_dir = Path(out)
+    predictor = Predictor(resolve_bundle(model, out_dir), threads=threads)
+    images = list_sources(source)
+    template_dir = Path(templates) if templates else None
+    if template_dir is not None and not template_dir.is_dir():
+        raise InputError(f"--templates {template_dir}: not a folder")
+    labels_dir = out_dir / "labels"
+    labels_dir.mkdir(parents=True, exist_ok=True)
+    if save_images:
+        (out_dir / "images").mkdir(exist_ok=True)
+    summary = PredictSummary(out_dir=out_dir)
+    totals: list[float] = []
+    with (out_dir / "predictions.jsonl").open("w", encoding="utf-8") as jsonl, Progress(disable=not progress) as bar:
+        task = bar.add_task("predicting", total=len(images))
+        for path, image, result, error in iterate_predictions(predictor, images, template_dir, conf):
+            bar.advance(task)
+            if result is None or image is None:
+                logger.warning("skipping %s: %s", path, error)
+                summary.failed.append((str(path), str(error)))
+                jsonl.write(json.dumps({"file": str(path), "error": error}) + "\n")
+                continue
+            summary.images += 1
+            summary.defective += result.defective
+            summary.detections += len(result.detections)
+            totals.append(result.timings["total"])
+            jsonl.write(json.dumps({"file": str(path), **result.to_dict()}) + "\n")
+            width, height = result.image_size
+            (labels_dir / f"{path.stem}.txt").write_text(
+                "".join(line + "\n" for line in yolo_lines(result.detections, width, height)), encoding="utf-8"
+            )
+            if save_images:
+                cv2.imwrite(str(out_dir / "images" / f"{path.stem}.png"), draw_detections(image, result))
+    (out_dir / "classes.txt").write_text("".join(f"{name}\n" for name in predictor.metadata.class_names))
+    summary.mean_total_ms = round(float(np.mean(totals)), 3) if totals else None
+    return summary
+
+
+def resolve_bundle(model: str | Path, work_dir: Path) -> Path:
+    """A bundle path as is; a training checkpoint is exported into ``work_dir`` first (needs torch)."""
+    model = Path(model)
+    if model.suffix.lower() == ".onnx":
+        return model
+    if not model.is_file():
+        raise InputError(f"{model}: no such checkpoint or bundle")
+    from defectdet.deploy.export import export_bundle
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    logger.info("%s is a checkpoint: exporting it to %s first", model, work_dir / "model.onnx")
+    return export_bundle(model, work_dir / "model.onnx").bundle

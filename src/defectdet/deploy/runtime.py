@@ -1,0 +1,293 @@
+"""`Predictor`: runs a defectdet bundle with onnxruntime, NumPy and OpenCV only (no torch import).
+
+decode -> (register the template) -> letterbox -> model -> NMS -> boxes back to original pixels -> verdict.
+The letterbox, the NMS and the box mapping are the very functions training and `val` use, so a bundle scores
+what its checkpoint scored.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from defectdet.data.imageio import DEFAULT_MAX_PIXELS, decode_image, to_uint8
+from defectdet.data.letterbox import LetterboxTransform, boxes_from_letterbox, letterbox_image
+from defectdet.deploy.bundle import (
+    FEATURES_OUTPUT,
+    INPUT_NAME,
+    METADATA_KEY,
+    PREDICTIONS_OUTPUT,
+    BundleMetadata,
+    parse_metadata,
+)
+from defectdet.errors import CheckpointError, InputError
+from defectdet.model.postprocess import postprocess
+
+ImageInput = str | os.PathLike | bytes | bytearray | memoryview | np.ndarray
+MAX_DEFAULT_THREADS = 4
+
+
+@dataclass(frozen=True)
+class Detection:
+    """One defect: ``box`` xyxy in original image pixels."""
+
+    box: tuple[float, float, float, float]
+    class_id: int
+    class_name: str
+    score: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "class_id": self.class_id,
+            "class_name": self.class_name,
+            "score": round(self.score, 5),
+            "box": [round(value, 2) for value in self.box],
+        }
+
+
+@dataclass
+class PredictionResult:
+    """What `Predictor.predict` answers for one image."""
+
+    detections: list[Detection]
+    verdict: str  # "defective" | "clean"
+    threshold: float
+    image_size: tuple[int, int]  # (width, height)
+    timings: dict[str, float]  # milliseconds per stage and in total
+    image_stats: dict[str, float] = field(default_factory=dict)
+    features: np.ndarray | None = None  # (F,) pooled activations for the drift monitor
+    registration: dict[str, float] | None = None  # measured template shift when registration ran
+
+    @property
+    def defective(self) -> bool:
+        return self.verdict == "defective"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "threshold": self.threshold,
+            "image_size": list(self.image_size),
+            "detections": [detection.to_dict() for detection in self.detections],
+            "timings_ms": {key: round(value, 3) for key, value in self.timings.items()},
+            "image_stats": {key: round(float(value), 5) for key, value in self.image_stats.items()},
+            "registration": self.registration,
+        }
+
+
+def physical_cores() -> int:
+    """Physical cores this process may use (hyper-threads counted once); falls back to the CPU count."""
+    try:
+        allowed = os.sched_getaffinity(0)
+    except AttributeError:
+        allowed = set(range(os.cpu_count() or 1))
+    cores: set[tuple[str, str]] = set()
+    try:
+        processor = physical = core = None
+        for line in Path("/proc/cpuinfo").read_text().splitlines() + [""]:
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key == "processor":
+                processor = int(value)
+            elif key == "physical id":
+                physical = value
+            elif key == "core id":
+                core = value
+            elif not line.strip() and processor is not None:
+                if processor in allowed and core is not None:
+                    cores.add((physical or "0", core))
+                processor = physical = core = None
+    except (OSError, ValueError):
+        cores = set()
+    return max(1, len(cores) or len(allowed))
+
+
+def session_options(threads: int | None = None) -> Any:
+    """onnxruntime settings for a process that answers for months: a bounded thread pool that does not
+    spin between calls, and a memory arena that, with the bundle's fixed input size, stops growing after the
+    first call."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads or min(physical_cores(), MAX_DEFAULT_THREADS)
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.enable_cpu_mem_arena = True
+    options.enable_mem_pattern = True
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    options.log_severity_level = 3
+    return options
+
+
+class Predictor:
+    """Loads a bundle once; `predict` is thread-safe (onnxruntime sessions are) and allocates per call only
+    the arrays of that call."""
+
+    def __init__(self, bundle: str | os.PathLike, threads: int | None = None, max_pixels: int = DEFAULT_MAX_PIXELS):
+        import onnxruntime
+
+        self.path = Path(bundle)
+        if not self.path.is_file():
+            raise CheckpointError(f"{self.path}: bundle file not found")
+        try:
+            self.session = onnxruntime.InferenceSession(
+                str(self.path), session_options(threads), providers=["CPUExecutionProvider"]
+            )
+        except Exception as error:  # onnxruntime raises its own exception types
+            raise CheckpointError(f"{self.path}: onnxruntime cannot load it ({error})") from None
+        meta = self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
+        self.metadata: BundleMetadata = parse_metadata(meta, self.path)
+        self.threads = self.session.get_session_options().intra_op_num_threads
+        self.max_pixels = max_pixels
+        outputs = [output.name for output in self.session.get_outputs()]
+        if PREDICTIONS_OUTPUT not in outputs:
+            raise CheckpointError(f"{self.path}: no {PREDICTIONS_OUTPUT!r} output; outputs are {outputs}")
+        self._outputs = [PREDICTIONS_OUTPUT] + ([FEATURES_OUTPUT] if FEATURES_OUTPUT in outputs else [])
+
+    # ------------------------------------------------------------------ stages
+    def load(self, image: ImageInput, name: str = "image") -> np.ndarray:
+        """Decode a path, encoded bytes or an array to the bundle's uint8 layout (HxW gray or HxWx3 RGB)."""
+        channels = self.metadata.channels
+        if isinstance(image, np.ndarray):
+            return _array_to_layout(image, channels, name)
+        if isinstance(image, (bytes, bytearray, memoryview)):
+            return decode_image(bytes(image), name, channels, self.max_pixels)
+        if isinstance(image, (str, os.PathLike)):
+            path = Path(image)
+            try:
+                data = path.read_bytes()
+            except OSError as error:
+                raise InputError(f"{path}: cannot read ({error.strerror or error})") from None
+            return decode_image(data, path, channels, self.max_pixels)
+        raise InputError(f"{name}: expected a path, bytes or a numpy array, got {type(image).__name__}")
+
+    def prepare(
+        self, image: np.ndarray, template: np.ndarray | None
+    ) -> tuple[np.ndarray, LetterboxTransform, np.ndarray]:
+        """Letterbox one decoded image (and its template) into the graph input ``(C, S, S)`` float32;
+        also returns the transform and the letterboxed tested image's content (for the drift statistics)."""
+        meta = self.metadata
+        if meta.template:
+            if template is None:
+                raise InputError("this bundle compares each image to its defect-free template: pass `template`")
+            if template.shape[:2] != image.shape[:2]:
+                raise InputError(
+                    f"template is {template.shape[1]}x{template.shape[0]} but the image is "
+                    f"{image.shape[1]}x{image.shape[0]}; a template must be a capture of the same board at the same size"
+                )
+        canvas, transform = letterbox_image(image, meta.input_size, meta.letterbox.pad_value)
+        planes = [canvas]
+        if meta.template:
+            template_canvas, _ = letterbox_image(template, meta.input_size, meta.letterbox.pad_value)
+            planes.append(template_canvas)
+        chw = [plane[None] if plane.ndim == 2 else plane.transpose(2, 0, 1) for plane in planes]
+        tensor = np.multiply(np.concatenate(chw, 0), np.float32(meta.normalization.scale), dtype=np.float32)
+        return tensor, transform, _content(canvas, transform)
+
+    def run(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The raw graph: ``(B, C, S, S)`` float32 -> predictions ``(B, A, 4 + K)``, features ``(B, F)`` or None."""
+        outputs = self.session.run(self._outputs, {INPUT_NAME: np.ascontiguousarray(batch, dtype=np.float32)})
+        return outputs[0], (outputs[1] if len(outputs) > 1 else None)
+
+    # ------------------------------------------------------------------ one call
+    def predict(
+        self,
+        image: ImageInput,
+        template: ImageInput | None = None,
+        conf: float | None = None,
+        min_score: float | None = None,
+    ) -> PredictionResult:
+        """Detect defects in one image. The verdict is "defective" when a detection scores >= ``conf``
+        (default: the bundle's operating threshold); detections below ``min_score`` (default ``conf``) are
+        not returned."""
+        from defectdet.deploy.monitor import image_statistics
+
+        meta = self.metadata
+        threshold = meta.thresholds.score if conf is None else float(conf)
+        if not 0.0 <= threshold <= 1.0:
+            raise InputError(f"conf must be within [0, 1], got {threshold}")
+        floor = threshold if min_score is None else float(min_score)
+        started = time.perf_counter()
+        decoded = self.load(image, "image")
+        decoded_template = self.load(template, "template") if template is not None else None
+        decoded_at = time.perf_counter()
+        tensor, transform, content = self.prepare(decoded, decoded_template)
+        stats = image_statistics(content)
+        prepared_at = time.perf_counter()
+        predictions, features = self.run(tensor[None])
+        ran_at = time.perf_counter()
+        found = postprocess(
+            predictions,
+            max(floor, meta.thresholds.min_score),
+            meta.thresholds.nms_iou,
+            meta.thresholds.max_detections,
+        )[0]
+        boxes = boxes_from_letterbox(found.boxes, transform)
+        detections = [
+            Detection(
+                box=(float(box[0]), float(box[1]), float(box[2]), float(box[3])),
+                class_id=int(class_id),
+                class_name=meta.class_names[int(class_id)],
+                score=float(score),
+            )
+            for box, class_id, score in zip(boxes, found.classes, found.scores, strict=True)
+        ]
+        finished = time.perf_counter()
+        defective = any(detection.score >= threshold for detection in detections)
+        return PredictionResult(
+            detections=detections,
+            verdict="defective" if defective else "clean",
+            threshold=threshold,
+            image_size=(transform.original_width, transform.original_height),
+            timings={
+                "decode": (decoded_at - started) * 1e3,
+                "letterbox": (prepared_at - decoded_at) * 1e3,
+                "model": (ran_at - prepared_at) * 1e3,
+                "postprocess": (finished - ran_at) * 1e3,
+                "total": (finished - started) * 1e3,
+            },
+            image_stats=stats,
+            features=None if features is None else features[0],
+        )
+
+
+def _content(canvas: np.ndarray, transform: LetterboxTransform) -> np.ndarray:
+    """The resized image inside the letterbox canvas, without the padding."""
+    x0, y0 = int(transform.pad_x), int(transform.pad_y)
+    size = transform.size
+    return canvas[y0 : size - y0, x0 : size - x0] if (x0 or y0) else canvas
+
+
+def _array_to_layout(array: np.ndarray, channels: int, name: str) -> np.ndarray:
+    """A caller's array (HxW, HxWx1, HxWx3 RGB or HxWx4 RGBA; uint8, uint16 or float in [0, 1]) -> uint8 HxW
+    or HxWx3."""
+    if array.ndim == 3 and array.shape[2] == 1:
+        array = array[:, :, 0]
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[2] not in (3, 4)):
+        raise InputError(f"{name}: expected an HxW, HxWx3 or HxWx4 array, got shape {array.shape}")
+    if array.shape[0] < 1 or array.shape[1] < 1:
+        raise InputError(f"{name}: empty array of shape {array.shape}")
+    if array.dtype == np.uint8:
+        pass
+    elif np.issubdtype(array.dtype, np.floating):
+        if not np.isfinite(array).all():
+            raise InputError(f"{name}: the float array holds NaN or Inf")
+        array = (np.clip(array, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    elif array.dtype in (np.uint16, np.int32, np.int64, np.uint32):
+        array = to_uint8(array)
+    else:
+        raise InputError(f"{name}: unsupported dtype {array.dtype}; use uint8, uint16 or float in [0, 1]")
+    if array.ndim == 3 and array.shape[2] == 4:
+        array = array[:, :, :3]
+    if channels == 1 and array.ndim == 3:
+        import cv2
+
+        return cv2.cvtColor(np.ascontiguousarray(array), cv2.COLOR_RGB2GRAY)
+    if channels == 3 and array.ndim == 2:
+        return np.repeat(array[:, :, None], 3, axis=2)
+    return np.ascontiguousarray(array)
