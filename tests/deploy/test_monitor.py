@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import cv2
 import numpy as np
 import pytest
 
-from defectdet.deploy.monitor import STATISTICS, build_reference, image_statistics
+from defectdet.deploy.monitor import (
+    STATISTICS,
+    DriftMonitor,
+    build_reference,
+    ewma_limit,
+    ewma_run_length,
+    image_statistics,
+)
 from defectdet.errors import InputError
 
 
@@ -97,3 +105,113 @@ def test_build_reference_is_json_and_correct() -> None:
         build_reference(stats, features[:5])
     with pytest.raises(ValueError, match="at least one"):
         build_reference([], None)
+
+
+def _draw_stats(rng: np.random.Generator) -> dict[str, float]:
+    return {
+        "brightness": rng.normal(120, 10),
+        "contrast": rng.normal(60, 5),
+        "sharpness": rng.normal(2000, 200),
+        "saturation": rng.uniform(0.0, 0.02),
+        "detail": rng.normal(8, 0.8),
+    }
+
+
+def _reference(rng: np.random.Generator, images: int = 200, channels: int = 16) -> dict:
+    stats = [_draw_stats(rng) for _ in range(images)]
+    return build_reference(stats, rng.normal(1.0, 0.2, (images, channels)))
+
+
+def test_ewma_limit_matches_published_run_length() -> None:
+    # Lucas & Saccucci (1990): lambda 0.1, L = 2.814 gives an in-control ARL of 500
+    h = 2.814 * np.sqrt(0.1 / 1.9)
+    assert ewma_run_length(0.1, h) == pytest.approx(500, rel=0.02)
+    assert ewma_limit(0.1, 500) == pytest.approx(h, rel=0.01)
+    assert ewma_limit(0.2, 1e6) > ewma_limit(0.2, 1e4)
+
+
+def test_monitor_stays_ok_on_reference_like_data() -> None:
+    rng = np.random.default_rng(4)
+    monitor = DriftMonitor(_reference(rng))
+    assert monitor.charts == ["brightness", "contrast", "sharpness", "saturation", "detail", "features"]
+    levels = set()
+    for index in range(2000):
+        stats = _draw_stats(rng)
+        state = monitor.update(stats, rng.normal(1.0, 0.2, 16))
+        levels.add(state.level)
+        assert state.images == index + 1
+    assert levels == {"ok"}
+    assert state.statistic in monitor.charts and state.band[0] < state.band[1]
+    json.dumps(state.to_dict())
+
+
+def test_monitor_alerts_on_contrast_drop_and_names_it(caplog: pytest.LogCaptureFixture) -> None:
+    rng = np.random.default_rng(6)
+    monitor = DriftMonitor(_reference(rng))
+    base = {"brightness": 120.0, "contrast": 60.0, "sharpness": 2000.0, "saturation": 0.01, "detail": 8.0}
+    for _ in range(50):
+        assert monitor.update(base, rng.normal(1.0, 0.2, 16)).level == "ok"
+    caplog.set_level("INFO", logger="defectdet.deploy.monitor")
+    images_to_alert = None
+    for index in range(1, 40):
+        state = monitor.update({**base, "contrast": 30.0}, rng.normal(1.0, 0.2, 16))
+        if state.level == "alert":
+            images_to_alert = index
+            break
+    assert images_to_alert is not None and images_to_alert <= 10
+    assert state.statistic == "contrast"
+    assert state.value < state.band[0]
+    assert "contrast" in state.message and "outside" in state.message
+    assert state.charts["contrast"].level == "alert" and state.charts["brightness"].level == "ok"
+    for _ in range(20):  # staying in alert logs nothing more
+        monitor.update({**base, "contrast": 30.0}, rng.normal(1.0, 0.2, 16))
+    changes = [record for record in caplog.records if "drift" in record.getMessage()]
+    assert len(changes) == len({record.getMessage().split(" after")[0] for record in changes}) <= 2
+    assert changes[-1].levelname == "WARNING" and "-> alert" in changes[-1].getMessage()
+    for _ in range(60):  # fault removed: the chart comes back
+        state = monitor.update(base, rng.normal(1.0, 0.2, 16))
+    assert state.level == "ok"
+    monitor.reset()
+    assert monitor.state().images == 0 and monitor.history() == []
+
+
+def test_monitor_feature_chart_alerts_on_activation_shift() -> None:
+    rng = np.random.default_rng(7)
+    monitor = DriftMonitor(_reference(rng), statistics=["brightness", "features"])
+    assert monitor.charts == ["brightness", "features"]
+    assert monitor.limits()["features"]["two_sided"] is False
+    fed = 0
+    while fed < 40 and monitor.state().level != "alert":
+        state = monitor.update({"brightness": 120.0}, rng.normal(1.6, 0.2, 16))
+        fed += 1
+    assert state.level == "alert" and state.statistic == "features" and fed <= 10
+    assert len(monitor.history()) == fed
+
+
+def test_monitor_skips_binarised_saturation_and_validates() -> None:
+    rng = np.random.default_rng(8)
+    reference = _reference(rng)
+    reference["statistics"]["saturation"]["quantiles"]["0.5"] = 0.95
+    monitor = DriftMonitor(reference)
+    assert "saturation" not in monitor.charts and "binarised" in monitor.skipped["saturation"]
+    with pytest.raises(ValueError, match="not in the reference"):
+        DriftMonitor(reference, statistics=["gloss"])
+    with pytest.raises(ValueError, match="reference profile"):
+        DriftMonitor({})
+
+
+def test_monitor_is_thread_safe() -> None:
+    rng = np.random.default_rng(9)
+    monitor = DriftMonitor(_reference(rng))
+    base = {"brightness": 120.0, "contrast": 60.0, "sharpness": 2000.0, "saturation": 0.01, "detail": 8.0}
+
+    def feed() -> None:
+        for _ in range(250):
+            monitor.update(base, np.ones(16))
+
+    threads = [threading.Thread(target=feed) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert monitor.state().images == 1000

@@ -11,7 +11,13 @@ NumPy + OpenCV only (no torch): it runs beside `Predictor` and inside the servic
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
+import threading
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import cv2
@@ -136,3 +142,316 @@ def build_reference(stats: list[dict[str, float]], features: np.ndarray | None =
             "score": _summary(feature_score(features, mean, std)),
         }
     return reference
+
+
+# ----------------------------------------------------------------------------------------------------
+# EWMA control limits from a target in-control run length
+# ----------------------------------------------------------------------------------------------------
+
+_normal_cdf = np.vectorize(lambda x: 0.5 * math.erfc(-x / math.sqrt(2.0)), otypes=[np.float64])
+
+
+def ewma_run_length(lam: float, limit: float, two_sided: bool = True, states: int = 81) -> float:
+    """In-control average run length of an EWMA chart on N(0, 1) observations (Brook & Evans Markov chain).
+
+    The chart is Z_t = (1 - lam) Z_{t-1} + lam X_t, Z_0 = 0, signalling when Z_t leaves +-`limit`
+    (two-sided) or exceeds `limit` (one-sided, with Z reset to 0 whenever it falls below 0, the
+    Crowder-Hamilton chart). The band is cut into `states` cells; ARL = (I - P)^-1 1 from the cell of 0.
+    """
+    lower = -limit if two_sided else 0.0
+    edges = np.linspace(lower, limit, states + 1)
+    centres = 0.5 * (edges[:-1] + edges[1:])
+    shifted = (1.0 - lam) * centres[:, None]  # (states, 1)
+    cdf = _normal_cdf((edges[None, :] - shifted) / lam)  # (states, states + 1)
+    if not two_sided:
+        cdf[:, 0] = 0.0  # everything below 0 is reset to 0: it lands in the first cell
+    transition = cdf[:, 1:] - cdf[:, :-1]
+    run_lengths = np.linalg.solve(np.eye(states) - transition, np.ones(states))
+    start = int(np.searchsorted(edges, 0.0, side="right")) - 1 if two_sided else 0
+    return float(run_lengths[min(max(start, 0), states - 1)])
+
+
+@functools.lru_cache(maxsize=64)
+def ewma_limit(lam: float, run_length: float, two_sided: bool = True) -> float:
+    """The limit h (in units of the observations' sigma) giving an in-control ARL of `run_length`."""
+    if not 0 < lam <= 1:
+        raise ValueError(f"EWMA lambda must be in (0, 1], got {lam}")
+    if run_length <= 2:
+        raise ValueError(f"target run length must exceed 2, got {run_length}")
+    low, high = 0.05, 10.0 * math.sqrt(lam / (2.0 - lam))
+    target = math.log(run_length)
+    for _ in range(40):  # bisection on log ARL, which rises monotonically with h
+        middle = 0.5 * (low + high)
+        if math.log(ewma_run_length(lam, middle, two_sided)) < target:
+            low = middle
+        else:
+            high = middle
+    return 0.5 * (low + high)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The online monitor
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ChartState:
+    """One chart: the smoothed value in the statistic's units, its bands and its level."""
+
+    name: str
+    value: float  # EWMA of the statistic, in its own units
+    last: float  # the latest raw observation
+    z: float  # EWMA in units of the reference scale (0 = reference centre)
+    level: Level
+    warn_band: tuple[float, float]
+    alert_band: tuple[float, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "value": self.value,
+            "last": self.last,
+            "z": self.z,
+            "level": self.level,
+            "warn_band": list(self.warn_band),
+            "alert_band": list(self.alert_band),
+        }
+
+
+@dataclass
+class DriftState:
+    """The monitor's verdict after the latest image: the worst chart names the statistic."""
+
+    level: Level
+    statistic: str | None
+    value: float | None
+    band: tuple[float, float] | None
+    images: int
+    message: str
+    charts: dict[str, ChartState] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "level": self.level,
+            "statistic": self.statistic,
+            "value": self.value,
+            "band": list(self.band) if self.band is not None else None,
+            "images": self.images,
+            "message": self.message,
+            "charts": {name: chart.to_dict() for name, chart in self.charts.items()},
+        }
+
+
+@dataclass
+class _Chart:
+    name: str
+    centre: float
+    scale: float
+    two_sided: bool
+    warn_limit: float  # in units of `scale`
+    alert_limit: float
+    ewma: float = 0.0
+    last: float = float("nan")
+    level: Level = "ok"
+
+    def band(self, limit: float) -> tuple[float, float]:
+        lower = self.centre - limit * self.scale if self.two_sided else -math.inf
+        return (lower, self.centre + limit * self.scale)
+
+    def state(self) -> ChartState:
+        return ChartState(
+            self.name,
+            self.centre + self.ewma * self.scale,
+            self.last,
+            self.ewma,
+            self.level,
+            self.band(self.warn_limit),
+            self.band(self.alert_limit),
+        )
+
+
+class DriftMonitor:
+    """EWMA charts of the image statistics and of the activation score against the reference profile.
+
+    Each observation is standardised by the reference (z = (x - mean) / scale, scale = max(std, floor)),
+    clipped to +-`clip` so a single odd image moves a chart by at most lam * clip, and smoothed:
+    E_t = (1 - lam) E_{t-1} + lam z_t. A chart is in alert when |E_t| exceeds the limit whose
+    in-control average run length, for N(0, 1) observations, is `alert_run_length` x number of charts
+    (so the whole monitor raises a false alarm about once per `alert_run_length` images); warn likewise
+    with `warn_run_length`. The activation chart is one-sided (only a rise of the mean |z| is drift).
+    Clipping lowers the in-control variance, so the real run lengths are longer than the targets.
+    A level is left only when the chart falls below 0.8 x its limit (hysteresis), and each change
+    of the overall state is logged once. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        reference: Mapping[str, Any],
+        *,
+        lam: float = 0.2,
+        alert_run_length: float = 100_000,
+        warn_run_length: float = 5_000,
+        clip: float = 4.0,
+        statistics: Sequence[str] | None = None,
+        history: int = 300,
+    ) -> None:
+        if not reference or "statistics" not in reference:
+            raise ValueError("DriftMonitor needs a reference profile from build_reference")
+        self.reference = dict(reference)
+        self.lam = lam
+        self.clip = clip
+        self.skipped: dict[str, str] = {}
+        available = reference["statistics"]
+        names = list(statistics) if statistics is not None else list(available)
+        unknown = [name for name in names if name not in available and name != FEATURES]
+        if unknown:
+            raise ValueError(
+                f"DriftMonitor: statistics {unknown} are not in the reference ({list(available)})"
+            )
+        if statistics is None and "saturation" in names:
+            median = available["saturation"]["quantiles"].get("0.5", available["saturation"]["mean"])
+            if median > BINARISED_SATURATION:
+                names.remove("saturation")
+                self.skipped["saturation"] = (
+                    f"reference images are binarised ({median:.0%} of pixels at 0 or 255): "
+                    "the share follows any exposure change and is not charted"
+                )
+        features = reference.get("features")
+        use_features = features is not None and (statistics is None or FEATURES in names)
+        names = [name for name in names if name != FEATURES]
+        if use_features:
+            self._feature_mean = np.asarray(features["mean"], dtype=np.float64)
+            self._feature_std = np.asarray(features["std"], dtype=np.float64)
+        charts = len(names) + int(use_features)
+        if charts == 0:
+            raise ValueError("DriftMonitor: nothing to chart")
+        self.alert_run_length = alert_run_length
+        self.warn_run_length = warn_run_length
+        self._charts: dict[str, _Chart] = {}
+        for name in names:
+            self._charts[name] = self._make_chart(name, available[name], True, charts)
+        if use_features:
+            self._charts[FEATURES] = self._make_chart(FEATURES, features["score"], False, charts)
+        self._images = 0
+        self._level: Level = "ok"
+        self._lock = threading.Lock()
+        self._history: deque[dict[str, float]] = deque(maxlen=history)
+
+    def _make_chart(self, name: str, summary: Mapping[str, Any], two_sided: bool, charts: int) -> _Chart:
+        centre = float(summary["mean"])
+        floor = max(SCALE_FLOORS.get(name, 0.0), RELATIVE_SCALE_FLOOR * abs(centre), 1e-12)
+        scale = max(float(summary["std"]), floor)
+        warn = ewma_limit(self.lam, self.warn_run_length * charts, two_sided)
+        alert = ewma_limit(self.lam, self.alert_run_length * charts, two_sided)
+        return _Chart(name, centre, scale, two_sided, warn, alert)
+
+    @property
+    def charts(self) -> list[str]:
+        return list(self._charts)
+
+    def limits(self) -> dict[str, dict[str, Any]]:
+        """Per chart: centre, scale, two-sided flag and the warn / alert limits in units of scale."""
+        return {
+            name: {
+                "centre": chart.centre,
+                "scale": chart.scale,
+                "two_sided": chart.two_sided,
+                "warn_limit": chart.warn_limit,
+                "alert_limit": chart.alert_limit,
+            }
+            for name, chart in self._charts.items()
+        }
+
+    def update(self, image_stats: Mapping[str, float], features: np.ndarray | None = None) -> DriftState:
+        """Feed one image's statistics (and pooled activations); returns the state after it."""
+        observations = {name: float(image_stats[name]) for name in self._charts if name in image_stats}
+        if FEATURES in self._charts and features is not None:
+            vector = np.asarray(features, dtype=np.float64).reshape(-1)
+            if vector.shape == self._feature_mean.shape and np.isfinite(vector).all():
+                observations[FEATURES] = float(feature_score(vector, self._feature_mean, self._feature_std))
+        with self._lock:
+            self._images += 1
+            for name, value in observations.items():
+                if math.isfinite(value):
+                    self._observe(self._charts[name], value)
+            self._history.append({name: chart.ewma for name, chart in self._charts.items()})
+            state = self._state()
+            if state.level != self._level:
+                self._log_change(self._level, state)
+                self._level = state.level
+        return state
+
+    def _observe(self, chart: _Chart, value: float) -> None:
+        z = min(max((value - chart.centre) / chart.scale, -self.clip), self.clip)
+        chart.ewma = (1.0 - self.lam) * chart.ewma + self.lam * z
+        if not chart.two_sided:
+            chart.ewma = max(chart.ewma, 0.0)
+        chart.last = value
+        size = abs(chart.ewma)
+        if size > chart.alert_limit:
+            chart.level = "alert"
+        elif size > chart.warn_limit:
+            chart.level = "alert" if chart.level == "alert" and size > 0.8 * chart.alert_limit else "warn"
+        elif chart.level != "ok" and size > 0.8 * chart.warn_limit:
+            chart.level = "warn"
+        else:
+            chart.level = "ok"
+
+    def _state(self) -> DriftState:
+        charts = {name: chart.state() for name, chart in self._charts.items()}
+        worst = max(
+            self._charts.values(),
+            key=lambda chart: (LEVELS.index(chart.level), abs(chart.ewma) / chart.alert_limit),
+        )
+        level = worst.level
+        if self._images == 0:
+            message = "no images yet"
+        elif level == "ok":
+            message = f"ok: all {len(charts)} charts inside their bands over {self._images} images"
+        else:
+            band = worst.band(worst.alert_limit if level == "alert" else worst.warn_limit)
+            message = (
+                f"{level}: {worst.name} {_fmt(worst.centre + worst.ewma * worst.scale)} "
+                f"outside [{_fmt(band[0])}, {_fmt(band[1])}] (EWMA, lambda {self.lam:g})"
+            )
+        band = worst.band(worst.warn_limit if level != "alert" else worst.alert_limit)
+        return DriftState(
+            level=level,
+            statistic=worst.name if self._images else None,
+            value=charts[worst.name].value if self._images else None,
+            band=band if self._images else None,
+            images=self._images,
+            message=message,
+            charts=charts,
+        )
+
+    def _log_change(self, previous: Level, state: DriftState) -> None:
+        log = logger.warning if LEVELS.index(state.level) > LEVELS.index(previous) else logger.info
+        log("drift %s -> %s after %d images: %s", previous, state.level, state.images, state.message)
+
+    def state(self) -> DriftState:
+        """The current state without feeding an image."""
+        with self._lock:
+            return self._state()
+
+    def history(self) -> list[dict[str, float]]:
+        """The last `history` EWMA values per chart, in units of the reference scale (oldest first)."""
+        with self._lock:
+            return list(self._history)
+
+    def reset(self) -> None:
+        """Start the charts afresh (after cleaning the lens or changing the lamp)."""
+        with self._lock:
+            for chart in self._charts.values():
+                chart.ewma, chart.last, chart.level = 0.0, float("nan"), "ok"
+            self._history.clear()
+            if self._level != "ok":
+                logger.info("drift %s -> ok: monitor reset", self._level)
+            self._level = "ok"
+            self._images = 0
+
+
+def _fmt(value: float) -> str:
+    if not math.isfinite(value):
+        return "-inf" if value < 0 else "inf"
+    return f"{value:.4g}"
