@@ -1,0 +1,277 @@
+"""Align a template to its tested image before the model compares them (NumPy + OpenCV only, no torch).
+
+A second capture of a good board is never pixel-aligned with its template: a fixture or a conveyor leaves
+a shift of a pixel or two and a fraction of a degree of rotation, and a template-aware model reads that as
+a difference. `register_pair` measures the motion and warps the template onto the tested image:
+
+1. both images are reduced to about `work_size` pixels on the long side (INTER_AREA);
+2. phase correlation of a central crop (Hanning window) gives the translation;
+3. ECC (`cv2.findTransformECC`, MOTION_EUCLIDEAN; MOTION_TRANSLATION with `rotation=False`), started from
+   that translation, refines translation and rotation in a few iterations;
+4. the motion is mapped back to full resolution and the template is warped once (bilinear, border
+   replicated so the edge does not become a fake difference).
+
+Bounded: a motion beyond `max_shift` pixels or `max_angle` degrees, a failed ECC, or a low ECC correlation
+leaves the template untouched (`applied=False`; the measured motion is still reported), so a bad estimate
+never makes things worse than no registration. A correction below `min_correction` pixels (largest displacement over the image) is not
+applied either: resampling would blur the template for nothing.
+
+The deployment runtime imports this module, so it must not import torch (a test checks).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import cv2
+import numpy as np
+
+DEFAULT_MAX_SHIFT = 8.0  # pixels of the tested image; larger motions are a fixture fault, not jitter
+DEFAULT_MAX_ANGLE = 2.0  # degrees
+DEFAULT_WORK_SIZE = 160  # long side of the images the motion is estimated on
+DEFAULT_MIN_CORRELATION = 0.5  # ECC correlation coefficient below which the estimate is not trusted
+DEFAULT_MIN_CORRECTION = 0.05  # pixels; smaller corrections are skipped (no resampling)
+_ITERATIONS = 10  # Gauss-Newton / ECC iterations at most (3-6 from a phase-correlation start)
+_EPSILON = 0.01  # stop when an update moves no pixel by more than this (reduced pixels)
+_MARGIN = 4  # reduced pixels along the border left out of the fit (replicated after a warp)
+
+
+@dataclass(frozen=True)
+class Registration:
+    """The measured motion of the tested image relative to its template.
+
+    The tested board is the template moved by (`dx`, `dy`) pixels (x right, y down, measured at the image
+    centre) and rotated by `angle_deg` about the centre (OpenCV's sign: `cv2.getRotationMatrix2D`,
+    positive is counter-clockwise on screen). `response`: phase-correlation peak (0..1); `correlation`:
+    ECC correlation coefficient (NaN when ECC did not run); `applied`: whether the template was warped;
+    `ms`: wall time of the whole call including the warp.
+    """
+
+    dx: float
+    dy: float
+    angle_deg: float
+    response: float
+    correlation: float
+    applied: bool
+    ms: float
+
+    @property
+    def shift(self) -> float:
+        """Length of the translation, pixels."""
+        return math.hypot(self.dx, self.dy)
+
+    def to_dict(self) -> dict[str, float | bool]:
+        return asdict(self)
+
+    @classmethod
+    def identity(cls, ms: float = 0.0) -> Registration:
+        return cls(0.0, 0.0, 0.0, float("nan"), float("nan"), False, ms)
+
+
+def motion_matrix(dx: float, dy: float, angle_deg: float, width: int, height: int) -> np.ndarray:
+    """2x3 float64 forward motion in pixel-index coordinates: template pixel -> tested pixel."""
+    centre = ((width - 1) / 2.0, (height - 1) / 2.0)
+    matrix = cv2.getRotationMatrix2D(centre, angle_deg, 1.0)
+    matrix[0, 2] += dx
+    matrix[1, 2] += dy
+    return matrix
+
+
+def warp_to(image: np.ndarray, motion: np.ndarray) -> np.ndarray:
+    """Apply a forward motion (`motion_matrix`) to `image`: bilinear, border replicated, same size."""
+    height, width = image.shape[:2]
+    return cv2.warpAffine(
+        image, motion, (width, height), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _hanning(width: int, height: int) -> np.ndarray:
+    return cv2.createHanningWindow((width, height), cv2.CV_32F)
+
+
+def _gray(image: np.ndarray) -> np.ndarray:
+    if image.ndim == 3 and image.shape[2] == 3:
+        return cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
+    if image.ndim == 3:
+        return image[:, :, 0]
+    return image
+
+
+def _reduce(gray: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    if (gray.shape[1], gray.shape[0]) != size:
+        gray = cv2.resize(gray, size, interpolation=cv2.INTER_AREA)
+    return gray.astype(np.float32)
+
+
+def register_pair(
+    image: np.ndarray,
+    template: np.ndarray,
+    *,
+    max_shift: float = DEFAULT_MAX_SHIFT,
+    rotation: bool = True,
+    max_angle: float = DEFAULT_MAX_ANGLE,
+    work_size: int = DEFAULT_WORK_SIZE,
+    min_correlation: float = DEFAULT_MIN_CORRELATION,
+    min_correction: float = DEFAULT_MIN_CORRECTION,
+    method: str = "gauss_newton",
+) -> tuple[np.ndarray, Registration]:
+    """Warp `template` onto `image` (same HxW; gray or RGB, any dtype OpenCV warps) and say how it moved.
+
+    Returns `(aligned_template, Registration)`; `aligned_template` is `template` itself (not a copy) when
+    nothing was applied. Raises ValueError when the two sizes differ. `method`: "gauss_newton" (default,
+    see `_refine_gauss_newton`) or "opencv_ecc" (`cv2.findTransformECC`, same criterion, slower here:
+    bench/registration.py compares them).
+    """
+    started = time.perf_counter()
+    height, width = image.shape[:2]
+    if template.shape[:2] != (height, width):
+        raise ValueError(f"template is {template.shape[1]}x{template.shape[0]} but the image is {width}x{height}")
+    factor = max(1.0, max(width, height) / float(work_size))
+    small = (max(8, round(width / factor)), max(8, round(height / factor)))
+    scale_x, scale_y = width / small[0], height / small[1]  # full pixels per reduced pixel
+    tested = _reduce(_gray(image), small)
+    reference = _reduce(_gray(template), small)
+
+    # translation: phase correlation on a central crop (the Hanning window tapers its edges)
+    crop_w, crop_h = max(8, (small[0] * 4 // 5) & ~1), max(8, (small[1] * 4 // 5) & ~1)
+    x0, y0 = (small[0] - crop_w) // 2, (small[1] - crop_h) // 2
+    (shift_x, shift_y), response = cv2.phaseCorrelate(
+        reference[y0 : y0 + crop_h, x0 : x0 + crop_w],
+        tested[y0 : y0 + crop_h, x0 : x0 + crop_w],
+        _hanning(crop_w, crop_h),
+    )
+    if not (math.isfinite(shift_x) and math.isfinite(shift_y)):
+        shift_x = shift_y = 0.0
+    if math.hypot(shift_x * scale_x, shift_y * scale_y) > max_shift + 1.0:  # out of bounds: leave the pair
+        ms = (time.perf_counter() - started) * 1e3
+        dx, dy = float(shift_x * scale_x), float(shift_y * scale_y)
+        return template, Registration(dx, dy, 0.0, float(response), float("nan"), False, ms)
+
+    # ECC refinement: warp maps tested (reduced) pixel -> template (reduced) pixel
+    initial = np.array([[1.0, 0.0, -shift_x], [0.0, 1.0, -shift_y]], dtype=np.float32)
+    if method == "opencv_ecc":
+        warp, correlation = _refine_opencv(tested, reference, initial, rotation)
+    elif method == "gauss_newton":
+        warp, correlation = _refine_gauss_newton(tested, reference, initial, rotation)
+    else:
+        raise ValueError(f"method must be 'gauss_newton' or 'opencv_ecc', got {method!r}")
+    if warp is None:  # did not converge (e.g. a blank image)
+        ms = (time.perf_counter() - started) * 1e3
+        return template, Registration(0.0, 0.0, 0.0, float(response), float("nan"), False, ms)
+
+    # to full resolution: full index = scale * (reduced index + 0.5) - 0.5
+    scale = np.diag([scale_x, scale_y])
+    offset = np.array([0.5 * scale_x - 0.5, 0.5 * scale_y - 0.5])
+    linear_small = warp[:, :2].astype(np.float64)
+    linear = scale @ linear_small @ np.linalg.inv(scale)
+    translation = scale @ (linear_small @ (-np.linalg.inv(scale) @ offset) + warp[:, 2]) + offset
+    inverse = np.hstack([linear, translation[:, None]])  # tested pixel -> template pixel
+    forward = cv2.invertAffineTransform(inverse)  # template pixel -> tested pixel
+    centre = np.array([(width - 1) / 2.0, (height - 1) / 2.0])
+    dx, dy = forward[:, :2] @ centre + forward[:, 2] - centre
+    angle = math.degrees(math.atan2(forward[0, 1], forward[0, 0]))
+    if not rotation:
+        angle = 0.0
+
+    if not (math.isfinite(dx) and math.isfinite(dy) and math.isfinite(angle)):
+        dx = dy = angle = 0.0
+        correlation = float("nan")
+    trusted = (
+        math.hypot(dx, dy) <= max_shift
+        and abs(angle) <= max_angle
+        and correlation >= min_correlation
+    )
+    # largest displacement the correction causes anywhere in the image
+    reach = math.hypot(dx, dy) + math.radians(abs(angle)) * math.hypot(width, height) / 2
+    applied = trusted and reach >= min_correction
+    aligned = warp_to(template, motion_matrix(dx, dy, angle, width, height)) if applied else template
+    ms = (time.perf_counter() - started) * 1e3
+    return aligned, Registration(float(dx), float(dy), float(angle), float(response), float(correlation), applied, ms)
+
+
+def _refine_opencv(
+    tested: np.ndarray, reference: np.ndarray, initial: np.ndarray, rotation: bool
+) -> tuple[np.ndarray | None, float]:
+    motion_type = cv2.MOTION_EUCLIDEAN if rotation else cv2.MOTION_TRANSLATION
+    criteria = (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, _ITERATIONS, _EPSILON / 10)
+    try:
+        correlation, warp = cv2.findTransformECC(tested, reference, initial.copy(), motion_type, criteria, None, 1)
+    except cv2.error:
+        return None, float("nan")
+    return warp, float(correlation)
+
+
+@functools.lru_cache(maxsize=8)
+def _centred_grid(width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+    ys, xs = np.mgrid[_MARGIN : height - _MARGIN, _MARGIN : width - _MARGIN].astype(np.float32)
+    return (xs - (width - 1) / 2.0).ravel(), (ys - (height - 1) / 2.0).ravel()
+
+
+def _standardise(values: np.ndarray, statistics_of: np.ndarray | None = None) -> np.ndarray:
+    """Zero mean, unit variance, with the mean and std of `statistics_of` (default: `values`)."""
+    mean, std = cv2.meanStdDev(values if statistics_of is None else statistics_of)
+    return (values - np.float32(mean[0, 0])) * np.float32(1.0 / (std[0, 0] + 1e-6))
+
+
+def _euclidean(theta: float, tx: float, ty: float, width: int, height: int) -> np.ndarray:
+    """W(x) = R(theta) (x - c) + c + t as a 2x3 float32 matrix (reduced pixels)."""
+    cx, cy = (width - 1) / 2.0, (height - 1) / 2.0
+    cos, sin = math.cos(theta), math.sin(theta)
+    return np.array(
+        [[cos, -sin, cx - cos * cx + sin * cy + tx], [sin, cos, cy - sin * cx - cos * cy + ty]], np.float32
+    )
+
+
+def _refine_gauss_newton(
+    tested: np.ndarray, reference: np.ndarray, initial: np.ndarray, rotation: bool
+) -> tuple[np.ndarray | None, float]:
+    """Maximise the ECC criterion (correlation of zero-mean, unit-variance images) over a rigid motion
+    by inverse-compositional Gauss-Newton: the tested image's gradients, steepest-descent images and
+    Hessian are computed once; each iteration is one small warp and three dot products.
+    (`cv2.findTransformECC` recomputes warped gradients and the Hessian every iteration.)
+    """
+    height, width = tested.shape
+    inner = (slice(_MARGIN, height - _MARGIN), slice(_MARGIN, width - _MARGIN))
+    fixed = _standardise(tested, tested[inner])
+    grad_x = cv2.Sobel(fixed, cv2.CV_32F, 1, 0, ksize=3, scale=0.125)[inner].ravel()
+    grad_y = cv2.Sobel(fixed, cv2.CV_32F, 0, 1, ksize=3, scale=0.125)[inner].ravel()
+    xs, ys = _centred_grid(width, height)
+    rows = [grad_x, grad_y]
+    if rotation:
+        rows.insert(0, grad_y * xs - grad_x * ys)
+    steepest = np.stack(rows)  # (P, N)
+    hessian = steepest @ steepest.T  # (P, P)
+    if not np.isfinite(hessian).all() or np.linalg.cond(hessian) > 1e12:
+        return None, float("nan")
+    hessian_inverse = np.linalg.inv(hessian).astype(np.float32)
+    fixed_values = fixed[inner].ravel()
+    reach = max(width, height) / 2.0
+    theta = 0.0
+    # initial holds a pure translation: W(x) = x + t
+    tx, ty = float(initial[0, 2]), float(initial[1, 2])
+    warped_values = fixed_values
+    for _ in range(_ITERATIONS):
+        warp = _euclidean(theta, tx, ty, width, height)
+        warped = cv2.warpAffine(
+            reference, warp, (width, height), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+            borderMode=cv2.BORDER_REPLICATE,
+        )
+        warped_values = _standardise(warped[inner]).ravel()
+        update = hessian_inverse @ (steepest @ (warped_values - fixed_values))
+        d_theta = float(update[0]) if rotation else 0.0
+        d_tx, d_ty = float(update[-2]), float(update[-1])
+        if not (math.isfinite(d_theta) and math.isfinite(d_tx) and math.isfinite(d_ty)):
+            return None, float("nan")
+        # W <- W o dW^-1 with dW(x) = R(d_theta)(x - c) + c + dt
+        theta -= d_theta
+        cos, sin = math.cos(theta), math.sin(theta)
+        tx -= cos * d_tx - sin * d_ty
+        ty -= sin * d_tx + cos * d_ty
+        if math.hypot(d_tx, d_ty) + abs(d_theta) * reach < _EPSILON:
+            break
+    correlation = float(np.dot(warped_values, fixed_values)) / len(fixed_values)
+    return _euclidean(theta, tx, ty, width, height), correlation
