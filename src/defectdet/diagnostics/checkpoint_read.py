@@ -1,0 +1,151 @@
+"""Read any checkpoint onto the CPU and find its weights: a bare state_dict, a defectdet checkpoint, another
+framework's dict (Lightning `state_dict`, `model_state_dict`, `net`, ...), or, only when asked, a pickled model."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pickle
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from defectdet.diagnostics.report import format_bytes
+from defectdet.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+WEIGHT_KEYS = ("model", "state_dict", "model_state_dict", "model_state", "net", "network", "weights", "params")
+UNSAFE_WARNING = (
+    "--unsafe unpickles arbitrary Python objects: a malicious file runs code on this machine. "
+    "Only use it on files you made or trust."
+)
+
+
+@dataclasses.dataclass
+class LoadedCheckpoint:
+    """What `read_checkpoint` found. `weights_key` is None for a bare state_dict or a pickled model."""
+
+    path: Path
+    raw: Any
+    state_dict: dict[str, torch.Tensor]
+    weights_key: str | None
+    layout: str
+    saved_devices: dict[str, str]  # key -> device the tensor was saved from
+    file_bytes: int
+
+
+def is_state_dict(value: Any) -> bool:
+    """A non-empty mapping of string keys to tensors (a few plain values, like Lightning metadata, allowed)."""
+    if not isinstance(value, Mapping) or not value:
+        return False
+    tensors = sum(isinstance(item, torch.Tensor) for item in value.values())
+    return all(isinstance(key, str) for key in value) and tensors >= max(1, 0.9 * len(value))
+
+
+def _torch_load(path: Path, unsafe: bool) -> tuple[Any, dict[int, str]]:
+    """torch.load onto the CPU, remembering each storage's saved location (e.g. 'cuda:0')."""
+    locations: dict[int, str] = {}
+
+    def to_cpu(storage: Any, location: str) -> Any:
+        locations[storage.data_ptr()] = location
+        return storage
+
+    try:
+        return torch.load(path, map_location=to_cpu, weights_only=not unsafe), locations
+    except pickle.UnpicklingError as error:
+        if not unsafe:
+            found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
+            what = f" ({found.group(1)})" if found else ""
+            raise CheckpointError(
+                f"{path}: holds pickled Python objects{what} (a whole saved model?) that weights_only loading "
+                "refuses; re-save it as a state_dict, or pass --unsafe if you trust the file"
+            ) from None
+        raise CheckpointError(f"{path}: cannot be unpickled ({error})") from None
+    except Exception as error:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(f"{path}: corrupt or not a torch checkpoint ({type(error).__name__}: {message})") from None
+
+
+def _find_weights(raw: Any) -> tuple[dict[str, torch.Tensor], str | None, str]:
+    if isinstance(raw, nn.Module):
+        return raw.state_dict(), None, f"pickled model ({type(raw).__name__})"
+    if is_state_dict(raw):
+        return {k: v for k, v in raw.items() if isinstance(v, torch.Tensor)}, None, "bare state_dict"
+    if isinstance(raw, Mapping):
+        for key in WEIGHT_KEYS:
+            value = raw.get(key)
+            if isinstance(value, nn.Module):
+                return value.state_dict(), key, f"dict with a pickled model under '{key}'"
+            if is_state_dict(value):
+                layout = "defectdet checkpoint" if "model_config" in raw and key == "model" else f"dict, weights under '{key}'"
+                return {k: v for k, v in value.items() if isinstance(v, torch.Tensor)}, key, layout
+        for key, value in raw.items():  # any other entry that is a state_dict
+            if is_state_dict(value):
+                return dict(value), str(key), f"dict, weights under '{key}'"
+        found = ", ".join(map(str, list(raw)[:12]))
+        raise CheckpointError(f"found no state_dict (a dict of tensors) in the checkpoint; its keys: {found}")
+    raise CheckpointError(f"holds a {type(raw).__name__}, not a state_dict or a checkpoint dict")
+
+
+def read_checkpoint(path: str | Path, unsafe: bool = False) -> LoadedCheckpoint:
+    """Load `path` on the CPU (weights_only unless `unsafe`) and locate its weights."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint file not found")
+    if unsafe:
+        logger.warning("%s", UNSAFE_WARNING)
+    raw, locations = _torch_load(path, unsafe)
+    try:
+        state_dict, weights_key, layout = _find_weights(raw)
+    except CheckpointError as error:
+        raise CheckpointError(f"{path}: {error}") from None
+    devices = {
+        key: locations.get(tensor.untyped_storage().data_ptr(), "cpu") for key, tensor in state_dict.items()
+    }
+    return LoadedCheckpoint(path, raw, state_dict, weights_key, layout, devices, path.stat().st_size)
+
+
+def _tensor_bytes(value: Any) -> tuple[int, int]:
+    """(tensor count, bytes) inside any nesting of dicts and lists."""
+    if isinstance(value, torch.Tensor):
+        return 1, value.numel() * value.element_size()
+    if isinstance(value, Mapping):
+        parts = [_tensor_bytes(item) for item in value.values()]
+    elif isinstance(value, list | tuple):
+        parts = [_tensor_bytes(item) for item in value]
+    else:
+        return 0, 0
+    return sum(count for count, _ in parts), sum(size for _, size in parts)
+
+
+def describe_contents(checkpoint: LoadedCheckpoint) -> dict[str, str]:
+    """What the checkpoint holds besides its weights: optimizer state, EMA, epoch, config ... (name -> summary)."""
+    raw = checkpoint.raw
+    if not isinstance(raw, Mapping) or checkpoint.weights_key is None:
+        return {}
+    contents: dict[str, str] = {}
+    for key, value in raw.items():
+        if key == checkpoint.weights_key:
+            continue
+        count, size = _tensor_bytes(value)
+        if value is None:
+            summary = "None"
+        elif isinstance(value, int | float | str | bool):
+            summary = repr(value) if len(repr(value)) < 60 else repr(value)[:57] + "..."
+        elif key in ("optimizer", "optimizer_state_dict") and isinstance(value, Mapping):
+            summary = f"optimizer state: {len(value.get('state', {}))} parameter(s), {format_bytes(size)}"
+        elif key == "ema" and isinstance(value, Mapping):
+            summary = f"EMA weights: {count} tensor(s), {format_bytes(size)}, updates={value.get('updates', '?')}"
+        elif count:
+            summary = f"{count} tensor(s), {format_bytes(size)}"
+        elif isinstance(value, Mapping):
+            summary = f"{len(value)} entries"
+        else:
+            summary = type(value).__name__
+        contents[str(key)] = summary
+    return contents
