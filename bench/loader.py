@@ -1,7 +1,9 @@
 """Training-loader throughput: images/s for crop x image dtype x batch x workers, augmentation on.
 
-The consumer here does nothing, so workers only pay off when they beat in-process loading outright; in
-training the main process is busy with the model step and workers overlap with it.
+It times the loader training uses: `engine.loader.build_loader` + `start_epoch` over `DetectionDataset`
+(per-sample (seed, epoch, index) draws, pairs decoded with one intensity mapping). The consumer here
+does nothing, so workers only pay off when they beat in-process loading outright; in training the
+main process is busy with the model step and workers overlap with it.
 
     .venv/bin/python bench/loader.py                 # DeepPCB trainval, ~1-2 min on 2 cores
     .venv/bin/python bench/loader.py --synthetic     # a synthetic dataset in a temp dir instead
@@ -30,11 +32,12 @@ except ModuleNotFoundError:  # run as `python bench/loader.py`
     from common import machine_info, print_table, write_result
 
 from defectdet.data.augment import AugmentConfig, build_augment
-from defectdet.data.dataset import DetectionDataset, build_loader
+from defectdet.data.dataset import DetectionDataset
 from defectdet.data.formats import available_splits, load_dataset
-from defectdet.data.imageio import read_image
+from defectdet.data.imageio import read_image, read_pair
 from defectdet.data.letterbox import boxes_to_letterbox, letterbox_image
 from defectdet.data.sample import DatasetSplit
+from defectdet.engine.loader import SampleIndex, build_loader, start_epoch
 
 DEEPPCB = Path("/work/shared/datasets/deeppcb")
 
@@ -64,16 +67,19 @@ def stage_breakdown(split: DatasetSplit, samples: int) -> dict[str, float]:
         "to tensor": [],
     }
     dataset = DetectionDataset(split, imgsz=640, augment=AugmentConfig(), train=True)
-    for sample in split.samples[:samples]:
+    for index, sample in enumerate(split.samples[:samples]):
         start = time.perf_counter()
-        image = read_image(sample.image_path)
-        template = read_image(sample.template_path) if sample.template_path else None
+        if sample.template_path:
+            image, template = read_pair(sample.image_path, sample.template_path)
+        else:
+            image, template = read_image(sample.image_path), None
         after_read = time.perf_counter()
         image, transform = letterbox_image(image, 640)
         if template is not None:
             template, _ = letterbox_image(template, 640)
         boxes = boxes_to_letterbox(sample.boxes, transform)
         after_letterbox = time.perf_counter()
+        augmenter.reseed(index)  # the dataset reseeds per sample from (seed, epoch, index)
         image, template, boxes, classes = augmenter(image, template, boxes, sample.classes)
         after_augment = time.perf_counter()
         planes = [image] if template is None else [image, template]
@@ -92,7 +98,7 @@ def stage_breakdown(split: DatasetSplit, samples: int) -> dict[str, float]:
             timings[key].append(seconds * 1000)
     start = time.perf_counter()
     for index in range(samples):
-        dataset[index]
+        dataset[SampleIndex(index, epoch=0)]
     whole = (time.perf_counter() - start) * 1000 / samples
     result = {key: float(np.mean(values)) for key, values in timings.items()}
     result["whole item (dataset[i], 640)"] = whole
@@ -121,6 +127,7 @@ def time_loader(
         image_dtype=DTYPES[image_dtype],
     )
     loader = build_loader(dataset, batch_size=batch, train=True, workers=workers, seed=0)
+    start_epoch(loader, 0)
     iterator = iter(loader)
     start = time.perf_counter()
     for _ in range(warmup):

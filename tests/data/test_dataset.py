@@ -1,4 +1,4 @@
-"""DetectionDataset shapes and targets, crops, collate, bad files, and per-worker seeding."""
+"""DetectionDataset shapes and targets, crops, collate, bad files, the loader, and (seed, epoch, index) draws."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from defectdet.data.augment import AugmentConfig
-from defectdet.data.dataset import DetectionDataset, build_loader, collate_detections, default_workers
+from defectdet.data.dataset import DetectionDataset, collate_detections
 from defectdet.data.sample import DatasetSplit, Sample
+from defectdet.engine.loader import SampleIndex, build_loader, default_workers, start_epoch
 from defectdet.errors import DatasetError
 
 CLASS_NAMES = ["open", "short", "spur"]
@@ -54,12 +55,14 @@ def test_item_shapes_and_targets(
     image, target, meta = dataset[0]
     assert image.shape == (expected, 64, 64) and image.dtype == torch.float32
     assert 0.0 <= float(image.min()) and float(image.max()) <= 1.0
-    # a 96x64 image letterboxed to 64: scale 2/3, pad_y = (64 - 43) // 2 = 10
-    assert meta["orig_size"] == (96, 64) and meta["transform"].scale == pytest.approx(2 / 3)
-    scale, pad_y = 2 / 3, 10
+    # a 96x64 image letterboxed to 64: 64x43 pixels (x scale 2/3, y scale 43/64), pad_y = (64 - 43) // 2 = 10
+    transform = meta["transform"]
+    assert meta["orig_size"] == (96, 64)
+    assert (transform.scale_x, transform.scale_y) == pytest.approx((2 / 3, 43 / 64))
+    sx, sy, pad_y = 2 / 3, 43 / 64, 10
     expected_target = [
-        [0, 10 * scale, 10 * scale + pad_y, 30 * scale, 24 * scale + pad_y],
-        [1, 60 * scale, 40 * scale + pad_y, 80 * scale, 60 * scale + pad_y],
+        [0, 10 * sx, 10 * sy + pad_y, 30 * sx, 24 * sy + pad_y],
+        [1, 60 * sx, 40 * sy + pad_y, 80 * sx, 60 * sy + pad_y],
     ]
     torch.testing.assert_close(target, torch.tensor(expected_target), atol=1e-4, rtol=0)
     if use_template:
@@ -170,25 +173,39 @@ def test_loader_defaults(split: DatasetSplit) -> None:
     assert default_workers(world_size=64) == 0  # a rank with <= 2 cores loads in-process
 
 
-def augmented_batches(dataset: DetectionDataset, seed: int, workers: int) -> list[torch.Tensor]:
-    loader = build_loader(dataset, batch_size=1, train=False, workers=workers, seed=seed)
-    return [images[0] for images, _, _ in loader]
+def augmented_items(dataset: DetectionDataset, workers: int, epoch: int = 0) -> list[torch.Tensor]:
+    loader = build_loader(dataset, batch_size=2, train=True, workers=workers, seed=3)
+    start_epoch(loader, epoch, seed=3)
+    return [image for images, _, _ in loader for image in images]
 
 
-def test_workers_augment_differently_and_reproducibly(tmp_path: Path) -> None:
-    # four copies of one image: without per-worker seeding both workers would produce identical streams
+def test_items_depend_on_seed_epoch_and_index_only(tmp_path: Path) -> None:
+    # four copies of one image: only the (seed, epoch, index) draws tell the items apart
     sample = write_pair(tmp_path, "same", 48, 48, [[10, 10, 20, 20]], seed=0)
     split = DatasetSplit([sample] * 4, CLASS_NAMES, "yolo", "train", tmp_path)
-    dataset = DetectionDataset(split, imgsz=48, augment=AugmentConfig(), train=True)
+
+    def dataset(seed: int = 0) -> DetectionDataset:
+        return DetectionDataset(split, imgsz=48, augment=AugmentConfig(), train=True, crop_size=40, seed=seed)
+
+    first = dataset()
+    item = first[SampleIndex(2, epoch=5)][0]
+    for _ in range(3):  # whatever was drawn before, in this or another instance
+        first[SampleIndex(1, epoch=0)]
+        first[0]
+    assert torch.equal(dataset()[SampleIndex(2, epoch=5)][0], item)
+    assert torch.equal(first[SampleIndex(2, epoch=5)][0], item)
+    assert not torch.equal(first[SampleIndex(2, epoch=6)][0], item)  # another epoch, other draws
+    assert not torch.equal(first[SampleIndex(3, epoch=5)][0], item)  # another index, other draws
+    assert not torch.equal(dataset(seed=1)[SampleIndex(2, epoch=5)][0], item)
+    # plain int indices still vary from call to call
+    assert not all(torch.equal(first[0][0], first[0][0]) for _ in range(3))
+
     # the parent has used OpenCV's thread pool before forking workers (regression: a deadlock)
     cv2.warpAffine(np.zeros((512, 512), np.uint8), np.eye(2, 3), (512, 512))
-    # train=False on the loader keeps the order fixed; the dataset still augments
-    first = augmented_batches(dataset, seed=0, workers=2)
-    # indices 0 and 1 go to different workers and are each worker's first sample
-    assert not torch.equal(first[0], first[1])
-    assert all(
-        torch.equal(a, b) for a, b in zip(first, augmented_batches(dataset, seed=0, workers=2), strict=True)
-    )
+    in_process = augmented_items(first, workers=0, epoch=1)
+    with_workers = augmented_items(dataset(), workers=2, epoch=1)
+    assert len(in_process) == 4
+    assert all(torch.equal(a, b) for a, b in zip(in_process, with_workers, strict=True))
     assert not all(
-        torch.equal(a, b) for a, b in zip(first, augmented_batches(dataset, seed=1, workers=2), strict=True)
+        torch.equal(a, b) for a, b in zip(in_process, augmented_items(first, workers=0, epoch=2), strict=True)
     )

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from defectdet.data.imageio import read_image, read_image_size
+from defectdet.data.imageio import decode_pair, read_image, read_image_size, read_pair
 from defectdet.errors import ImageReadError
 
 
@@ -45,6 +45,45 @@ def test_16bit_png_scaled_by_its_bit_depth(tmp_path: Path) -> None:
     assert out.tolist() == [[0, 64, 128, 255]]  # not >> 8, which would give [0, 4, 8, 15]
     full = _write(tmp_path / "full.png", np.array([[0, 65535]], dtype=np.uint16))
     assert read_image(full, channels=3)[0, 1].tolist() == [255, 255, 255]
+
+
+def test_twelve_bit_pair_straddling_2048_shares_one_mapping(tmp_path: Path) -> None:
+    # same board, same 12-bit camera: the tested frame peaks at 2100 (needs 12 bits), the template at
+    # 2000 (fits 11 bits). A region of raw value 1000 must come out equal in both.
+    board = np.full((8, 8), 1000, dtype=np.uint16)
+    tested, template = board.copy(), board.copy()
+    tested[0, 0], template[0, 0] = 2100, 2000
+    tested_path = _write(tmp_path / "tested.png", tested)
+    template_path = _write(tmp_path / "template.png", template)
+    # read one by one, each by its own depth: 1000 -> 62 vs 125, a false global difference
+    alone = read_image(tested_path), read_image(template_path)
+    assert (int(alone[0][4, 4]), int(alone[1][4, 4])) == (62, 125)
+
+    image, reference = read_pair(tested_path, template_path)
+    assert image.dtype == reference.dtype == np.uint8
+    assert np.array_equal(image[1:], reference[1:]) and int(image[4, 4]) == round(1000 * 255 / 4095)
+    assert (int(image[0, 0]), int(reference[0, 0])) == (round(2100 * 255 / 4095), round(2000 * 255 / 4095))
+    # the same from bytes (uploads), and with the camera's depth given explicitly
+    from_bytes = decode_pair(tested_path.read_bytes(), template_path.read_bytes(), channels=3)
+    assert from_bytes[0].shape == (8, 8, 3) and np.array_equal(from_bytes[0][1:], from_bytes[1][1:])
+    explicit = read_pair(tested_path, template_path, bit_depth=16)
+    assert int(explicit[0][4, 4]) == int(explicit[1][4, 4]) == round(1000 * 255 / 65535)
+    assert int(read_image(template_path, bit_depth=12)[4, 4]) == 62
+    with pytest.raises(ValueError, match="bit_depth"):
+        read_pair(tested_path, template_path, bit_depth=4)
+
+
+def test_pair_of_8bit_files_is_unchanged(tmp_path: Path) -> None:
+    a = np.arange(64, dtype=np.uint8).reshape(8, 8)
+    first, second = _write(tmp_path / "a.png", a), _write(tmp_path / "b.png", a // 2)
+    image, template = read_pair(first, second)
+    assert np.array_equal(image, a) and np.array_equal(template, a // 2)
+    # an 8-bit file next to a deep one: different encodings, each keeps its own mapping
+    deep = _write(tmp_path / "deep.png", np.full((8, 8), 4095, dtype=np.uint16))
+    image, template = read_pair(deep, first)
+    assert int(image.max()) == 255 and np.array_equal(template, a)
+    with pytest.raises(ImageReadError, match="missing.png"):
+        read_pair(first, tmp_path / "missing.png")
 
 
 def test_rgba_png_alpha_dropped(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The torch Dataset, its collate function and the DataLoader factory.
+"""The torch Dataset and its collate function (the DataLoader factory is `engine.loader.build_loader`).
 
 An item is `(image Tensor[C,S,S] float32 in [0,1], target Tensor[N,5] (class, x1, y1, x2, y2) in the tensor's
 pixels, meta dict)`, or `None` when the image could not be read: a bad file never stops an epoch.
@@ -7,20 +7,17 @@ pixels, meta dict)`, or `None` when the image could not be read: a bad file neve
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
-import random
 from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import Dataset
 
 from defectdet.data.augment import AugmentConfig, build_augment, clip_boxes_to_window
-from defectdet.data.imageio import DEFAULT_MAX_PIXELS, read_image
+from defectdet.data.imageio import DEFAULT_MAX_PIXELS, read_image, read_pair
 from defectdet.data.letterbox import boxes_to_letterbox, letterbox_image
 from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.errors import DatasetError, ImageReadError
@@ -42,7 +39,13 @@ class DetectionDataset(Dataset):
 
     `image_dtype=torch.uint8` returns raw 0..255 images instead of float32 0..1 (the caller then does
     `images.float().div_(255)`, ideally on the device): 4x less data through worker IPC and no float
-    copies in the loader; measured ~1.7x loader throughput on DeepPCB 640 (bench/loader.py).
+    copies in the loader (throughput per dtype: bench/results/loader.json).
+
+    Randomness (crop window, augmentation) is drawn from generators derived from `(seed, epoch, index)`
+    when the index carries its epoch (`engine.loader.SampleIndex`, what `build_loader` yields): an item is
+    then a pure function of those three, in this process or any loader worker, before or after a resume.
+    A plain int index (`dataset[i]`) draws from a per-instance stream instead (`reseed` restarts it), so
+    repeated calls still vary. A tested image and its template share one intensity mapping (`read_pair`).
 
     Unreadable images are skipped: a warning names the file once and `__getitem__` returns None.
     `skipped_paths` lists them, but only for reads done in this process: with loader workers each worker
@@ -83,9 +86,11 @@ class DetectionDataset(Dataset):
         self.crop_defect_fraction = crop_defect_fraction
         config = augment or AugmentConfig(enabled=False)
         self.min_visibility = config.min_visibility
+        self.seed = seed
         self.augmenter = build_augment(config, train=train and augment is not None, seed=seed)
         self.skipped_paths: list[str] = []
         self._warned_template_resize = False
+        self._unkeyed = np.random.default_rng(seed)  # draws for plain int indices
         self._rng = np.random.default_rng(seed)
 
     def _resolve_use_template(self, use_template: bool | None) -> bool:
@@ -119,25 +124,47 @@ class DetectionDataset(Dataset):
         return self.split.class_names
 
     def reseed(self, seed: int) -> None:
-        """Restart the crop and augmentation randomness (called per loader worker)."""
-        self._rng = np.random.default_rng(seed)
-        self.augmenter.reseed(seed)
+        """Restart the stream that plain int indices draw from (a loader worker calls it with its seed).
+        Indices that carry their epoch do not use it."""
+        self._unkeyed = np.random.default_rng(seed)
+
+    @property
+    def is_random(self) -> bool:
+        """Whether items are random (training crops or augmentation)."""
+        return self.train and (self.crop_size is not None or self.augmenter.active)
+
+    def _start_draws(self, index: int, epoch: int | None) -> None:
+        """Seed the crop and augmentation generators for one item from (seed, epoch, index)."""
+        if epoch is None:
+            key = [self.seed, index, 1, int(self._unkeyed.integers(2**63))]
+        else:
+            key = [self.seed, index, 0, epoch]
+        crop_state, augment_state = np.random.SeedSequence(key).generate_state(2)
+        self._rng = np.random.default_rng(int(crop_state))
+        if self.augmenter.active:
+            self.augmenter.reseed(int(augment_state))
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> Item | None:
+        epoch = getattr(index, "epoch", None)  # an engine.loader.SampleIndex carries its epoch
+        index = int(index)
         sample = self.samples[index]
-        image = self._read(sample.image_path)
-        if image is None:
-            return None
+        if self.is_random:
+            self._start_draws(index, epoch)
         template = None
         if self.use_template:
             assert sample.template_path is not None
-            template = self._read(sample.template_path)
-            if template is None:
+            pair = self._read_pair(sample)
+            if pair is None:
                 return None
+            image, template = pair
             template = self._match_size(template, image, sample)
+        else:
+            image = self._read(sample.image_path)
+            if image is None:
+                return None
 
         height, width = image.shape[:2]
         image, transform = letterbox_image(image, self.imgsz)
@@ -179,11 +206,25 @@ class DetectionDataset(Dataset):
         try:
             return read_image(path, channels=self.channels, max_pixels=self.max_pixels)
         except (ImageReadError, cv2.error, OSError) as error:
-            name = str(path)
-            if name not in self.skipped_paths:
-                self.skipped_paths.append(name)
-                logger.warning("skipping unreadable image %s: %s", name, error)
+            self._skip(str(path), error)
             return None
+
+    def _read_pair(self, sample: Sample) -> tuple[np.ndarray, np.ndarray] | None:
+        assert sample.template_path is not None
+        try:
+            return read_pair(
+                sample.image_path, sample.template_path, channels=self.channels, max_pixels=self.max_pixels
+            )
+        except (ImageReadError, cv2.error, OSError) as error:
+            # imageio's messages start with the path at fault
+            template = str(sample.template_path)
+            self._skip(template if str(error).startswith(f"{template}:") else str(sample.image_path), error)
+            return None
+
+    def _skip(self, name: str, error: Exception) -> None:
+        if name not in self.skipped_paths:
+            self.skipped_paths.append(name)
+            logger.warning("skipping unreadable image %s: %s", name, error)
 
     def _match_size(self, template: np.ndarray, image: np.ndarray, sample: Sample) -> np.ndarray:
         if template.shape[:2] == image.shape[:2]:
@@ -251,83 +292,3 @@ def collate_detections(
         return torch.zeros((0, *(empty_shape or (0, 0, 0))), dtype=empty_dtype), [], []
     images = torch.stack([item[0] for item in kept])  # (B, C, S, S)
     return images, [item[1] for item in kept], [item[2] for item in kept]
-
-
-def default_workers(world_size: int = 1) -> int:
-    """Loader processes for one rank: none on <= 2 cores, else half the rank's cores, at most 8.
-
-    Measured on 2 cores (DeepPCB, nano): in-process loading trained at 37 img/s against 30 img/s with one
-    worker, because a worker competes with the model's two intra-op threads for the same cores.
-    """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    per_rank = cores // max(1, world_size)
-    return 0 if per_rank <= 2 else min(8, per_rank // 2)
-
-
-def seed_worker(worker_id: int) -> None:
-    """Per-worker seeding from torch's worker seed (base seed from the loader's generator + worker id),
-    so workers augment differently yet a run with the same seed repeats exactly."""
-    seed = torch.initial_seed()
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
-    # No cv2.setNumThreads here: called in a forked child after the parent used OpenCV's thread pool,
-    # it deadlocks (seen with opencv-python-headless 5.1).
-    info = torch.utils.data.get_worker_info()
-    if info is not None and hasattr(info.dataset, "reseed"):
-        info.dataset.reseed(seed)
-
-
-def build_loader(
-    dataset: Dataset,
-    batch_size: int,
-    train: bool,
-    workers: int | None = None,
-    seed: int = 0,
-    distributed: bool = False,
-) -> DataLoader:
-    """A DataLoader with defaults chosen for small CPU machines.
-
-    - workers None -> `default_workers()`: in-process on <= 2 cores, else workers overlap the training step.
-    - pin_memory only with CUDA: pinning is useless for CPU training and costs memory.
-    - persistent_workers with workers: no fork + dataset copy per epoch.
-    - prefetch_factor 2: keeps each worker one batch ahead without holding many big float batches.
-    - worker_init_fn reseeds each worker (see `seed_worker`); a torch.Generator seeded from `seed` fixes the
-      shuffle order and the workers' base seed, so runs repeat. With workers=0 the dataset is reseeded here.
-    - distributed: DistributedSampler (shuffles with `seed`; the trainer calls `sampler.set_epoch`); the
-      augmentation seed is offset by the rank so ranks do not augment in lockstep.
-    - drop_last when training: equal batch sizes keep BatchNorm statistics sane; off when the data is
-      smaller than one batch (else an epoch would be empty).
-    """
-    workers = default_workers() if workers is None else workers
-    rank = torch.distributed.get_rank() if distributed and torch.distributed.is_initialized() else 0
-    generator = torch.Generator()
-    generator.manual_seed(seed + rank)
-    sampler = DistributedSampler(dataset, shuffle=train, seed=seed, drop_last=train) if distributed else None
-    per_replica = len(sampler) if sampler is not None else len(dataset)  # type: ignore[arg-type]
-    drop_last = train and per_replica >= batch_size
-    if workers == 0 and hasattr(dataset, "reseed"):
-        dataset.reseed(seed + rank)
-    empty_shape = getattr(dataset, "output_shape", None)
-    extra: dict[str, Any] = {}
-    if workers > 0:
-        extra = {"persistent_workers": True, "prefetch_factor": 2}
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=train and sampler is None,
-        sampler=sampler,
-        num_workers=workers,
-        collate_fn=functools.partial(
-            collate_detections,
-            empty_shape=empty_shape,
-            empty_dtype=getattr(dataset, "image_dtype", torch.float32),
-        ),
-        pin_memory=torch.cuda.is_available(),
-        drop_last=drop_last,
-        worker_init_fn=seed_worker,
-        generator=generator,
-        **extra,
-    )

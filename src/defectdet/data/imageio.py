@@ -30,27 +30,110 @@ _JPEG_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _EXIF_ORIENTATION_TAG = 0x0112
 
 
-def read_image(path: str | Path, channels: int = 1, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+def read_image(
+    path: str | Path,
+    channels: int = 1,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    bit_depth: int | None = None,
+) -> np.ndarray:
     """Decode an image file to uint8: (H, W) when `channels == 1`, (H, W, 3) RGB when `channels == 3`.
 
-    16-bit (and other deep) images are scaled by their effective bit depth (a 12-bit camera
-    in a 16-bit PNG maps 4095 -> 255), so a tested image and its template from the same
-    camera keep comparable intensities. Alpha is dropped. EXIF orientation is applied.
+    Deep (16-bit) integer images are scaled by `bit_depth` (a 12-bit camera in a 16-bit PNG:
+    `bit_depth=12` maps 4095 -> 255), or, when None, by the image's own effective bit depth (the bits
+    its peak needs, at least 8). A tested image and its template must share one mapping: read them
+    with `read_pair`, which takes the depth from the pair. 8-bit files are never rescaled. Alpha is
+    dropped. EXIF orientation is applied.
     """
     path = Path(path)
-    return decode_image(_read_bytes(path), path, channels, max_pixels)
+    return decode_image(_read_bytes(path), path, channels, max_pixels, bit_depth)
 
 
 def decode_image(
-    data: bytes, name: str | Path = "<bytes>", channels: int = 1, max_pixels: int = DEFAULT_MAX_PIXELS
+    data: bytes,
+    name: str | Path = "<bytes>",
+    channels: int = 1,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    bit_depth: int | None = None,
 ) -> np.ndarray:
     """`read_image` on bytes already in memory (uploads, or a file read once for hashing too).
 
     `name` only labels error messages.
     """
+    image = _decode_raw(data, Path(name), channels, max_pixels)
+    if image.dtype != np.uint8:
+        image = _to_uint8(image, _check_bit_depth(bit_depth))
+    return image
+
+
+def read_pair(
+    image_path: str | Path,
+    template_path: str | Path,
+    channels: int = 1,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    bit_depth: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decode a tested image and its template to uint8 with ONE intensity mapping for both.
+
+    Scaling each deep image by its own peak would map a 12-bit pair whose peaks straddle 2048 with
+    two different factors (x255/4095 and x255/2047): a false global difference. Here the shared bit
+    depth is `bit_depth` or the deeper of the two images' effective depths (float images: the higher
+    peak). When one file is 8-bit and the other deep they are different encodings and each keeps its own.
+    """
+    image_path, template_path = Path(image_path), Path(template_path)
+    return decode_pair(
+        _read_bytes(image_path),
+        _read_bytes(template_path),
+        image_path,
+        template_path,
+        channels,
+        max_pixels,
+        bit_depth,
+    )
+
+
+def decode_pair(
+    image_data: bytes,
+    template_data: bytes,
+    image_name: str | Path = "<image bytes>",
+    template_name: str | Path = "<template bytes>",
+    channels: int = 1,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    bit_depth: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`read_pair` on bytes already in memory."""
+    bit_depth = _check_bit_depth(bit_depth)
+    image = _decode_raw(image_data, Path(image_name), channels, max_pixels)
+    template = _decode_raw(template_data, Path(template_name), channels, max_pixels)
+    deep = [array for array in (image, template) if array.dtype != np.uint8]
+    if len(deep) == 2:
+        if all(np.issubdtype(array.dtype, np.integer) for array in deep):
+            shared = bit_depth or max(effective_bit_depth(array) for array in deep)
+            return _to_uint8(image, shared), _to_uint8(template, shared)
+        if all(np.issubdtype(array.dtype, np.floating) for array in deep):
+            peak = max(_float_peak(array) for array in deep)
+            return _to_uint8(image, float_peak=peak), _to_uint8(template, float_peak=peak)
+    as_uint8 = [
+        array if array.dtype == np.uint8 else _to_uint8(array, bit_depth) for array in (image, template)
+    ]
+    return as_uint8[0], as_uint8[1]
+
+
+def effective_bit_depth(image: np.ndarray) -> int:
+    """Bits the peak of an integer image needs, at least 8 (a 12-bit camera's frame: 12, or less if dark)."""
+    peak = int(image.max()) if image.size else 0
+    return min(max(peak.bit_length(), 8), 32)
+
+
+def _check_bit_depth(bit_depth: int | None) -> int | None:
+    if bit_depth is not None and not 8 <= bit_depth <= 32:
+        raise ValueError(f"bit_depth must be between 8 and 32 (or None: from the image), got {bit_depth}")
+    return bit_depth
+
+
+def _decode_raw(data: bytes, path: Path, channels: int, max_pixels: int) -> np.ndarray:
+    """Decode to the file's own dtype: (H, W) or (H, W, 3) RGB; uint8, uint16 or float."""
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels}")
-    path = Path(name)
     if not data:
         raise ImageReadError(f"{path}: image file is empty (0 bytes)")
     _check_size(path, data, max_pixels)
@@ -61,8 +144,6 @@ def decode_image(
         image = _decode_with_pillow(path, data, channels)
     elif channels == 3:
         image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)  # (H, W, 3) RGB
-    if image.dtype != np.uint8:
-        image = _to_uint8(image)
     return image
 
 
@@ -214,16 +295,22 @@ def _decode_with_pillow(path: Path, data: bytes, channels: int) -> np.ndarray:
         ) from error
 
 
-def _to_uint8(image: np.ndarray) -> np.ndarray:
-    """Scale a deep image to uint8 by its effective bit depth (floats: [0, 1] or their own max)."""
+def _float_peak(image: np.ndarray) -> float:
+    finite = np.nan_to_num(image.astype(np.float32), nan=0.0, posinf=0.0, neginf=0.0)
+    return float(finite.max()) if finite.size else 0.0
+
+
+def _to_uint8(image: np.ndarray, bit_depth: int | None = None, float_peak: float | None = None) -> np.ndarray:
+    """Scale a deep image to uint8: integers by `bit_depth` (None: their effective bit depth); floats
+    that fit [0, 1] by 255, others by `float_peak` (None: their own max)."""
     if np.issubdtype(image.dtype, np.floating):
         finite = np.nan_to_num(image.astype(np.float32), nan=0.0, posinf=0.0, neginf=0.0)
-        peak = float(finite.max()) if finite.size else 0.0
+        peak = _float_peak(finite) if float_peak is None else float_peak
         scale = 255.0 if peak <= 1.0 else 255.0 / peak
         return np.clip(finite * scale + 0.5, 0, 255).astype(np.uint8)
-    peak = int(image.max()) if image.size else 0
-    bits = min(max(int(peak).bit_length(), 8), 32)
+    bits = effective_bit_depth(image) if bit_depth is None else bit_depth
     if bits == 8:
         return np.clip(image, 0, 255).astype(np.uint8)
     scale = 255.0 / float((1 << bits) - 1)
     return np.clip(image.astype(np.float32) * scale + 0.5, 0, 255).astype(np.uint8)
+

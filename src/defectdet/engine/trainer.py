@@ -2,11 +2,11 @@
 
 Exact resume: a checkpoint stores model, EMA, optimizer, scaler, the schedule parameters, the
 TrainState (epoch, batches consumed in the unfinished epoch, optimizer step, elapsed seconds, best
-fitness) and every RNG. The loader order is a pure function of (seed, epoch) and skips the batches
-already consumed, so an epoch-budget run resumed from any checkpoint (epoch end, or mid-epoch after a
-`max_steps`/time stop) retraces the uninterrupted run when the data randomness comes from the saved
-RNGs (workers=0). With workers > 0 each epoch's worker seeds are fixed at its start, so resuming at an
-epoch boundary is exact and a mid-epoch resume keeps the sample order but redraws augmentations.
+fitness) and the global RNGs (python, numpy, torch: dropout and the like). The loader order is a pure
+function of (seed, epoch) and skips the batches already consumed, and each item's crop and augmentation
+draws are derived from (seed, epoch, index) (`engine.loader`), so an epoch-budget run resumed from any
+checkpoint (epoch end, or mid-epoch after a `max_steps`/time stop) retraces the uninterrupted run
+bit for bit, with any number of loader workers (tests/engine/test_resume_real_data.py).
 With a time budget the LR follows elapsed/budget; elapsed is restored on resume, so the schedule
 continues where it stopped, but wall-clock timing itself makes such runs non-bitwise-reproducible.
 """
@@ -50,7 +50,7 @@ from defectdet.engine.distributed import (
     wrap_model,
 )
 from defectdet.engine.ema import ModelEMA
-from defectdet.engine.loader import build_resumable_loader, start_epoch
+from defectdet.engine.loader import build_loader, start_epoch
 from defectdet.engine.loop import (
     LoopOptions,
     TrainState,
@@ -270,7 +270,7 @@ def _train(
         state = _restore(checkpoint, config, model, optimizer, scaler, ema, log)
     train_model = wrap_model(model, context)
 
-    train_loader = build_resumable_loader(
+    train_loader = build_loader(
         data.train,
         config.batch,
         True,
@@ -286,7 +286,7 @@ def _train(
         raise ConfigError(f"the training split has no samples (dataset {config.data})")
     val_loader = None
     if data.val is not None and len(data.val) > 0 and context.is_main:
-        val_loader = build_resumable_loader(
+        val_loader = build_loader(
             data.val,
             config.batch,
             False,
