@@ -14,6 +14,7 @@ GEOMETRY_ONLY = {
     "blur_prob": 0.0,
     "noise_prob": 0.0,
     "glare_prob": 0.0,
+    "pair_jitter_prob": 0.0,  # the shared geometry only: no relative template jitter
 }
 NO_GEOMETRY = {
     "rotate_degrees": 0.0,
@@ -96,6 +97,7 @@ def test_template_stays_aligned_with_photometric_on(rgb: bool) -> None:
         noise_prob=1.0,
         noise_std=(2, 4),
         glare_prob=0.0,
+        pair_jitter_prob=0.0,
     )
     augmenter = build_augment(config, seed=7)
     differed = 0
@@ -199,3 +201,29 @@ def test_flips_are_exact_on_pixels_and_boxes(rgb: bool) -> None:
     flipped = image[::-1, ::-1]
     assert np.array_equal(out_image, flipped) and np.array_equal(out_template, flipped)
     np.testing.assert_allclose(boxes, [[56 - 20, 40 - 11, 56 - 3, 40 - 5]], atol=1e-4)
+
+
+def test_pair_jitter_moves_only_the_template_within_bounds() -> None:
+    from defectdet.data.registration import register_pair
+
+    rng = np.random.default_rng(3)
+    image = np.zeros((160, 160), np.uint8)
+    for _ in range(25):  # a textured board so the relative motion is measurable
+        x, y = rng.integers(5, 140, 2)
+        image[y : y + int(rng.integers(4, 15)), x : x + int(rng.integers(4, 15))] = 220
+    config = AugmentConfig(
+        **NO_GEOMETRY, **{**GEOMETRY_ONLY, "pair_jitter_prob": 1.0}, pair_shift=2.0, pair_rotate_degrees=0.3
+    )
+    augmenter = build_augment(config, seed=2)
+    shifts = []
+    for _ in range(8):
+        out_image, out_template, _, _ = augmenter(image, image.copy(), np.zeros((0, 4)), np.zeros(0))
+        assert np.array_equal(out_image, image)  # the tested image is untouched
+        assert out_template is not None and not np.array_equal(out_template, image)
+        _, found = register_pair(out_template, image, min_correction=0.0)
+        assert abs(found.dx) <= 2.0 + 0.3 and abs(found.dy) <= 2.0 + 0.3 and abs(found.angle_deg) <= 0.4
+        shifts.append(found.shift)
+    assert max(shifts) > 0.5  # it does move
+    still = build_augment(AugmentConfig(**NO_GEOMETRY, **GEOMETRY_ONLY), seed=2)
+    out_image, out_template, _, _ = still(image, image.copy(), np.zeros((0, 4)), np.zeros(0))
+    assert np.array_equal(out_image, out_template)

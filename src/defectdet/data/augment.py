@@ -35,6 +35,13 @@ class AugmentConfig(BaseModel):
     horizontal_flip: float = Field(0.5, ge=0.0, le=1.0)
     vertical_flip: float = Field(0.5, ge=0.0, le=1.0)
     fill_value: int = Field(114, ge=0, le=255)  # matches the letterbox padding
+    # residual misregistration of the pair: the template alone moves by up to `pair_shift` pixels per axis
+    # (of the letterboxed input) and `pair_rotate_degrees`, so the model does not read a pixel of
+    # misalignment as a defect (registration leaves ~0.1 px, DeepPCB pairs differ by 0.5 px median:
+    # bench/results/registration.json)
+    pair_shift: float = Field(1.0, ge=0.0, le=16.0)
+    pair_rotate_degrees: float = Field(0.1, ge=0.0, le=5.0)
+    pair_jitter_prob: float = Field(0.5, ge=0.0, le=1.0)
     # photometric, independent per image
     brightness: float = Field(0.2, ge=0.0, le=1.0)  # +- fraction of full range
     contrast: float = Field(0.2, ge=0.0, le=1.0)
@@ -174,14 +181,17 @@ class Augmenter:
         # labels sticking out of the image are clipped first (not judged by visibility), empty ones dropped
         boxes, classes = clip_boxes_to_window(boxes, classes, (0, 0, width, height), 0.0)
         matrix = self._sample_geometry(width, height)
+        template_matrix = matrix
+        if template is not None:
+            template_matrix = self._jitter_pair(matrix, width, height)
         if matrix is not None:
             image = self._warp(image, matrix)
-            if template is not None:
-                template = self._warp(template, matrix)
             boxes = transform_boxes(boxes, matrix)
             boxes, classes = clip_boxes_to_window(
                 boxes, classes, (0, 0, width, height), self.config.min_visibility
             )
+        if template is not None and template_matrix is not None:
+            template = self._warp(template, template_matrix)
 
         image = self._photometric(self._photometric_image, image)
         image = self._maybe_glare(image)
@@ -219,6 +229,22 @@ class Augmenter:
         linear = rotate_scale @ flip  # (2, 2)
         offset = centre + np.array([shift_x, shift_y]) - linear @ centre  # p' = linear @ p + offset
         return np.hstack([linear, offset[:, None]])
+
+    def _jitter_pair(self, matrix: np.ndarray | None, width: int, height: int) -> np.ndarray | None:
+        """The template's matrix: the shared one followed by a small random relative motion about the
+        centre (`pair_shift`, `pair_rotate_degrees`), drawn with probability `pair_jitter_prob`."""
+        config, rng = self.config, self._rng
+        if config.pair_jitter_prob <= 0 or (config.pair_shift <= 0 and config.pair_rotate_degrees <= 0):
+            return matrix
+        if rng.random() >= config.pair_jitter_prob:
+            return matrix
+        shift_x, shift_y = rng.uniform(-config.pair_shift, config.pair_shift, 2)
+        angle = np.deg2rad(rng.uniform(-config.pair_rotate_degrees, config.pair_rotate_degrees))
+        centre = np.array([width / 2, height / 2])
+        rotate = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+        relative = np.hstack([rotate, (centre + np.array([shift_x, shift_y]) - rotate @ centre)[:, None]])
+        base = np.vstack([matrix if matrix is not None else np.eye(2, 3), [0.0, 0.0, 1.0]])
+        return relative @ base  # (2, 3)
 
     def _warp(self, image: np.ndarray, matrix: np.ndarray) -> np.ndarray:
         height, width = image.shape[:2]

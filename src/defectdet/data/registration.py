@@ -129,7 +129,9 @@ def register_pair(
     started = time.perf_counter()
     height, width = image.shape[:2]
     if template.shape[:2] != (height, width):
-        raise ValueError(f"template is {template.shape[1]}x{template.shape[0]} but the image is {width}x{height}")
+        raise ValueError(
+            f"template is {template.shape[1]}x{template.shape[0]} but the image is {width}x{height}"
+        )
     factor = max(1.0, max(width, height) / float(work_size))
     small = (max(8, round(width / factor)), max(8, round(height / factor)))
     scale_x, scale_y = width / small[0], height / small[1]  # full pixels per reduced pixel
@@ -180,17 +182,15 @@ def register_pair(
     if not (math.isfinite(dx) and math.isfinite(dy) and math.isfinite(angle)):
         dx = dy = angle = 0.0
         correlation = float("nan")
-    trusted = (
-        math.hypot(dx, dy) <= max_shift
-        and abs(angle) <= max_angle
-        and correlation >= min_correlation
-    )
+    trusted = math.hypot(dx, dy) <= max_shift and abs(angle) <= max_angle and correlation >= min_correlation
     # largest displacement the correction causes anywhere in the image
     reach = math.hypot(dx, dy) + math.radians(abs(angle)) * math.hypot(width, height) / 2
     applied = trusted and reach >= min_correction
     aligned = warp_to(template, motion_matrix(dx, dy, angle, width, height)) if applied else template
     ms = (time.perf_counter() - started) * 1e3
-    return aligned, Registration(float(dx), float(dy), float(angle), float(response), float(correlation), applied, ms)
+    return aligned, Registration(
+        float(dx), float(dy), float(angle), float(response), float(correlation), applied, ms
+    )
 
 
 def _refine_opencv(
@@ -199,7 +199,9 @@ def _refine_opencv(
     motion_type = cv2.MOTION_EUCLIDEAN if rotation else cv2.MOTION_TRANSLATION
     criteria = (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, _ITERATIONS, _EPSILON / 10)
     try:
-        correlation, warp = cv2.findTransformECC(tested, reference, initial.copy(), motion_type, criteria, None, 1)
+        correlation, warp = cv2.findTransformECC(
+            tested, reference, initial.copy(), motion_type, criteria, None, 1
+        )
     except cv2.error:
         return None, float("nan")
     return warp, float(correlation)
@@ -257,7 +259,10 @@ def _refine_gauss_newton(
     for _ in range(_ITERATIONS):
         warp = _euclidean(theta, tx, ty, width, height)
         warped = cv2.warpAffine(
-            reference, warp, (width, height), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+            reference,
+            warp,
+            (width, height),
+            flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
             borderMode=cv2.BORDER_REPLICATE,
         )
         warped_values = _standardise(warped[inner]).ravel()
