@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from defectdet.data.dataset import to_input_tensor
-from defectdet.data.imageio import read_image
+from defectdet.data.imageio import read_image, read_pair
 from defectdet.data.letterbox import LetterboxTransform, boxes_from_letterbox, letterbox_image
 from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.diagnostics.state_dict import load_state_dict_checked
@@ -119,10 +119,10 @@ def predict_records(
             for sample in chunk:
                 try:
                     with timer.stage("decode"):
-                        image = read_image(sample.image_path, channels=channels)
-                        template = (
-                            read_image(sample.template_path, channels=channels) if use_template else None
-                        )
+                        if use_template:  # one intensity mapping for the pair
+                            image, template = read_pair(sample.image_path, sample.template_path, channels)
+                        else:
+                            image, template = read_image(sample.image_path, channels=channels), None
                 except (ImageReadError, cv2.error, OSError) as error:
                     logger.warning("skipping %s: %s", sample.image_path, error)
                     skipped.append(str(sample.image_path))
