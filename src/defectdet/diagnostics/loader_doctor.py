@@ -1,0 +1,245 @@
+"""`loader_report`: is the DataLoader fast enough for the model, and when it fails, which sample and why.
+
+1. scan the samples in a child process, as a worker reads them (`sample_scan`): errors, deaths (which signal),
+   hangs, batches that cannot be collated and the odd-shaped sample that breaks them;
+2. time real DataLoaders over num_workers, batch, pin_memory, persistent_workers and prefetch_factor;
+3. time the preset's training step on a real batch, to say whether the loader or the model is the bottleneck;
+4. check that workers draw different augmentations, and that /dev/shm holds the batches workers prefetch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, Subset, default_collate
+
+from defectdet.engine.loader import seed_worker
+from defectdet.diagnostics.loader_timing import (
+    LoaderSetting,
+    ModelStep,
+    SeedingCheck,
+    batch_nbytes,
+    candidate_workers,
+    check_worker_seeding,
+    measure_model_step,
+    sweep,
+)
+from defectdet.diagnostics.report import Finding, format_bytes
+from defectdet.diagnostics.sample_scan import ScanResult, scan_samples
+
+SHM_ERRORS = ("shared memory", "bus error", "no space left on device", "/dev/shm", "shm_open", "sigbus")
+PROBLEM_ADVICE = {
+    "error": "fix the file or its label; the message names where it raised",
+    "died": "open that file alone (defectdet check DATA); a crash in a worker kills the whole loader",
+    "hang": "that sample never finishes: a huge image, a network path or a lock in the dataset; bound it or drop it",
+    "collate": "every sample of a batch must have the same shape: letterbox/resize it, or write a collate_fn",
+    "shape": "make that sample the same size as the others (or pad in a custom collate_fn)",
+    "unreadable": "replace or remove the file; it is skipped, so the epoch runs without it",
+}
+
+
+@dataclasses.dataclass
+class LoaderReport:
+    dataset: str
+    samples: int
+    batch_size: int
+    scan: ScanResult | None
+    settings: list[LoaderSetting]
+    best: LoaderSetting | None
+    model_step: ModelStep | None
+    batch_bytes: int
+    shm_free_bytes: int | None
+    seeding: SeedingCheck
+    findings: list[Finding]
+
+
+def _shm_free() -> int | None:
+    try:
+        stats = os.statvfs("/dev/shm")
+    except (OSError, AttributeError):
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def _problem_findings(scan: ScanResult) -> list[Finding]:
+    findings = []
+    for problem in scan.problems[:20]:
+        where = f"sample {problem.index}" + (f" ({problem.file})" if problem.file else "")
+        severity = "warning" if problem.kind == "unreadable" else "error"
+        findings.append(Finding(severity, problem.kind, f"{where}: {problem.message}", PROBLEM_ADVICE[problem.kind]))
+    if len(scan.problems) > 20:
+        findings.append(Finding("error", "scan", f"... and {len(scan.problems) - 20} more sample problems"))
+    if scan.stopped_early:
+        findings.append(Finding("warning", "scan", scan.stopped_early, "fix the samples above and run again"))
+    return findings
+
+
+def _timing_findings(report: LoaderReport) -> list[Finding]:
+    findings = []
+    for setting in report.settings:
+        if setting.error:
+            shm = any(text in setting.error.lower() for text in SHM_ERRORS)
+            findings.append(
+                Finding(
+                    "error",
+                    "shm" if shm else "loader",
+                    f"workers={setting.workers} batch={setting.batch_size}: {setting.error}",
+                    "enlarge /dev/shm (docker --shm-size=2g) or use fewer workers / a smaller batch"
+                    if shm
+                    else "see the sample problems above; a dead worker names its sample there",
+                )
+            )
+    best, step = report.best, report.model_step
+    if best is None:
+        return findings
+    findings.append(
+        Finding(
+            "ok",
+            "best",
+            f"best: workers={best.workers}, batch={best.batch_size}, prefetch_factor={best.prefetch_factor}, "
+            f"persistent_workers={best.persistent_workers}: {best.images_per_second:.1f} img/s, first batch after "
+            f"{best.first_batch_seconds:.2f} s",
+        )
+    )
+    if step is not None and best.images_per_second:
+        loader_rate, model_rate = best.images_per_second, step.images_per_second
+        if loader_rate < model_rate:
+            findings.append(
+                Finding(
+                    "warning",
+                    "bottleneck",
+                    f"the loader ({loader_rate:.1f} img/s) is slower than the {step.preset} training step "
+                    f"({model_rate:.1f} img/s): the model waits for data",
+                    f"train with --workers {best.workers} --batch {best.batch_size}; cache decoded images or lower imgsz",
+                )
+            )
+        else:
+            findings.append(
+                Finding(
+                    "ok",
+                    "bottleneck",
+                    f"the {step.preset} training step ({model_rate:.1f} img/s) is the bottleneck, not the loader "
+                    f"({loader_rate:.1f} img/s)",
+                )
+            )
+        if best.workers == 0:
+            serial = 1 / (1 / loader_rate + 1 / model_rate)
+            findings.append(
+                Finding("info", "serial", f"in-process loading runs in turn with the step: about {serial:.1f} img/s together")
+            )
+    return findings
+
+
+def _memory_findings(report: LoaderReport) -> list[Finding]:
+    best = report.best
+    if best is None or not best.workers or report.shm_free_bytes is None:
+        return []
+    need = report.batch_bytes * best.workers * (best.prefetch_factor or 2) * 2  # batches in flight, plus margin
+    if need > report.shm_free_bytes:
+        return [
+            Finding(
+                "error",
+                "shm",
+                f"{best.workers} worker(s) keep about {format_bytes(need)} of batches in /dev/shm, which has "
+                f"{format_bytes(report.shm_free_bytes)} free: workers will die with a bus error",
+                "docker run --shm-size=2g (or --ipc=host), or fewer workers / a smaller batch",
+            )
+        ]
+    return [Finding("ok", "shm", f"/dev/shm: {format_bytes(report.shm_free_bytes)} free for about {format_bytes(need)} of batches")]
+
+
+def _seeding_finding(seeding: SeedingCheck) -> list[Finding]:
+    if seeding.status == "identical":
+        return [
+            Finding(
+                "error",
+                "seeding",
+                seeding.message,
+                "reseed per worker in worker_init_fn (defectdet.engine.loader.seed_worker), or draw from "
+                "np.random / torch instead of a generator created in __init__",
+            )
+        ]
+    return [Finding("ok" if seeding.status == "ok" else "info", "seeding", seeding.message)]
+
+
+def _resolve_dataset(data: Any, preset: str | None, config: str | Path | None) -> tuple[Dataset, Callable | None, int | None, str, Any]:
+    if isinstance(data, Dataset):
+        return data, None, None, type(data).__name__, None
+    from defectdet.diagnostics.sources import training_data
+
+    train_config, train_data = training_data(data, config=config, preset=preset)
+    return train_data.train, train_data.collate_fn, train_config.batch, str(data), (train_config, train_data)
+
+
+def loader_report(
+    data: str | Path | Dataset,
+    preset: str | None = None,
+    config: str | Path | None = None,
+    batch_size: int | None = None,
+    workers: Sequence[int] | None = None,
+    seconds_per_setting: float = 2.0,
+    batches_per_setting: int = 6,
+    scan_limit: int | None = None,
+    sample_timeout: float = 30.0,
+    collate_fn: Callable | None = None,
+    worker_init_fn: Callable | None = seed_worker,
+    model: nn.Module | None = None,
+) -> LoaderReport:
+    """Diagnose the loader of `data`: a dataset path (built as `defectdet train` would, with `preset`/`config`)
+    or any torch Dataset (with its `collate_fn`; `model` to time a training step on its batches).
+
+    `scan_limit` caps the scanned samples (None: all, 0: no scan); each loader setting runs for up to
+    `seconds_per_setting` over `batches_per_setting` batches.
+    """
+    from defectdet.data.dataset import collate_detections
+
+    dataset, data_collate, config_batch, name, training = _resolve_dataset(data, preset, config)
+    collate = collate_fn or data_collate or (collate_detections if training else default_collate)
+    batch_size = batch_size or config_batch or 8
+    length = len(dataset)  # type: ignore[arg-type]
+    scan = None
+    if scan_limit != 0:
+        indices = list(range(length if scan_limit is None else min(length, scan_limit)))
+        scan = scan_samples(dataset, indices, batch_size, collate, sample_timeout)
+    bad = {problem.index for problem in (scan.problems if scan else [])} | {
+        index for problem in (scan.problems if scan else []) for index in problem.indices
+    }
+    good = [index for index in range(length) if index not in bad][: batch_size * batches_per_setting]
+    timed = Subset(dataset, good)
+    settings, first_batch = sweep(
+        timed, batch_size, list(workers) if workers is not None else candidate_workers(), collate,
+        worker_init_fn, seconds_per_setting, sample_timeout * batch_size,
+    )
+    working = [setting for setting in settings if setting.images_per_second]
+    best = max(working, key=lambda setting: setting.images_per_second or 0) if working else None
+    step = None
+    if first_batch is not None:
+        if model is None and training is not None:
+            from defectdet.model import build_model
+
+            train_config, train_data = training
+            model = build_model(train_config.preset, len(train_data.class_names), train_data.in_channels, train_data.template)
+            model = model.to(memory_format=torch.channels_last)
+        if model is not None:
+            seconds = measure_model_step(model, first_batch)
+            size = int(first_batch[0].shape[0]) if isinstance(first_batch, list | tuple) else batch_size
+            step = ModelStep(training[0].preset if training else type(model).__name__, size, seconds, size / seconds)
+    seeding = check_worker_seeding(timed, 0, worker_init_fn, timeout=sample_timeout * 2) if good else SeedingCheck(
+        "skipped", "no readable sample"
+    )
+    report = LoaderReport(
+        name, length, batch_size, scan, settings, best, step, batch_nbytes(first_batch), _shm_free(), seeding, []
+    )
+    report.findings = (
+        (_problem_findings(scan) if scan else [])
+        + _timing_findings(report)
+        + _memory_findings(report)
+        + _seeding_finding(seeding)
+    )
+    return report

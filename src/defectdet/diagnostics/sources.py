@@ -1,0 +1,73 @@
+"""Build what the doctor commands run on from user paths: the training dataset a config describes, and the
+training model (not the EMA) a checkpoint holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from defectdet.errors import CheckpointError
+
+
+def training_data(
+    data: str | Path, config: str | Path | None = None, preset: str | None = None, **overrides: Any
+) -> tuple[Any, Any]:
+    """(TrainConfig, TrainData) exactly as `defectdet train DATA [--config ...]` would build them (no val split)."""
+    from defectdet.engine.config import load_config
+    from defectdet.engine.trainer import build_train_data
+
+    values: dict[str, Any] = {"data": str(data), "val_split": None, **overrides}
+    if preset is not None:
+        values["preset"] = preset
+    train_config = load_config(config, values)
+    return train_config, build_train_data(train_config)
+
+
+def training_model(checkpoint_path: str | Path, use_ema: bool = False) -> tuple[nn.Module, dict[str, Any]]:
+    """The detector of a defectdet checkpoint with its training weights (`use_ema` for the EMA ones), train mode."""
+    from defectdet.engine.validate import load_detector
+
+    model, checkpoint = load_detector(checkpoint_path, use_ema=use_ema)
+    return model.train(), checkpoint
+
+
+def nan_batches(
+    checkpoint: dict[str, Any],
+    model: nn.Module,
+    data: str | Path,
+    batches: int = 2,
+    batch_size: int = 2,
+    split: str | None = None,
+) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+    """The first `batches` training batches of `data`, preprocessed as the checkpoint's run did (its imgsz, crop,
+    channels; no augmentation, so a rerun sees the same pixels)."""
+    from defectdet.data.dataset import DetectionDataset, collate_detections
+    from defectdet.data.formats import load_dataset
+
+    config = checkpoint.get("config") or {}
+    split_name = split or config.get("train_split") or "train"
+    dataset_split = load_dataset(data, split_name, format=config.get("format"))
+    if not dataset_split.samples:
+        raise CheckpointError(f"{data}: split {split_name!r} has no samples")
+    in_channels = int(getattr(model, "in_channels", 2))
+    template = bool(getattr(model, "template", False))
+    dataset = DetectionDataset(
+        dataset_split,
+        imgsz=int(config.get("imgsz") or 640),
+        channels=in_channels // (2 if template else 1),
+        use_template=template,
+        augment=None,
+        train=True,
+        crop_size=config.get("crop_size"),
+        seed=int(config.get("seed") or 0),
+    )
+    result = []
+    for start in range(0, min(len(dataset), batches * batch_size), batch_size):
+        items = [dataset[index] for index in range(start, min(start + batch_size, len(dataset)))]
+        images, targets, _ = collate_detections(items, empty_shape=dataset.output_shape)
+        if len(images):
+            result.append((images, targets))
+    return result
