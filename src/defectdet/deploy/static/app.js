@@ -1,0 +1,165 @@
+// defectdet inspection page: plain JS, no build step, no network beyond this service.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const BOX_COLOR = "rgb(255, 32, 32)";
+let drawnBoxes = 0;
+
+function escapeHtml(text) {
+  return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+
+async function getJson(url, options) {
+  const response = await fetch(url, options);
+  let body = null;
+  try { body = await response.json(); } catch (e) { body = { error: response.statusText }; }
+  return { ok: response.ok, status: response.status, body };
+}
+
+async function loadModel() {
+  const { ok, body } = await getJson("/v1/model");
+  if (!ok) { $("model").textContent = "model: " + (body.error || "unavailable"); return; }
+  const meta = body.metadata;
+  $("model").textContent = `model ${body.model_version} · ${meta.preset || "?"} · ${meta.input_size}px · ` +
+    `classes: ${meta.class_names.join(", ")} · threshold ${meta.thresholds.score.toFixed(3)}`;
+  $("template-label").style.display = meta.template ? "" : "none";
+  $("template").required = !!meta.template;
+}
+
+async function refreshReady() {
+  const { ok, body } = await getJson("/readyz");
+  $("ready").textContent = ok ? "ready" : ("not ready: " + (body.reason || body.error || ""));
+  $("ready").className = "badge " + (ok ? "ok" : "warn");
+}
+
+function loadImage(file) {
+  return new Promise((resolve) => {
+    const url = URL.createObjectURL(file);
+    const image = new Image();
+    image.onload = () => resolve({ image, url });
+    image.onerror = () => resolve({ image: null, url });
+    image.src = url;
+  });
+}
+
+function drawResult(image, result) {
+  const canvas = $("canvas");
+  const [width, height] = result.image_size;
+  const scale = Math.min(1, 640 / width, 640 / height);
+  canvas.width = Math.max(1, Math.round(width * scale));
+  canvas.height = Math.max(1, Math.round(height * scale));
+  const context = canvas.getContext("2d");
+  context.fillStyle = "#333";
+  context.fillRect(0, 0, canvas.width, canvas.height);
+  if (image) context.drawImage(image, 0, 0, canvas.width, canvas.height);
+  context.lineWidth = 2;
+  context.font = "12px system-ui, sans-serif";
+  drawnBoxes = 0;
+  for (const detection of result.detections) {
+    const [x1, y1, x2, y2] = detection.box.map((v) => v * scale);
+    context.strokeStyle = BOX_COLOR;
+    context.strokeRect(x1, y1, Math.max(1, x2 - x1), Math.max(1, y2 - y1));
+    const label = `${detection.class_name} ${detection.score.toFixed(2)}`;
+    const textWidth = context.measureText(label).width + 6;
+    const top = y1 > 16 ? y1 - 16 : y2;
+    context.fillStyle = BOX_COLOR;
+    context.fillRect(x1, top, textWidth, 16);
+    context.fillStyle = "#fff";
+    context.fillText(label, x1 + 3, top + 12);
+    drawnBoxes += 1;
+  }
+  canvas.dataset.boxes = String(drawnBoxes);
+}
+
+function showResult(result) {
+  const verdict = $("verdict");
+  verdict.textContent = `${result.verdict} · ${result.detections.length} detection(s) at ≥ ${result.threshold.toFixed(3)}`;
+  verdict.className = "verdict " + result.verdict;
+  $("detections").querySelector("tbody").innerHTML = result.detections.map((d) =>
+    `<tr><td>${escapeHtml(d.class_name)}</td><td>${d.score.toFixed(3)}</td><td>${d.box.map((v) => v.toFixed(1)).join(", ")}</td></tr>`
+  ).join("");
+  const t = result.timings_ms;
+  $("timings").textContent = `total ${t.total.toFixed(1)} ms (queue ${t.queue.toFixed(1)}, decode ${t.decode.toFixed(1)}, ` +
+    `model ${t.model.toFixed(1)}, postprocess ${t.postprocess.toFixed(1)}) · model ${result.model_version}`;
+}
+
+async function inspect(event) {
+  event.preventDefault();
+  const file = $("image").files[0];
+  if (!file) { $("status").textContent = "choose an image first"; return; }
+  const form = new FormData();
+  form.append("image", file);
+  const template = $("template").files[0];
+  if (template && $("template-label").style.display !== "none") form.append("template", template);
+  if ($("conf").value !== "") form.append("conf", $("conf").value);
+  $("status").textContent = "inspecting…";
+  $("submit").disabled = true;
+  try {
+    const [{ ok, status, body }, loaded] = await Promise.all([getJson("/v1/detect", { method: "POST", body: form }), loadImage(file)]);
+    if (!ok) {
+      $("status").textContent = `refused (${status}): ${body.error || JSON.stringify(body)}`;
+      return;
+    }
+    drawResult(loaded.image, body);
+    URL.revokeObjectURL(loaded.url);
+    showResult(body);
+    $("status").textContent = loaded.image ? "done" : "done (the browser cannot display this image format; boxes on a blank canvas)";
+    refreshDrift();
+    refreshResults();
+  } catch (error) {
+    $("status").textContent = "request failed: " + error;
+  } finally {
+    $("submit").disabled = false;
+  }
+}
+
+function chartSvg(name, values, limits, level) {
+  const width = 220, height = 64, pad = 2;
+  const alert = limits.alert_limit, warn = limits.warn_limit;
+  const top = Math.max(alert * 1.4, ...values.map((v) => Math.abs(v)));
+  const bottom = limits.two_sided ? -top : -0.15 * top;
+  const y = (v) => pad + (height - 2 * pad) * (top - v) / (top - bottom);
+  const x = (i) => values.length <= 1 ? width - pad : pad + (width - 2 * pad) * i / (values.length - 1);
+  const line = (v, color, dash) => `<line x1="0" x2="${width}" y1="${y(v).toFixed(1)}" y2="${y(v).toFixed(1)}" stroke="${color}" stroke-dasharray="${dash}"/>`;
+  let guides = line(0, "#99a", "2 2") + line(alert, "#c62828", "4 2") + line(warn, "#ef8f00", "2 3");
+  if (limits.two_sided) guides += line(-alert, "#c62828", "4 2") + line(-warn, "#ef8f00", "2 3");
+  const points = values.map((v, i) => `${x(i).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
+  const color = level === "alert" ? "#c62828" : level === "warn" ? "#ef8f00" : "#1d4ed8";
+  return `<div class="chart" data-chart="${escapeHtml(name)}"><div class="name">${escapeHtml(name)}</div>` +
+    `<svg width="${width}" height="${height}" viewBox="0 0 ${width} ${height}">${guides}` +
+    (values.length ? `<polyline fill="none" stroke="${color}" stroke-width="1.5" points="${points}"/>` : "") + `</svg></div>`;
+}
+
+async function refreshDrift() {
+  const { ok, body } = await getJson("/v1/drift");
+  if (!ok) return;
+  const state = body.state;
+  $("drift-level").textContent = state.level;
+  $("drift-level").className = "badge " + state.level;
+  const skipped = Object.entries(body.skipped || {}).map(([name, why]) => ` · ${name} not charted: ${why}`).join("");
+  $("drift-message").textContent = state.message + skipped;
+  $("drift-charts").innerHTML = Object.entries(body.limits).map(([name, limits]) => {
+    const chart = state.charts[name] || { level: "ok", value: NaN };
+    const values = body.history.map((point) => point[name]).filter((v) => Number.isFinite(v));
+    const title = `${name} ${Number.isFinite(chart.value) ? chart.value.toPrecision(4) : "–"} (${chart.level})`;
+    return chartSvg(title, values, limits, chart.level);
+  }).join("");
+}
+
+async function refreshResults() {
+  const { ok, body } = await getJson("/v1/results");
+  if (!ok) return;
+  $("results").querySelector("tbody").innerHTML = body.results.map((r) =>
+    `<tr><td>${new Date(r.time * 1000).toLocaleTimeString()}</td><td><span class="badge ${r.verdict}">${r.verdict}</span></td>` +
+    `<td>${r.detections}</td><td>${escapeHtml(r.classes.join(", "))}</td><td>${r.top_score.toFixed(3)}</td>` +
+    `<td><span class="badge ${r.drift}">${r.drift}</span></td><td>${r.total_ms}</td></tr>`
+  ).join("");
+}
+
+$("detect-form").addEventListener("submit", inspect);
+$("drift-reset").addEventListener("click", async () => { await getJson("/v1/drift/reset", { method: "POST" }); refreshDrift(); });
+loadModel();
+refreshReady();
+refreshDrift();
+refreshResults();
+setInterval(() => { refreshReady(); refreshDrift(); refreshResults(); }, 3000);

@@ -1,0 +1,84 @@
+"""A fast, controllable stand-in for `Predictor` (same interface) and image helpers for the server tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import cv2
+import numpy as np
+
+from defectdet.deploy.bundle import BundleMetadata
+from defectdet.deploy.monitor import build_reference, image_statistics
+from defectdet.deploy.runtime import Detection, PredictionResult
+from defectdet.errors import InputError
+
+CLASS_NAMES = ["open", "short", "mousebite", "spur", "copper", "pin-hole"]
+FEATURES = 8
+
+
+def board(seed: int = 0, size: int = 160, blob: bool = True) -> np.ndarray:
+    """A gray synthetic board; with `blob`, one bright square the fake detects."""
+    rng = np.random.default_rng(seed)
+    image = np.clip(rng.normal(90, 12, (size, size)), 0, 255).astype(np.uint8)
+    if blob:
+        image[40:70, 50:90] = 250
+    return image
+
+
+def encode(image: np.ndarray, ext: str = ".png") -> bytes:
+    ok, buffer = cv2.imencode(ext, image)
+    assert ok
+    return buffer.tobytes()
+
+
+class FakePredictor:
+    """Detects pixels >= 240 as one 'short' (score 0.9); `gate` blocks predict until set; `delay_s` sleeps."""
+
+    def __init__(self, template: bool = False, delay_s: float = 0.0, reference: bool = True) -> None:
+        stats = [image_statistics(board(seed, blob=seed % 2 == 0)) for seed in range(30)]
+        features = np.random.default_rng(0).normal(1.0, 0.1, (30, FEATURES))
+        self.metadata = BundleMetadata(
+            defectdet_version="test",
+            created="2026-01-01T00:00:00Z",
+            preset="nano",
+            class_names=CLASS_NAMES,
+            input_size=160,
+            channels=1,
+            template=template,
+            drift_reference=build_reference(stats, features) if reference else None,
+        )
+        self.path = None
+        self.gate = threading.Event()
+        self.gate.set()
+        self.delay_s = delay_s
+        self.calls = 0
+        self.features = np.ones(FEATURES, np.float32)
+
+    def predict(
+        self, image: np.ndarray, template: np.ndarray | None = None, conf: float | None = None
+    ) -> PredictionResult:
+        self.gate.wait(30)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        self.calls += 1
+        if self.metadata.template and template is not None and template.shape != image.shape:
+            raise InputError(
+                f"template is {template.shape[1]}x{template.shape[0]}, image {image.shape[1]}x{image.shape[0]}"
+            )
+        threshold = self.metadata.thresholds.score if conf is None else conf
+        bright = np.argwhere(image >= 240)
+        detections = []
+        if len(bright):
+            (y1, x1), (y2, x2) = bright.min(0), bright.max(0) + 1
+            detections.append(Detection((float(x1), float(y1), float(x2), float(y2)), 1, "short", 0.9))
+        detections = [detection for detection in detections if detection.score >= threshold]
+        return PredictionResult(
+            detections=detections,
+            verdict="defective" if detections else "clean",
+            threshold=threshold,
+            image_size=(image.shape[1], image.shape[0]),
+            timings={"decode": 0.01, "letterbox": 0.1, "model": 1.0, "postprocess": 0.1, "total": 1.21},
+            image_stats=image_statistics(image),
+            features=self.features,
+        )

@@ -1,0 +1,267 @@
+"""The inspection service through httpx (no sockets): detect, every 4xx path, overload, readiness, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import cv2
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from server_fakes import FakePredictor, board, encode
+
+from defectdet.deploy.server import ServeSettings, create_app
+
+
+def _client(predictor: FakePredictor, **settings: int) -> TestClient:
+    return TestClient(create_app(predictor, ServeSettings(**settings)), raise_server_exceptions=False)
+
+
+def _wait_ready(client: TestClient, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while client.get("/readyz").status_code != 200:
+        assert time.monotonic() < deadline, "service never became ready"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient]:
+    with _client(FakePredictor()) as client:
+        _wait_ready(client)
+        yield client
+
+
+@pytest.fixture
+def template_client() -> Iterator[TestClient]:
+    with _client(FakePredictor(template=True)) as client:
+        _wait_ready(client)
+        yield client
+
+
+def _refusal(response: httpx.Response, status: int, words: str) -> None:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert "\n" not in body["error"] and body["status"] == status
+    assert words.lower() in body["error"].lower(), body["error"]
+
+
+def test_detect_answers_boxes_verdict_timings_drift(client: TestClient) -> None:
+    response = client.post("/v1/detect", files={"image": ("board.png", encode(board(1)), "image/png")})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["verdict"] == "defective"
+    (detection,) = body["detections"]
+    assert detection["class_name"] == "short" and detection["box"] == [50, 40, 90, 70]
+    assert {"receive", "queue", "decode", "model", "postprocess", "drift", "total"} <= set(body["timings_ms"])
+    assert body["drift"]["level"] == "ok" and body["drift"]["images"] == 1
+    assert len(body["model_version"]) == 12
+    clean = client.post("/v1/detect", files={"image": ("b.jpg", encode(board(2, blob=False), ".jpg"))})
+    assert clean.status_code == 200 and clean.json()["verdict"] == "clean"
+    strict = client.post("/v1/detect", files={"image": encode(board(1))}, data={"conf": "0.95"})
+    assert strict.json()["verdict"] == "clean" and strict.json()["threshold"] == 0.95
+    results = client.get("/v1/results").json()["results"]
+    assert [result["verdict"] for result in results] == ["clean", "clean", "defective"]
+
+
+def test_every_bad_input_is_a_4xx_with_a_reason(client: TestClient) -> None:
+    png = encode(board(3))
+    post = client.post
+    _refusal(post("/v1/detect", files={"image": ("x.png", b"hello, not an image")}), 422, "image")
+    _refusal(post("/v1/detect", files={"image": ("x.jpg", encode(board(3), ".jpg")[:300])}), 422, "image")
+    _refusal(post("/v1/detect", files={"image": ("x.png", b"")}), 422, "empty")
+    _refusal(post("/v1/detect", files={"image": png}, data={"conf": "high"}), 422, "conf must be a number")
+    _refusal(post("/v1/detect", files={"image": png}, data={"conf": "1.5"}), 422, "conf")
+    _refusal(post("/v1/detect", files={"image": png}, data={"conf": "nan"}), 422, "conf")
+    _refusal(post("/v1/detect", files={"image": png, "extra": b"x"}), 422, "unknown form field 'extra'")
+    _refusal(post("/v1/detect", files={"conf": (None, "0.5")}), 422, "missing form field 'image'")
+    _refusal(post("/v1/detect", files={"image": png, "template": png}), 422, "takes no template")
+    _refusal(
+        post("/v1/detect", content=png, headers={"content-type": "image/png"}), 415, "multipart/form-data"
+    )
+    _refusal(
+        post("/v1/detect", content=b"--x\r\nnonsense", headers={"content-type": "multipart/form-data"}),
+        400,
+        "boundary",
+    )
+    truncated = b'--b\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n\r\n' + png[:50]
+    _refusal(
+        post("/v1/detect", content=truncated, headers={"content-type": "multipart/form-data; boundary=b"}),
+        400,
+        "ended",
+    )
+    twice = (
+        b'--b\r\nContent-Disposition: form-data; name="conf"\r\n\r\n0.5\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="conf"\r\n\r\n0.6\r\n--b--\r\n'
+    )
+    _refusal(
+        post("/v1/detect", content=twice, headers={"content-type": "multipart/form-data; boundary=b"}),
+        422,
+        "more than once",
+    )
+    _refusal(client.get("/v1/detect"), 405, "not allowed")
+    _refusal(client.get("/nowhere"), 404, "not found")
+
+
+def test_template_paths(template_client: TestClient) -> None:
+    image = encode(board(4))
+    _refusal(template_client.post("/v1/detect", files={"image": image}), 422, "template")
+    other_size = encode(board(5, size=120))
+    _refusal(
+        template_client.post("/v1/detect", files={"image": image, "template": other_size}), 422, "template"
+    )
+    ok = template_client.post("/v1/detect", files={"image": image, "template": encode(board(6, blob=False))})
+    assert ok.status_code == 200 and ok.json()["verdict"] == "defective"
+
+
+def test_byte_and_pixel_limits() -> None:
+    with _client(FakePredictor(), max_bytes=20_000, max_pixels=150 * 150) as client:
+        _wait_ready(client)
+        small = encode(board(7))  # 160 x 160: over the pixel limit, under the byte limit
+        assert len(small) < 20_000
+        _refusal(client.post("/v1/detect", files={"image": small}), 413, "pixels")
+        noise = np.random.default_rng(0).integers(0, 255, (200, 200), np.uint8)
+        big = encode(noise)  # > 20 kB
+        _refusal(client.post("/v1/detect", files={"image": big}), 413, "limit is 20,000")
+
+        app = client.app
+        sent = []
+
+        async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: the limit holds while counting
+            yield b'--b\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n\r\n'
+            for _ in range(100):
+                sent.append(1000)
+                yield b"\0" * 1000
+
+        async def stream() -> httpx.Response:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+                headers = {"content-type": "multipart/form-data; boundary=b"}
+                return await http.post("/v1/detect", content=chunks(), headers=headers)
+
+        _refusal(asyncio.run(stream()), 413, "exceeds the limit")
+        assert sum(sent) <= 21_000  # it stopped reading right after the limit
+        ok = client.post("/v1/detect", files={"image": encode(board(8, size=140))})
+        assert ok.status_code == 200
+
+
+def test_overload_answers_503_at_once_and_the_rest_complete() -> None:
+    predictor = FakePredictor()
+    app = create_app(predictor, ServeSettings(max_concurrency=1, max_queue=1))
+    service = app.state.service
+    service.start()
+    assert service.ready.wait(10)
+    image = encode(board(9))
+
+    async def scenario() -> tuple[list[int], httpx.Response, float]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            predictor.gate.clear()
+            held = [asyncio.create_task(client.post("/v1/detect", files={"image": image})) for _ in range(2)]
+            while service.admitted < 2:
+                await asyncio.sleep(0.005)
+            started = time.perf_counter()
+            refused = await client.post("/v1/detect", files={"image": image})
+            waited = time.perf_counter() - started
+            predictor.gate.set()
+            statuses = [response.status_code for response in await asyncio.gather(*held)]
+            return statuses, refused, waited
+
+    statuses, refused, waited = asyncio.run(scenario())
+    assert statuses == [200, 200]
+    _refusal(refused, 503, "overloaded")
+    assert refused.headers["retry-after"] == "1"
+    assert waited < 1.0
+    assert service.admitted == 0
+
+
+def test_readiness_only_after_warm_up() -> None:
+    predictor = FakePredictor()
+    predictor.gate.clear()  # the warm-up inference blocks
+    with _client(predictor) as client:
+        assert client.get("/healthz").status_code == 200
+        not_ready = client.get("/readyz")
+        assert not_ready.status_code == 503 and not_ready.json()["reason"] == "warming up"
+        assert "retry-after" in not_ready.headers
+        _refusal(client.post("/v1/detect", files={"image": encode(board(1))}), 503, "not ready")
+        assert "defectdet_ready 0.0" in client.get("/metrics").text
+        predictor.gate.set()
+        _wait_ready(client)
+        assert client.get("/readyz").json()["ready"] is True
+        assert predictor.calls == 1  # exactly one warm-up inference
+        assert "defectdet_ready 1.0" in client.get("/metrics").text
+
+
+def test_metrics_after_traffic(client: TestClient) -> None:
+    for seed in range(3):
+        client.post("/v1/detect", files={"image": encode(board(seed))})
+    client.post("/v1/detect", files={"image": b"junk"})
+    text = client.get("/metrics").text
+    assert 'defectdet_requests_total{route="/v1/detect",status="200"} 3.0' in text
+    assert 'defectdet_requests_total{route="/v1/detect",status="422"} 1.0' in text
+    assert 'defectdet_verdicts_total{verdict="defective"} 3.0' in text
+    assert 'defectdet_detections_total{class_name="short"} 3.0' in text
+    assert "defectdet_queue_seconds_count 3.0" in text and "defectdet_compute_seconds_count 3.0" in text
+    assert 'defectdet_request_seconds_bucket{le="0.5",route="/v1/detect"}' in text
+    assert 'defectdet_drift_z{statistic="sharpness"}' in text and "defectdet_drift_level 0.0" in text
+    other = create_app(FakePredictor())  # a second app: its own registry, no duplicate-metric error
+    with TestClient(other) as second:
+        assert "defectdet_requests_total{" not in second.get("/metrics").text.split("/metrics")[0]
+
+
+def test_drift_alert_reaches_response_metrics_and_page_data(client: TestClient) -> None:
+    blurred = encode(cv2.GaussianBlur(board(10, blob=False), (0, 0), 3))
+    levels = [client.post("/v1/detect", files={"image": blurred}).json()["drift"] for _ in range(12)]
+    assert levels[0]["level"] in ("ok", "warn") and levels[-1]["level"] == "alert"
+    assert levels[-1]["statistic"] in ("sharpness", "detail", "contrast")
+    assert "outside" in levels[-1]["message"]
+    assert "defectdet_drift_level 2.0" in client.get("/metrics").text
+    report = client.get("/v1/drift").json()
+    assert report["state"]["level"] == "alert" and len(report["history"]) == 12
+    assert report["limits"]["features"]["two_sided"] is False
+    reset = client.post("/v1/drift/reset").json()
+    assert reset["state"]["level"] == "ok" and reset["history"] == []
+
+
+def test_model_docs_and_page(client: TestClient) -> None:
+    model = client.get("/v1/model").json()
+    assert model["metadata"]["class_names"][1] == "short" and model["settings"]["max_queue"] == 8
+    assert client.get("/docs").status_code == 200
+    schema = client.get("/openapi.json").json()
+    assert "multipart/form-data" in schema["paths"]["/v1/detect"]["post"]["requestBody"]["content"]
+    page = client.get("/")
+    assert page.status_code == 200 and "<canvas" in page.text and "/static/app.js" in page.text
+    assert "http" not in page.text.replace("http-equiv", "")  # no CDN
+    assert client.get("/static/app.js").status_code == 200
+
+
+def test_no_drift_reference_is_reported_not_fatal() -> None:
+    with _client(FakePredictor(reference=False)) as client:
+        _wait_ready(client)
+        body = client.post("/v1/detect", files={"image": encode(board(1))}).json()
+        assert body["drift"]["level"] == "unknown" and "no drift reference" in body["drift"]["message"]
+        assert "defectdet_drift_level -1.0" in client.get("/metrics").text
+
+
+def test_real_bundle_end_to_end(bundle_path: Path, tiny_dataset: Path) -> None:
+    from defectdet.data.formats import load_dataset
+
+    sample = load_dataset(tiny_dataset, "val").samples[0]
+    with TestClient(create_app(bundle_path)) as client:
+        _wait_ready(client, timeout=60)
+        response = client.post(
+            "/v1/detect",
+            files={"image": sample.image_path.read_bytes(), "template": sample.template_path.read_bytes()},
+            data={"conf": "0.01"},
+        )
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["image_size"] == list(cv2.imread(str(sample.image_path)).shape[1::-1])
+        assert body["drift"]["level"] in ("ok", "warn", "alert", "unknown")
+        for detection in body["detections"]:
+            x1, y1, x2, y2 = detection["box"]
+            assert 0 <= x1 <= x2 <= body["image_size"][0] and 0 <= y1 <= y2 <= body["image_size"][1]
+            assert detection["score"] >= 0.01
+        _refusal(client.post("/v1/detect", files={"image": sample.image_path.read_bytes()}), 422, "template")
