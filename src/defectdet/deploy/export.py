@@ -29,7 +29,7 @@ from defectdet.deploy.bundle import (
     config_hash,
     write_metadata,
 )
-from defectdet.errors import ConfigError, DatasetError, DefectDetError
+from defectdet.errors import ConfigError, DefectDetError
 
 logger = logging.getLogger(__name__)
 
@@ -263,8 +263,12 @@ def drift_reference(bundle: Path, data: str | Path, split: str, max_images: int 
 
 
 def export_torchscript(detector: nn.Module, path: Path, metadata: BundleMetadata) -> Path:
-    """`torch.jit.trace` + `optimize_for_inference`, the metadata in `_extra_files["defectdet.json"]`.
-    TorchScript is in maintenance mode upstream (torch.export is its successor); kept for C++/LibTorch users."""
+    """`torch.jit.trace` + `torch.jit.freeze`, the metadata in `_extra_files["defectdet.json"]`.
+
+    TorchScript is in maintenance mode upstream (`torch.export`, the `.pt2` format, succeeds it); it stays for
+    LibTorch/C++ users. Apply `torch.jit.optimize_for_inference` after `torch.jit.load`: its MKLDNN-converted
+    graph cannot be saved and loaded again (torch 2.13: "required keyword attribute 'value' is undefined").
+    """
     import warnings
 
     size, channels = metadata.input_size, metadata.input_channels
@@ -272,8 +276,8 @@ def export_torchscript(detector: nn.Module, path: Path, metadata: BundleMetadata
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(_BundleGraph(detector).eval(), example)
-        optimized = torch.jit.optimize_for_inference(torch.jit.freeze(traced.eval()))
-        torch.jit.save(optimized, str(path), _extra_files={"defectdet.json": metadata.to_json()})
+        frozen = torch.jit.freeze(traced.eval())
+        torch.jit.save(frozen, str(path), _extra_files={"defectdet.json": metadata.to_json()})
     return path
 
 
