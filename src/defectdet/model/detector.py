@@ -1,19 +1,11 @@
 """The template-aware anchor-free detector, its presets and ``build_model``.
 
-Measured on the 2-core CPU (DeepPCB setting: gray + template = 2 channels, 6 classes;
-GFLOPs = FLOPs, i.e. 2x MACs, at 640x640; ORT = onnxruntime 1.32, batch 1, 2 threads,
-see bench/latency.py; mAP@0.5 on held-out groups 77000 + 92000 after 6 min training on
-random 320 crops, batch 16, 2 threads, shared machine):
-
-| preset | params | GFLOPs | ORT p50 ms | train img/s | mAP@0.5 after 6 min |
-| nano   | 0.048M | 0.22   | 7.6        | 53-66       | 0.895 (lr 4e-3), 0.944 (lr 8e-3) |
-| tiny   | 0.104M | 0.47   | 16.1       | ~40         | 0.909 (lr 4e-3)     |
-| small  | 0.304M | 1.15   | 31.9       | (not run)   | (not run)           |
-
-Training recipe used for those numbers: AdamW lr 8e-3 (best seen; 4e-3 is slower), weight decay 0.05 on conv
-weights only, 50 warm-up steps, cosine to 5% over the time budget, grad-norm clip 10,
-model and images in ``torch.channels_last`` (+25% train speed on CPU), augmentation =
-random 320 crop (keep boxes with >= 40% of their area, clipped), h/v flips and transpose.
+Measured per preset on the 2-core CPU (no figures are copied here, so none go stale):
+params, GFLOPs and ONNX Runtime / torch latency at 640x640 in ``bench/results/latency.json``
+(``bench/latency.py``); DeepPCB mAP@0.5 on the held-out groups, time to mAP thresholds and training
+images/s in ``bench/results/train_deeppcb_<preset>_<minutes>min.json`` (``bench/train_deeppcb.py``),
+each with the exact training settings it ran with (the ``TrainConfig`` defaults: AdamW, warm-up +
+cosine, EMA, random crops, ``data.augment`` defaults).
 """
 
 from __future__ import annotations
