@@ -4,8 +4,7 @@ Measured per preset on the 2-core CPU (no figures are copied here, so none go st
 params, GFLOPs and ONNX Runtime / torch latency at 640x640 in ``bench/results/latency.json``
 (``bench/latency.py``); DeepPCB mAP@0.5 on the held-out groups, time to mAP thresholds and training
 images/s in ``bench/results/train_deeppcb_<preset>_<minutes>min.json`` (``bench/train_deeppcb.py``),
-each with the exact training settings it ran with (the ``TrainConfig`` defaults: AdamW, warm-up +
-cosine, EMA, random crops, ``data.augment`` defaults).
+each file with the exact training settings it ran with.
 """
 
 from __future__ import annotations
