@@ -126,7 +126,10 @@ def train(
     resume: Path | None = typer.Option(None, help="Checkpoint to continue exactly from."),
     device: str | None = typer.Option(None, help="auto|cpu|cuda."),
     amp: bool | None = typer.Option(
-        None, "--amp/--no-amp", help="Mixed precision (fp16 on CUDA; bf16 on CPU)."
+        None,
+        "--amp/--no-amp",
+        help="Mixed precision: default fp16 on CUDA, off on CPU. On CPU it needs --set amp_dtype=bfloat16 "
+        "(bf16 was 11x slower per step here: bench/results/amp_cpu.json).",
     ),
     seed: int | None = typer.Option(None, help="Random seed."),
     train_split: str | None = typer.Option(None, help="Split to train on (default train)."),
@@ -191,7 +194,6 @@ def val(
         help="Add each template image as a clean board, to measure the false-call rate on real clean boards.",
     ),
     batch: int = typer.Option(8, help="Batch size."),
-    workers: int | None = typer.Option(None, help="DataLoader workers."),
     format: str | None = typer.Option(None, "--format", help="Dataset format (default: detected)."),
 ) -> None:
     """Evaluate a checkpoint: COCO mAP, the DeepPCB protocol, operating point, plots and report.html.
@@ -210,7 +212,6 @@ def val(
         target_recall=target_recall,
         clean_templates=clean_templates,
         batch=batch,
-        workers=workers,
         format=format,
         console=console,
     )

@@ -171,7 +171,6 @@ def validate(
     target_recall: float = 0.99,
     clean_templates: bool = False,
     batch: int = 8,
-    workers: int | None = None,
     format: str | None = None,
     imgsz: int | None = None,
     threads: int | None = None,
@@ -179,8 +178,7 @@ def validate(
 ) -> dict[str, Any]:
     """Evaluate `checkpoint` on `split` of `data`; writes metrics.json, plots and report.html into `out`.
 
-    `workers` is accepted for symmetry with training; images are read in this process so the
-    per-stage timings are real.
+    Images are read in this process (no loader workers) so the per-stage timings are real.
     """
     from defectdet.data.formats import load_dataset
     from defectdet.evaluation.report import evaluate_records
