@@ -7,9 +7,10 @@ independently for each image because the template and the tested board come from
 simulated glare touches the tested image only.
 
 Why not albumentations for the geometry: its Compose with bbox bookkeeping and `additional_targets`
-costs ~2.5x the two warps it wraps (~3 ms of Python per 640x640 pair, measured), and flips followed by
-an Affine warp twice. Brightness/contrast/gamma and blur use albumentations (>= 2.0 API). Noise is a
-window of a precomputed normal bank (albumentations' GaussNoise costs ~7 ms on 640x640; this ~0.3 ms).
+adds more Python time than the two warps it wraps cost, and flips followed by an Affine warp twice.
+Brightness/contrast/gamma and blur use albumentations (>= 2.0 API). Noise is a window of a precomputed
+normal bank instead of fresh Gaussian draws per image (albumentations' GaussNoise), which cost far more.
+(No timings are quoted here: the loader's per-stage costs are in bench/results/loader.json.)
 """
 
 from __future__ import annotations
@@ -124,8 +125,8 @@ class Augmenter:
         self.reseed(seed)
 
     def reseed(self, seed: int) -> None:
-        """Restart every random stream from `seed` (independent streams derived from it). Cheap (~0.3 ms):
-        the noise bank, a fixed table the noise windows are cut from, is kept."""
+        """Restart every random stream from `seed` (independent streams derived from it). Cheap enough to
+        call per sample: the noise bank, a fixed table the noise windows are cut from, is kept."""
         streams = np.random.SeedSequence(seed).generate_state(3)
         self._rng = np.random.default_rng(int(streams[0]))
         if self.active:
