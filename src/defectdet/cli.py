@@ -307,6 +307,33 @@ def predict(
 
 
 @app.command()
+def serve(
+    bundle: Path = typer.Argument(..., help="A bundle written by `defectdet export` (.onnx)."),
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0: all interfaces)."),
+    port: int = typer.Option(8000, help="TCP port."),
+    max_concurrency: int | None = typer.Option(None, help="Inferences at once, in worker threads (default 2)."),
+    max_queue: int | None = typer.Option(None, help="Requests that may wait; beyond, 503 + Retry-After (default 8)."),
+    max_bytes: int | None = typer.Option(None, help="Largest request body in bytes, checked while reading: 413 (default 20 MiB)."),
+    max_pixels: int | None = typer.Option(None, help="Largest image in pixels, from its header: 413 (default 25,000,000)."),
+    threads: int | None = typer.Option(None, help="onnxruntime threads per inference (default: cores / concurrency)."),
+) -> None:
+    """Serve a bundle over HTTP: POST /v1/detect, GET /readyz /metrics /v1/model /docs, and a page at /.
+
+    Example: defectdet serve model.onnx --port 8000 --max-concurrency 2
+    """
+    from defectdet.deploy.server import ServeSettings
+    from defectdet.deploy.server import serve as run_service
+
+    given = {"max_concurrency": max_concurrency, "max_queue": max_queue, "max_bytes": max_bytes,
+             "max_pixels": max_pixels, "threads": threads}  # fmt: skip
+    try:
+        settings = ServeSettings(**{key: value for key, value in given.items() if value is not None})
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    run_service(bundle, host, port, settings)
+
+
+@app.command()
 def demo(
     out: Path = typer.Option(Path("runs/demo"), help="Folder for the synthetic data and the run."),
     minutes: float = typer.Option(5.0, help="Training budget in minutes."),

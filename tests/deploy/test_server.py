@@ -265,3 +265,26 @@ def test_real_bundle_end_to_end(bundle_path: Path, tiny_dataset: Path) -> None:
             assert 0 <= x1 <= x2 <= body["image_size"][0] and 0 <= y1 <= y2 <= body["image_size"][1]
             assert detection["score"] >= 0.01
         _refusal(client.post("/v1/detect", files={"image": sample.image_path.read_bytes()}), 422, "template")
+
+
+def test_serve_command_runs_uvicorn_with_the_limits(
+    bundle_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from defectdet.cli import app as cli
+
+    calls = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: calls.append((app, options)))
+    result = CliRunner().invoke(
+        cli, ["serve", str(bundle_path), "--port", "8123", "--max-concurrency", "1", "--max-queue", "3"]
+    )
+    assert result.exit_code == 0, result.output
+    ((served, options),) = calls
+    assert options["host"] == "127.0.0.1" and options["port"] == 8123
+    settings = served.state.service.settings
+    assert (settings.max_concurrency, settings.max_queue, settings.threads) == (1, 3, settings.threads or 1)
+    assert options["limit_concurrency"] > settings.max_concurrency + settings.max_queue
+    refused = CliRunner().invoke(cli, ["serve", str(bundle_path), "--max-concurrency", "0"])
+    assert refused.exit_code == 2 and "max_concurrency" in refused.output

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 from defectdet.data.augment import AugmentConfig, build_augment, clip_boxes_to_window
 from defectdet.data.imageio import DEFAULT_MAX_PIXELS, read_image, read_pair
 from defectdet.data.letterbox import boxes_to_letterbox, letterbox_image
+from defectdet.data.registration import register_pair
 from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.errors import DatasetError, ImageReadError
 
@@ -65,6 +66,7 @@ class DetectionDataset(Dataset):
         crop_defect_fraction: float = 0.8,
         seed: int = 0,
         image_dtype: torch.dtype = torch.float32,
+        register_pairs: bool = True,
     ) -> None:
         if channels not in (1, 3):
             raise ValueError(f"channels must be 1 (gray) or 3 (RGB), got {channels}")
@@ -79,6 +81,7 @@ class DetectionDataset(Dataset):
         self.imgsz = imgsz
         self.channels = channels
         self.use_template = self._resolve_use_template(use_template)
+        self.register_pairs = register_pairs and self.use_template  # data.registration, before letterbox
         self.train = train
         self.crop_size = crop_size if train and crop_size is not None and crop_size < imgsz else None
         self.max_pixels = max_pixels
@@ -154,6 +157,7 @@ class DetectionDataset(Dataset):
         if self.is_random:
             self._start_draws(index, epoch)
         template = None
+        registration = None
         if self.use_template:
             assert sample.template_path is not None
             pair = self._read_pair(sample)
@@ -161,6 +165,8 @@ class DetectionDataset(Dataset):
                 return None
             image, template = pair
             template = self._match_size(template, image, sample)
+            if self.register_pairs:
+                template, registration = register_pair(image, template)
         else:
             image = self._read(sample.image_path)
             if image is None:
@@ -199,6 +205,7 @@ class DetectionDataset(Dataset):
             "transform": transform,
             "orig_size": (width, height),
             "crop_offset": (offset_x, offset_y),
+            "registration": None if registration is None else registration.to_dict(),
         }
         return tensor, target, meta
 

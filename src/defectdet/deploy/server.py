@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -456,3 +456,27 @@ class _MetricsMiddleware:
             await self.app(scope, receive, send_status)
         finally:
             self.metrics.observe_request(scope.get("path", ""), status["code"], time.perf_counter() - started)
+
+
+def serve(
+    bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, settings: ServeSettings | None = None
+) -> None:
+    """Run the service under uvicorn until interrupted (what `defectdet serve` does)."""
+    import uvicorn
+
+    from defectdet.deploy.runtime import MAX_DEFAULT_THREADS, physical_cores
+
+    settings = settings or ServeSettings()
+    if settings.threads is None:  # share the cores between the concurrent inferences
+        cores = min(physical_cores(), MAX_DEFAULT_THREADS)
+        settings = replace(settings, threads=max(1, cores // settings.max_concurrency))
+    app = create_app(bundle, settings)
+    service: Service = app.state.service
+    logger.info(
+        "serving %s (version %s) on http://%s:%d: %d worker(s) x %d thread(s), queue %d, drift monitor %s",
+        bundle, service.version, host, port, settings.max_concurrency, settings.threads, settings.max_queue,
+        "on" if service.monitor else "off (no reference in the bundle)",
+    )  # fmt: skip
+    # uvicorn's own cap answers 503 for connections far beyond ours (probes and the page keep headroom)
+    limit = settings.max_concurrency + settings.max_queue + 64
+    uvicorn.run(app, host=host, port=port, limit_concurrency=limit, access_log=False, log_config=None)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from defectdet.data.augment import AugmentConfig
 from defectdet.errors import ConfigError
+from defectdet.model.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_THRESHOLD
 
 DEFAULT_EPOCHS = 50
 DEFAULT_LEARNING_RATES = {"adamw": 0.008, "sgd": 0.01}  # AdamW 8e-3: best of 2e-3..8e-3 on DeepPCB, nano
@@ -72,9 +73,11 @@ class TrainConfig(BaseModel):
     # validation
     val_every: int = Field(1, ge=1)
     protocol: Literal["coco", "deeppcb", "both"] = "both"
-    score_threshold: float = Field(0.001, ge=0, le=1)
-    nms_iou_threshold: float = Field(0.6, gt=0, le=1)
-    max_detections: int = Field(300, ge=1)
+    score_threshold: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)  # defaults: model.postprocess
+    nms_iou_threshold: float = Field(DEFAULT_NMS_IOU, gt=0, le=1)
+    max_detections: int = Field(DEFAULT_MAX_DETECTIONS, ge=1)
+    # align each template to its tested image (data.registration) in training and evaluation
+    register_pairs: bool = True
 
     # diagnostics
     grad_stats_every: int = Field(100, ge=1)

@@ -62,6 +62,7 @@ from defectdet.engine.loop import (
 from defectdet.engine.optim import WarmupCosineSchedule, build_optimizer, check_optimizer_coverage
 from defectdet.engine.progress import TrainProgress
 from defectdet.errors import CheckpointError, ConfigError
+from defectdet.model.postprocess import PostprocessSettings
 
 LOGGER_NAME = "defectdet.engine.trainer"
 HOLD_OUT_FRACTION = 0.2  # validation share when a dataset has a single split
@@ -137,12 +138,21 @@ def build_train_data(config: TrainConfig) -> TrainData:
         True,
         config.crop_size,
         seed=config.seed,
+        register_pairs=config.register_pairs,
     )
     template = bool(train_set.use_template)
     val_set = None
     if val_split is not None and val_split.samples:
         val_set = DetectionDataset(
-            val_split, config.imgsz, channels, template, None, False, None, seed=config.seed
+            val_split,
+            config.imgsz,
+            channels,
+            template,
+            None,
+            False,
+            None,
+            seed=config.seed,
+            register_pairs=config.register_pairs,
         )
     in_channels = channels * (2 if template else 1)
     return TrainData(train_set, val_set, list(train_split.class_names), in_channels, template)
@@ -284,17 +294,8 @@ def _train(
     batches_per_epoch = len(train_loader)
     if batches_per_epoch == 0:
         raise ConfigError(f"the training split has no samples (dataset {config.data})")
-    val_loader = None
-    if data.val is not None and len(data.val) > 0 and context.is_main:
-        val_loader = build_loader(
-            data.val,
-            config.batch,
-            False,
-            config.workers,
-            config.seed,
-            collate_fn=data.collate_fn,
-            pin_memory=device.type == "cuda",
-        )
+    # evaluation reads the validation samples itself (engine.predict.predict_records, as `val` does)
+    val_set = data.val if data.val is not None and len(data.val) > 0 and context.is_main else None
     total_steps = config.epochs * batches_per_epoch if config.epochs is not None else None
     warmup_steps = (
         config.warmup_steps
@@ -369,18 +370,16 @@ def _train(
             stopped = summary.stopped or (config.epochs is not None and state.epoch >= config.epochs)
             completed = state.epoch_batch == 0
             metrics: dict = {}
-            if val_loader is not None and (stopped or (completed and state.epoch % config.val_every == 0)):
+            if val_set is not None and (stopped or (completed and state.epoch % config.val_every == 0)):
                 eval_model = ema.module if ema is not None else model
                 out_dir = run_dir if stopped else run_dir / "val"
                 _, metrics = evaluate(
                     eval_model,
-                    val_loader,
+                    val_set,
                     data.class_names,
                     device=device,
                     amp=amp,
-                    score_threshold=config.score_threshold,
-                    iou_threshold=config.nms_iou_threshold,
-                    max_detections=config.max_detections,
+                    postprocess_settings=PostprocessSettings.from_config(config.to_dict()),
                     out_dir=out_dir,
                     protocol=config.protocol,
                     plots=stopped,
@@ -427,7 +426,7 @@ def _train(
                     best_metrics,
                 )
                 save_checkpoint(last_path, payload)
-                if improved or (not saved_best and val_loader is None):
+                if improved or (not saved_best and val_set is None):
                     save_checkpoint(best_path, payload)
                     saved_best = True
             barrier(context)
