@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
 import torch
 from torch import nn
 
 from defectdet.data.letterbox import compute_letterbox
+from defectdet.data.sample import Sample
 
 
 class Poison(nn.Module):
@@ -95,3 +101,31 @@ class TinyDataset(torch.utils.data.Dataset):
             "transform": compute_letterbox(self.size, self.size, self.size),
         }
         return image, target.clone(), meta
+
+    def written(self, folder: Path) -> TinyFileSet:
+        """The images (without the per-read noise) as PNG files with their boxes as label-file ground truth:
+        what `engine.loop.evaluate` reads, like a `DetectionDataset` for evaluation."""
+        folder.mkdir(parents=True, exist_ok=True)
+        samples = []
+        for index, (image, target) in enumerate(self.items):
+            path = folder / f"img{index}.png"
+            pixels = np.clip(np.rint(image[0].numpy() * 255), 0, 255).astype(np.uint8)
+            assert cv2.imwrite(str(path), pixels)
+            samples.append(
+                Sample(path, target[:, 1:].numpy(), target[:, 0].long().numpy(), image_id=f"img{index}")
+            )
+        return TinyFileSet(samples, self.size)
+
+
+@dataclass
+class TinyFileSet:
+    """The attributes `engine.loop.evaluate` reads from a `DetectionDataset`."""
+
+    samples: list[Sample]
+    imgsz: int
+    channels: int = 1
+    use_template: bool = False
+    register_pairs: bool = False
+
+    def __len__(self) -> int:
+        return len(self.samples)

@@ -41,8 +41,10 @@ def fresh_model(seed=0):
     return TinyDetector()
 
 
-def data(val=False):
-    return TrainData(TinyDataset(16), TinyDataset(8, seed=1) if val else None, CLASSES)
+def data(val_folder=None):
+    """Training data; with `val_folder`, 8 validation images written there (evaluation reads files)."""
+    val = TinyDataset(8, seed=1).written(val_folder) if val_folder is not None else None
+    return TrainData(TinyDataset(16), val, CLASSES)
 
 
 def scramble_rng():
@@ -86,7 +88,9 @@ def test_resume_is_exact(tmp_path, stop_after):
 
 def test_run_dir_outputs_validation_and_best_checkpoint(tmp_path):
     result = train(
-        make_config(tmp_path, "run", val_split="val", epochs=2), data=data(val=True), model=fresh_model()
+        make_config(tmp_path, "run", val_split="val", epochs=2),
+        data=data(tmp_path / "val_images"),
+        model=fresh_model(),
     )
     run = result.run_dir
     for name in (

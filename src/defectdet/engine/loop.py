@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -20,6 +19,7 @@ from defectdet.diagnostics.nonfinite import NonFiniteGuard, diagnose_nonfinite
 from defectdet.engine.distributed import DistributedContext, all_ranks_true, broadcast_values, unwrap_model
 from defectdet.engine.ema import ModelEMA
 from defectdet.engine.optim import WarmupCosineSchedule
+from defectdet.model.postprocess import PostprocessSettings
 
 logger = logging.getLogger(__name__)
 
@@ -249,92 +249,50 @@ def headline_mAP50(metrics: dict) -> float | None:
     return None
 
 
-def _records_for_batch(
-    predictions: np.ndarray,
-    targets: Sequence[torch.Tensor],
-    metas: Sequence[dict],
-    score_threshold: float,
-    iou_threshold: float,
-    max_detections: int,
-) -> list:
-    from defectdet.data.letterbox import boxes_from_letterbox
-    from defectdet.evaluation.types import ImageRecord
-    from defectdet.model.postprocess import postprocess
-
-    detections = postprocess(predictions, score_threshold, iou_threshold, max_detections)
-    records = []
-    for detection, target, meta in zip(detections, targets, metas, strict=True):
-        transform = meta["transform"]
-        target = target.detach().cpu().numpy().reshape(-1, 5)
-        records.append(
-            ImageRecord(
-                image_id=str(meta.get("image_id", len(records))),
-                width=transform.original_width,
-                height=transform.original_height,
-                gt_boxes=boxes_from_letterbox(target[:, 1:5], transform),
-                gt_classes=target[:, 0].astype(np.int64),
-                det_boxes=boxes_from_letterbox(detection.boxes, transform),
-                det_scores=detection.scores,
-                det_classes=detection.classes,
-                image_path=str(meta["image_path"]) if meta.get("image_path") else None,
-            )
-        )
-    return records
-
-
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
-    loader: Iterable,
+    dataset: Any,
     class_names: Sequence[str],
     *,
     device: torch.device | str = "cpu",
     amp: AmpSettings | None = None,
-    score_threshold: float = 0.001,
-    iou_threshold: float = 0.6,
-    max_detections: int = 300,
+    postprocess_settings: PostprocessSettings | None = None,
     out_dir: str | Path | None = None,
     protocol: str = "coco",
     plots: bool = False,
-    compute_loss: bool = False,
     settings: dict | None = None,
 ) -> tuple[list, dict]:
-    """Predict every batch, map boxes back to original pixels, and score them.
+    """Predict `dataset` (a `DetectionDataset`: its samples, imgsz, channels, use_template, register_pairs)
+    with `engine.predict.predict_records`, the very function `defectdet val` runs, and score the records
+    against the label-file boxes in original pixels.
 
     With `out_dir`, `evaluate_records` writes metrics.json (and plots/report when `plots`) there;
-    without, only COCO metrics are computed. `compute_loss` adds `val_<term>` means (a second forward).
-    Returns (records, metrics); metrics always has 'mAP50' (None when undefined).
+    without, only COCO metrics are computed. Returns (records, metrics); metrics always has 'mAP50'
+    (None when undefined).
     """
+    from defectdet.engine.predict import predict_records
+
     device = torch.device(device)
     amp = amp or AmpSettings()
     was_training = model.training
     model.eval()
-    records: list = []
-    loss_sums: dict[str, float] = {}
-    loss_batches = 0
     try:
-        for images, targets, metas in loader:
-            if images.shape[0] == 0:
-                continue
-            images, targets = _to_device(images, targets, device)
-            with amp.autocast(device):
-                predictions = model(images)  # (B, A, 4 + K)
-            records += _records_for_batch(
-                predictions.float().cpu().numpy(),
-                targets,
-                metas,
-                score_threshold,
-                iou_threshold,
-                max_detections,
-            )
-            if compute_loss:
-                with amp.autocast(device):
-                    losses = model(images, targets)
-                for name, value in losses.items():
-                    loss_sums[name] = loss_sums.get(name, 0.0) + float(value.float().item())
-                loss_batches += 1
+        records, skipped = predict_records(
+            model,
+            dataset.samples,
+            imgsz=dataset.imgsz,
+            channels=dataset.channels,
+            use_template=dataset.use_template,
+            register_pairs=getattr(dataset, "register_pairs", True),
+            postprocess_settings=postprocess_settings,
+            device=device,
+            autocast=lambda: amp.autocast(device),
+        )
     finally:
         model.train(was_training)
+    if skipped:
+        logger.warning("evaluation skipped %d unreadable images", len(skipped))
     metrics: dict[str, Any]
     if out_dir is not None:
         from defectdet.evaluation.report import evaluate_records
@@ -347,6 +305,4 @@ def evaluate(
 
         metrics = {"coco": coco_metrics(records, list(class_names))}
     metrics["mAP50"] = headline_mAP50(metrics)
-    for name, total in loss_sums.items():
-        metrics[f"val_{name}"] = total / max(1, loss_batches)
     return records, metrics

@@ -19,7 +19,7 @@ def _empty_vector(dtype: type) -> np.ndarray:
 class ImageRecord:
     """Ground truth and detections of one image, xyxy in original-image pixels, 0-based class ids.
 
-    `image_path` is keyword-friendly and optional (only the prediction grid reads it).
+    `image_path` is keyword-friendly and optional (only the prediction grid reads it); so is `registration`.
     """
 
     image_id: str
@@ -31,6 +31,7 @@ class ImageRecord:
     det_scores: np.ndarray = field(default_factory=lambda: _empty_vector(np.float32))  # (M,)
     det_classes: np.ndarray = field(default_factory=lambda: _empty_vector(np.int64))  # (M,)
     image_path: str | None = None
+    registration: dict | None = None  # measured pair motion (data.registration.Registration.to_dict())
 
     def __post_init__(self) -> None:
         self.image_id = str(self.image_id)

@@ -2,10 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import cv2
 import numpy as np
+
+
+# The one source of the post-processing defaults (TrainConfig, training-time evaluation, `val`, the bundle):
+# evaluation keeps every candidate above 0.001 so PR curves and operating points see low scores too.
+DEFAULT_SCORE_THRESHOLD = 0.001
+DEFAULT_NMS_IOU = 0.6
+DEFAULT_MAX_DETECTIONS = 300
+
+
+@dataclass(frozen=True)
+class PostprocessSettings:
+    """Score floor, class-aware NMS IoU and detection cap applied to raw predictions."""
+
+    score_threshold: float = DEFAULT_SCORE_THRESHOLD
+    iou_threshold: float = DEFAULT_NMS_IOU
+    max_detections: int = DEFAULT_MAX_DETECTIONS
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | None) -> PostprocessSettings:
+        """From a TrainConfig dict (`score_threshold`, `nms_iou_threshold`, `max_detections`), defaults for
+        missing keys."""
+        config = config or {}
+        return cls(
+            float(config.get("score_threshold", DEFAULT_SCORE_THRESHOLD)),
+            float(config.get("nms_iou_threshold", DEFAULT_NMS_IOU)),
+            int(config.get("max_detections", DEFAULT_MAX_DETECTIONS)),
+        )
 
 
 @dataclass
@@ -27,9 +56,9 @@ class Detections:
 
 def postprocess(
     predictions: np.ndarray,
-    score_threshold: float = 0.05,
-    iou_threshold: float = 0.6,
-    max_detections: int = 300,
+    score_threshold: float = DEFAULT_SCORE_THRESHOLD,
+    iou_threshold: float = DEFAULT_NMS_IOU,
+    max_detections: int = DEFAULT_MAX_DETECTIONS,
     class_agnostic: bool = False,
     pre_nms_top_k: int = 1000,
 ) -> list[Detections]:
