@@ -1,17 +1,13 @@
-"""Diagnostics the trainer uses and `defectdet doctor` exposes: gradient statistics, non-finite value
-tracing, state_dict comparison."""
+"""Diagnostics the trainer uses and `defectdet doctor` exposes: environment, checkpoints and key mapping,
+loaders, NaN/Inf sources, tensor inspection, gradient statistics, state_dict comparison.
+
+Every doctor command is also a function here, e.g. `environment_report()`, `checkpoint_report(path, model)`,
+`migrate_checkpoint(path, out, model)`, `loader_report(data)`, `nan_report(model, batches)`, `inspect(tensor)`.
+"""
 
 from __future__ import annotations
 
 from defectdet._lazy import lazy_exports
-
-__all__ = [
-    "diagnose_state_dict",
-    "load_state_dict_checked",
-    "GradStatsMonitor",
-    "NonFiniteGuard",
-    "locate_nonfinite_module",
-]
 
 _WHERE = {
     "diagnose_state_dict": "defectdet.diagnostics.state_dict",
@@ -19,6 +15,21 @@ _WHERE = {
     "GradStatsMonitor": "defectdet.diagnostics.grad_stats",
     "NonFiniteGuard": "defectdet.diagnostics.nonfinite",
     "locate_nonfinite_module": "defectdet.diagnostics.nonfinite",
+    "environment_report": "defectdet.diagnostics.environment",
+    "checkpoint_report": "defectdet.diagnostics.checkpoint_doctor",
+    "migrate_checkpoint": "defectdet.diagnostics.checkpoint_doctor",
+    "read_checkpoint": "defectdet.diagnostics.checkpoint_read",
+    "RenameRule": "defectdet.diagnostics.key_mapping",
+    "propose_rules": "defectdet.diagnostics.key_mapping",
+    "apply_rules": "defectdet.diagnostics.key_mapping",
+    "load_rules": "defectdet.diagnostics.key_mapping",
+    "loader_report": "defectdet.diagnostics.loader_doctor",
+    "scan_samples": "defectdet.diagnostics.sample_scan",
+    "nan_report": "defectdet.diagnostics.nan_doctor",
+    "inspect": "defectdet.diagnostics.tensor_inspect",
+    "inspect_file": "defectdet.diagnostics.tensor_inspect",
 }
+
+__all__ = list(_WHERE)
 
 __getattr__ = lazy_exports(__name__, _WHERE)

@@ -104,7 +104,29 @@ def _wrapper_rules(source_keys: list[str], target_keys: list[str]) -> list[Renam
         while keys and all(key.startswith("module.") for key in keys) and not target_has_module:
             rules.append(RenameRule(r"^module\.", "", "'module.' prefix from DataParallel / DistributedDataParallel"))
             keys = [key[len("module.") :] for key in keys]
-    return rules
+    return rules + _common_prefix_rules(keys, target_keys)
+
+
+def _first_segment(keys: list[str]) -> str | None:
+    """The first dotted segment when every key has the same one."""
+    firsts = {key.split(".", 1)[0] for key in keys if "." in key}
+    if len(firsts) == 1 and all("." in key for key in keys):
+        return firsts.pop()
+    return None
+
+
+def _common_prefix_rules(source_keys: list[str], target_keys: list[str]) -> list[RenameRule]:
+    """A whole-model prefix on one side only (Lightning's 'model.', an 'ema.' or 'backbone.' wrapper)."""
+    source_first, target_first = _first_segment(source_keys), _first_segment(target_keys)
+    if source_first and source_first != target_first and not any(k.startswith(source_first + ".") for k in target_keys):
+        stripped = {key[len(source_first) + 1 :] for key in source_keys}
+        if len(stripped & set(target_keys)) > len(set(source_keys) & set(target_keys)):
+            return [prefix_rule(source_first, "", f"'{source_first}.' prefix on every key of the checkpoint")]
+    if target_first and target_first != source_first and not any(k.startswith(target_first + ".") for k in source_keys):
+        added = {f"{target_first}.{key}" for key in source_keys}
+        if len(added & set(target_keys)) > len(set(source_keys) & set(target_keys)):
+            return [prefix_rule("", target_first, f"the model's keys all start with '{target_first}.'")]
+    return []
 
 
 def _split_common_suffix(source: str, target: str) -> tuple[str, str] | None:

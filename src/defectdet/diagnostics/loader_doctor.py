@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset, Subset, default_collate
+from torch.utils.data import Dataset, default_collate
 
 from defectdet.engine.loader import seed_worker
 from defectdet.diagnostics.loader_timing import (
@@ -168,12 +168,14 @@ def _seeding_finding(seeding: SeedingCheck) -> list[Finding]:
     return [Finding("ok" if seeding.status == "ok" else "info", "seeding", seeding.message)]
 
 
-def _resolve_dataset(data: Any, preset: str | None, config: str | Path | None) -> tuple[Dataset, Callable | None, int | None, str, Any]:
+def _resolve_dataset(
+    data: Any, preset: str | None, config: str | Path | None, overrides: dict[str, Any]
+) -> tuple[Dataset, Callable | None, int | None, str, Any]:
     if isinstance(data, Dataset):
         return data, None, None, type(data).__name__, None
     from defectdet.diagnostics.sources import training_data
 
-    train_config, train_data = training_data(data, config=config, preset=preset)
+    train_config, train_data = training_data(data, config=config, preset=preset, **overrides)
     return train_data.train, train_data.collate_fn, train_config.batch, str(data), (train_config, train_data)
 
 
@@ -190,16 +192,18 @@ def loader_report(
     collate_fn: Callable | None = None,
     worker_init_fn: Callable | None = seed_worker,
     model: nn.Module | None = None,
+    overrides: dict[str, Any] | None = None,
+    model_seconds: float = 3.0,
 ) -> LoaderReport:
     """Diagnose the loader of `data`: a dataset path (built as `defectdet train` would, with `preset`/`config`)
     or any torch Dataset (with its `collate_fn`; `model` to time a training step on its batches).
 
     `scan_limit` caps the scanned samples (None: all, 0: no scan); each loader setting runs for up to
-    `seconds_per_setting` over `batches_per_setting` batches.
+    `seconds_per_setting` over `batches_per_setting` batches. `overrides` are TrainConfig fields (e.g. imgsz).
     """
     from defectdet.data.dataset import collate_detections
 
-    dataset, data_collate, config_batch, name, training = _resolve_dataset(data, preset, config)
+    dataset, data_collate, config_batch, name, training = _resolve_dataset(data, preset, config, overrides or {})
     collate = collate_fn or data_collate or (collate_detections if training else default_collate)
     batch_size = batch_size or config_batch or 8
     length = len(dataset)  # type: ignore[arg-type]
@@ -211,9 +215,8 @@ def loader_report(
         index for problem in (scan.problems if scan else []) for index in problem.indices
     }
     good = [index for index in range(length) if index not in bad][: batch_size * batches_per_setting]
-    timed = Subset(dataset, good)
     settings, first_batch = sweep(
-        timed, batch_size, list(workers) if workers is not None else candidate_workers(), collate,
+        dataset, good, batch_size, list(workers) if workers is not None else candidate_workers(), collate,
         worker_init_fn, seconds_per_setting, sample_timeout * batch_size,
     )
     working = [setting for setting in settings if setting.images_per_second]
@@ -227,10 +230,10 @@ def loader_report(
             model = build_model(train_config.preset, len(train_data.class_names), train_data.in_channels, train_data.template)
             model = model.to(memory_format=torch.channels_last)
         if model is not None:
-            seconds = measure_model_step(model, first_batch)
+            seconds = measure_model_step(model, first_batch, seconds=model_seconds)
             size = int(first_batch[0].shape[0]) if isinstance(first_batch, list | tuple) else batch_size
             step = ModelStep(training[0].preset if training else type(model).__name__, size, seconds, size / seconds)
-    seeding = check_worker_seeding(timed, 0, worker_init_fn, timeout=sample_timeout * 2) if good else SeedingCheck(
+    seeding = check_worker_seeding(dataset, good[0], worker_init_fn, timeout=sample_timeout * 2) if good else SeedingCheck(
         "skipped", "no readable sample"
     )
     report = LoaderReport(

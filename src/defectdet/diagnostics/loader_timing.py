@@ -63,17 +63,19 @@ def batch_nbytes(value: Any) -> int:
 
 def measure_setting(
     dataset: Dataset,
+    indices: list[int],
     setting: LoaderSetting,
     collate_fn: Callable,
     worker_init_fn: Callable | None,
     seconds: float,
     timeout: float,
 ) -> tuple[LoaderSetting, Any]:
-    """Fill in the setting's timings (or its error); also return the first batch."""
+    """Fill in the setting's timings over `indices` (or its error); also return the first batch."""
     workers = setting.workers
     loader = DataLoader(
         dataset,
         batch_size=setting.batch_size,
+        sampler=indices,
         num_workers=workers,
         collate_fn=collate_fn,
         pin_memory=setting.pin_memory,
@@ -181,6 +183,7 @@ def candidate_workers(cores: int | None = None) -> list[int]:
 
 def sweep(
     dataset: Dataset,
+    indices: list[int],
     batch_size: int,
     workers: Sequence[int],
     collate_fn: Callable,
@@ -194,7 +197,7 @@ def sweep(
     settings, first_batch = [], None
     for count in workers:
         setting, batch = measure_setting(
-            dataset, LoaderSetting(count, batch_size, pin, count > 0, 2 if count else None), collate_fn,
+            dataset, indices, LoaderSetting(count, batch_size, pin, count > 0, 2 if count else None), collate_fn,
             worker_init_fn, seconds, timeout,
         )
         settings.append(setting)
@@ -210,5 +213,5 @@ def sweep(
         variants.append(dataclasses.replace(best, pin_memory=False))
     for variant in variants:
         variant = dataclasses.replace(variant, first_batch_seconds=None, restart_seconds=None, images_per_second=None, error="")
-        settings.append(measure_setting(dataset, variant, collate_fn, worker_init_fn, seconds, timeout)[0])
+        settings.append(measure_setting(dataset, indices, variant, collate_fn, worker_init_fn, seconds, timeout)[0])
     return settings, first_batch
