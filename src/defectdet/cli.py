@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from defectdet.doctor_cli import doctor_app
 from defectdet.errors import DefectDetError
 
 app = typer.Typer(
@@ -346,6 +347,9 @@ def demo(
     from defectdet.demo import run_demo
 
     run_demo(out, minutes=minutes, boards=boards, console=console)
+
+
+app.add_typer(doctor_app, name="doctor")
 
 
 def main() -> None:
