@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
+from defectdet.data.formats import load_dataset
 from defectdet.data.synth import CLASS_NAMES, generate_board, synthesize_dataset
 from defectdet.errors import DefectDetError
 
@@ -156,9 +157,8 @@ def test_rejects_bad_arguments(tmp_path: Path) -> None:
 
 
 def test_loads_through_formats(dataset: Path) -> None:
-    formats = pytest.importorskip("defectdet.data.formats")
-    train = formats.load_dataset(dataset, split="train")
-    val = formats.load_dataset(dataset, split="val")
+    train = load_dataset(dataset, split="train")
+    val = load_dataset(dataset, split="val")
     assert len(train.samples) + len(val.samples) == 4
     assert list(train.class_names) == list(CLASS_NAMES)
     for sample in train.samples + val.samples:
