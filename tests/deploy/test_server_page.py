@@ -1,0 +1,102 @@
+"""The page at `/` in headless Chromium (Debian's `chromium` through playwright): upload, boxes, verdict, charts.
+
+Skipped with the reason when playwright or a Chromium binary is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import cv2
+import pytest
+import uvicorn
+from server_fakes import FakePredictor, board
+
+from defectdet.deploy.server import ServeSettings, create_app
+
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
+)
+CHROMIUM = next(
+    (
+        path
+        for path in (shutil.which("chromium"), shutil.which("chromium-browser"), "/usr/bin/chromium")
+        if path and Path(path).exists()
+    ),
+    None,
+)
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (apt-get install chromium)")
+BROWSER_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module")
+def base_url() -> Iterator[str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    app = create_app(FakePredictor(), ServeSettings())
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not (server.started and app.state.service.ready.is_set()):
+        assert time.monotonic() < deadline, "the service did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_page_uploads_and_draws_boxes(base_url: str, tmp_path: Path) -> None:
+    image_path = tmp_path / "board.png"
+    cv2.imwrite(str(image_path), board(11, size=320))
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            requests: list[str] = []
+            page.on("request", lambda request: requests.append(request.url))
+            page.goto(base_url + "/")
+            page.wait_for_function("document.getElementById('ready').textContent === 'ready'", timeout=15_000)
+            assert "short" in page.text_content("#model")
+            page.set_input_files("#image", str(image_path))
+            page.click("#submit")
+            page.wait_for_function(
+                "Number(document.getElementById('canvas').dataset.boxes || 0) > 0", timeout=15_000
+            )
+            assert page.text_content("#verdict").startswith("defective")
+            red = page.evaluate(
+                """() => { const c = document.getElementById('canvas');
+                           const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                           let n = 0; for (let i = 0; i < d.length; i += 4)
+                             if (d[i] > 200 && d[i + 1] < 80 && d[i + 2] < 80) n++; return n; }"""
+            )
+            assert red > 100, f"only {red} box-coloured pixels on the canvas"
+            assert "short" in page.text_content("#detections")
+            page.wait_for_function(
+                "document.querySelectorAll('#results tbody tr').length >= 1", timeout=10_000
+            )
+            page.wait_for_function(
+                "document.querySelectorAll('#drift-charts svg polyline').length >= 4", timeout=10_000
+            )
+            assert page.text_content("#drift-level") in ("ok", "warn", "alert")
+            screenshot = Path(os.environ.get("DEFECTDET_PAGE_SCREENSHOT", tmp_path / "page.png"))
+            page.screenshot(path=str(screenshot), full_page=True)
+            assert screenshot.stat().st_size > 10_000
+            assert all(url.startswith(base_url) or url.startswith("blob:") for url in requests), requests
+        finally:
+            browser.close()
