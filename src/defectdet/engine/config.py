@@ -17,7 +17,7 @@ from defectdet.errors import ConfigError
 from defectdet.model.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_THRESHOLD
 
 DEFAULT_EPOCHS = 50
-DEFAULT_LEARNING_RATES = {"adamw": 0.008, "sgd": 0.01}  # AdamW 8e-3: best of 2e-3..8e-3 on DeepPCB, nano
+DEFAULT_LEARNING_RATES = {"adamw": 0.008, "sgd": 0.01}  # AdamW: what bench/results/train_deeppcb_*.json ran with
 DEFAULT_WEIGHT_DECAY = {"adamw": 0.05, "sgd": 0.0005}
 
 
@@ -49,8 +49,8 @@ class TrainConfig(BaseModel):
 
     # optimisation
     optimizer: Literal["adamw", "sgd"] = "adamw"
-    lr: float | None = Field(None, gt=0)  # None: 0.002 (AdamW) / 0.01 (SGD)
-    weight_decay: float | None = Field(None, ge=0)  # None: 0.05 (AdamW) / 5e-4 (SGD)
+    lr: float | None = Field(None, gt=0)  # None: DEFAULT_LEARNING_RATES[optimizer]
+    weight_decay: float | None = Field(None, ge=0)  # None: DEFAULT_WEIGHT_DECAY[optimizer]
     momentum: float = Field(0.9, ge=0, lt=1)  # SGD momentum, AdamW beta1
     warmup_epochs: float = Field(1.0, ge=0)
     warmup_steps: int | None = Field(None, ge=0)  # overrides warmup_epochs when set
