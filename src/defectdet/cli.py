@@ -48,25 +48,38 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
 @app.command()
 def synth(
     out: Path = typer.Argument(..., help="Folder to write the YOLO-format dataset into."),
-    boards: int = typer.Option(40, help="Number of boards (images)."),
+    boards: int = typer.Option(40, help="Number of boards / surfaces (images)."),
     seed: int = typer.Option(0, help="Random seed; the same seed writes the same dataset."),
-    template: bool = typer.Option(
-        True, "--template/--no-template", help="Also render the defect-free template."
+    kind: str = typer.Option(
+        "pcb", help="pcb: PCB boards with templates; surface: textured surfaces (steel, tile, weave, cast), no template."
     ),
-    min_size: int = typer.Option(480, help="Smallest image side in pixels."),
-    max_size: int = typer.Option(800, help="Largest image side in pixels."),
-    color: bool = typer.Option(False, "--color/--gray", help="Render RGB boards instead of grayscale."),
+    template: bool | None = typer.Option(
+        None, "--template/--no-template", help="Also render the defect-free template (pcb; default on)."
+    ),
+    min_size: int | None = typer.Option(None, help="Smallest image side in pixels (pcb 480, surface 128)."),
+    max_size: int | None = typer.Option(None, help="Largest image side in pixels (pcb 800, surface 2048)."),
+    color: bool | None = typer.Option(
+        None, "--color/--gray", help="All RGB or all gray (default: pcb gray, surface half and half)."
+    ),
 ) -> None:
-    """Write a procedural PCB dataset with exact defect boxes.
+    """Write a procedural dataset (YOLO data.yaml) with exact defect boxes.
 
     Example: defectdet synth data/synth --boards 60 --seed 1
+    Example: defectdet synth data/surface --kind surface --boards 300
     """
     from defectdet.data.synth import synthesize_dataset
 
     data_yaml = synthesize_dataset(
-        out, boards=boards, seed=seed, template=template, min_size=min_size, max_size=max_size, color=color
+        out,
+        boards=boards,
+        seed=seed,
+        template=template,
+        min_size=min_size,
+        max_size=max_size,
+        color=color,
+        kind=kind,
     )
-    console.print(f"[green]wrote[/green] {boards} boards -> {data_yaml}")
+    console.print(f"[green]wrote[/green] {boards} {'surfaces' if kind == 'surface' else 'boards'} -> {data_yaml}")
 
 
 @app.command()
@@ -112,9 +125,18 @@ def train(
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
     config: Path | None = typer.Option(None, help="YAML with TrainConfig fields; options below override it."),
     preset: str | None = typer.Option(None, help="Model preset (see `defectdet presets`)."),
-    imgsz: int | None = typer.Option(None, help="Letterbox size S (images become S x S)."),
+    imgsz: int | None = typer.Option(
+        None, help="Letterbox size S, a multiple of 32 (default: chosen from the image and defect sizes)."
+    ),
     crop_size: int | None = typer.Option(
-        None, "--crop", help="Train on random crops of this size (0 = full)."
+        None, "--crop", help="Train on random crops of this size; 0 = whole images (default: from the data)."
+    ),
+    template: bool | None = typer.Option(
+        None, "--template/--no-template", help="Use the dataset's templates (default: when every image has one)."
+    ),
+    channels: int | None = typer.Option(None, help="1 gray or 3 RGB input (default: from the images)."),
+    strides: str | None = typer.Option(
+        None, help="Head strides, e.g. 8,16,32 (default: the preset's, plus 32 for large defects)."
     ),
     epochs: int | None = typer.Option(None, help="Number of epochs."),
     time: float | None = typer.Option(
@@ -151,6 +173,9 @@ def train(
         "preset": preset,
         "imgsz": imgsz,
         "crop_size": crop_size,
+        "template": template,
+        "channels": channels,
+        "strides": _parse_strides(strides),
         "epochs": epochs,
         "time_minutes": time,
         "batch": batch,
@@ -166,12 +191,18 @@ def train(
         "on_nonfinite": on_nonfinite,
     }
     overrides.update({key: value for key, value in named.items() if value is not None})
-    if overrides.get("crop_size") == 0:
-        overrides["crop_size"] = None
     if time is not None and epochs is None:
         overrides["epochs"] = None
-    result = run_training(load_config(config, overrides))
-    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
+    from defectdet.engine.autoconfig import choices_table
+    from defectdet.engine.trainer import build_train_data
+
+    train_config = load_config(config, overrides)
+    train_data = build_train_data(train_config)
+    rank_zero = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 reports
+    if rank_zero:
+        console.print(choices_table(train_data.choices))
+    result = run_training(train_data.config or train_config, data=train_data)
+    if not rank_zero:
         return
     console.print(f"[green]done[/green]: run folder {result.run_dir}")
     if result.best_metrics:
@@ -347,6 +378,15 @@ def demo(
     from defectdet.demo import run_demo
 
     run_demo(out, minutes=minutes, boards=boards, console=console)
+
+
+def _parse_strides(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise DefectDetError(f"--strides: expected numbers from 8,16,32 separated by commas, got {text!r}") from None
 
 
 app.add_typer(doctor_app, name="doctor")

@@ -31,10 +31,13 @@ class TrainConfig(BaseModel):
     train_split: str = "train"
     val_split: str | None = "val"
     format: str | None = None
-    imgsz: int = Field(640, ge=32)
-    crop_size: int | None = Field(320, ge=32)
-    channels: Literal[1, 3] | None = None  # None: gray (1) for now
-    template: bool | None = None  # None: use templates when the dataset has them
+    # None = chosen from the data before the first step (engine.autoconfig), printed as a table
+    imgsz: int | None = Field(None, ge=32)  # letterbox size S, a multiple of 32
+    crop_size: int | None = Field(None, ge=0)  # train on random crops of this size; 0 = whole images
+    channels: Literal[1, 3] | None = None  # 1 gray, 3 RGB
+    template: bool | None = None  # compare against the template image (needs one per image)
+    strides: list[Literal[8, 16, 32]] | None = None  # feature strides the head predicts at
+    class_balance: Literal["off", "repeat"] | None = None  # 'repeat': repeat images of rare classes
     batch: int = Field(16, ge=1)
     workers: int | None = Field(None, ge=0)
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
@@ -90,6 +93,25 @@ class TrainConfig(BaseModel):
         if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
             return value
         raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {value!r}")
+
+    @field_validator("imgsz", "crop_size")
+    @classmethod
+    def _check_multiple_of_32(cls, value: int | None, info: Any) -> int | None:
+        if value and value % 32:
+            raise ValueError(
+                f"{info.field_name} must be a multiple of 32 (the model's coarsest stride), got {value}"
+                + ("; 0 = no crops" if info.field_name == "crop_size" else "")
+            )
+        return value
+
+    @field_validator("strides")
+    @classmethod
+    def _check_strides(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None:
+            if not value:
+                raise ValueError("strides must name at least one of 8, 16, 32")
+            value = sorted(set(value))
+        return value
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> TrainConfig:
@@ -207,8 +229,10 @@ def load_config(yaml_path: str | Path | None = None, overrides: dict[str, Any] |
     return config_from_dict(values, where)
 
 
-def save_config(config: TrainConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
+def save_config(config: TrainConfig, path: str | Path, notes: list[str] | None = None) -> None:
+    """Write `config` as YAML; `notes` become leading `# ` comment lines (e.g. why settings were chosen)."""
+    header = "".join(f"# {line}\n" for note in notes or [] for line in note.splitlines())
+    Path(path).write_text(header + yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
 
 
 def parse_overrides(assignments: list[str]) -> dict[str, Any]:

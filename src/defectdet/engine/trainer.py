@@ -88,6 +88,8 @@ class TrainData:
     in_channels: int = 1
     template: bool = False
     collate_fn: Any = None
+    config: TrainConfig | None = None  # the config with its auto settings filled (engine.autoconfig)
+    choices: list = field(default_factory=list)  # autoconfig.Choice per setting: value and why
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:
@@ -104,10 +106,15 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
 
 
 def build_train_data(config: TrainConfig) -> TrainData:
-    """Load the dataset splits named in `config` and wrap them in DetectionDatasets."""
+    """Load the dataset splits named in `config`, choose its auto (None) settings from the training
+    split (`engine.autoconfig`) and wrap the splits in DetectionDatasets.
+
+    The returned `TrainData.config` is `config` with those settings filled in; `choices` says why.
+    """
     from defectdet.data.dataset import DetectionDataset
     from defectdet.data.formats import load_dataset
     from defectdet.data.holdout import hold_out, same_images
+    from defectdet.engine.autoconfig import balance_split, choose_settings, collect_split_stats
 
     if config.data is None:
         raise ConfigError(
@@ -128,6 +135,12 @@ def build_train_data(config: TrainConfig) -> TrainData:
                 round(100 * HOLD_OUT_FRACTION),
                 len(val_split.samples),
             )
+    previous = None
+    if config.resume is not None:  # keep the resumed run's choices so the model rebuilds exactly
+        previous = load_checkpoint(config.resume).get("config")
+    config, choices = choose_settings(collect_split_stats(train_split, seed=config.seed), config, previous)
+    if config.class_balance == "repeat":
+        train_split = balance_split(train_split, config.seed)
     channels = config.channels or 1
     train_set = DetectionDataset(
         train_split,
@@ -136,7 +149,7 @@ def build_train_data(config: TrainConfig) -> TrainData:
         config.template,
         config.augment,
         True,
-        config.crop_size,
+        config.crop_size or None,
         seed=config.seed,
         register_pairs=config.register_pairs,
     )
@@ -155,7 +168,9 @@ def build_train_data(config: TrainConfig) -> TrainData:
             register_pairs=config.register_pairs,
         )
     in_channels = channels * (2 if template else 1)
-    return TrainData(train_set, val_set, list(train_split.class_names), in_channels, template)
+    return TrainData(
+        train_set, val_set, list(train_split.class_names), in_channels, template, config=config, choices=choices
+    )
 
 
 def resolve_run_dir(config: TrainConfig) -> Path:
@@ -260,15 +275,27 @@ def _train(
     barrier(context)
     if context.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(config, run_dir / "config.yaml")
     checkpoint = load_checkpoint(config.resume) if config.resume is not None else None
 
     seed_everything(config.seed, config.deterministic)
     data = data or build_train_data(config)
+    if data.config is not None:  # the settings chosen from the data (config.yaml records them)
+        config = data.config
+    if data.choices:
+        log.info(
+            "settings: %s (reasons in %s)",
+            ", ".join(f"{c.name}={c.value} [{c.source}]" for c in data.choices if c.source != "fixed"),
+            run_dir / "config.yaml",
+        )
+    if context.is_main:
+        save_config(config, run_dir / "config.yaml", _choice_notes(data.choices))
     if model is None:
+        from defectdet.engine.autoconfig import model_overrides
         from defectdet.model import build_model
 
-        model = build_model(config.preset, len(data.class_names), data.in_channels, data.template)
+        model = build_model(
+            config.preset, len(data.class_names), data.in_channels, data.template, **model_overrides(config)
+        )
     model.to(device, memory_format=torch.channels_last)
     amp = resolve_amp(config.amp, config.amp_dtype, device)
     optimizer = build_optimizer(model, config.optimizer, config.lr, config.weight_decay, config.momentum)
@@ -458,6 +485,13 @@ def _train(
     )
 
 
+def _choice_notes(choices: list) -> list[str]:
+    if not choices:
+        return []
+    lines = ["settings chosen for this run (engine.autoconfig; set a field to override it):"]
+    return lines + [f"  {c.name} = {c.value} [{c.source}]: {c.reason}" for c in choices]
+
+
 def _checkpoint_payload(
     config, model, ema, optimizer, scaler, schedule, state, data, metrics, best_metrics
 ) -> dict:
@@ -475,6 +509,7 @@ def _checkpoint_payload(
         "train_state": state.to_dict(),
         "rng": capture_rng_state(),
         "config": config.to_dict(),
+        "settings_chosen": [choice.to_dict() for choice in data.choices],
         "model_config": getattr(plain, "config", None),
         "class_names": list(data.class_names),
         "metrics": metrics,

@@ -1,14 +1,25 @@
-"""Procedural PCB boards with exact defect boxes (`defectdet synth`).
+"""Synthetic datasets with exact defect boxes (`defectdet synth`).
 
-`synthesize_dataset` writes a YOLO-style dataset with templates; `generate_board` makes one
-board in memory. Modules: layout (defect-free board), defects (damage + exact boxes),
-render (camera look), board (one pair), writer (files).
+`synthesize_dataset` writes a YOLO-style dataset: PCB boards with templates (`kind='pcb'`) or
+textured surfaces without (`kind='surface'`). `generate_board` / `generate_surface` make one image
+in memory. Modules: layout (defect-free board), defects (damage + exact boxes), render (camera
+look), board (one pair), surface (materials and surface defects), writer (files).
 """
 
 from __future__ import annotations
 
 from defectdet.data.synth.board import SynthBoard, generate_board
 from defectdet.data.synth.defects import CLASS_NAMES
-from defectdet.data.synth.writer import synthesize_dataset
+from defectdet.data.synth.surface import SURFACE_CLASS_NAMES, SynthSurface, generate_surface
+from defectdet.data.synth.writer import KINDS, synthesize_dataset
 
-__all__ = ["CLASS_NAMES", "SynthBoard", "generate_board", "synthesize_dataset"]
+__all__ = [
+    "CLASS_NAMES",
+    "KINDS",
+    "SURFACE_CLASS_NAMES",
+    "SynthBoard",
+    "SynthSurface",
+    "generate_board",
+    "generate_surface",
+    "synthesize_dataset",
+]

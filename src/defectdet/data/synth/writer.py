@@ -1,4 +1,4 @@
-"""Write synthetic boards as a YOLO-style dataset with templates and a data.yaml."""
+"""Write synthetic boards or surfaces as a YOLO-style dataset (templates for boards) and a data.yaml."""
 
 from __future__ import annotations
 
@@ -9,9 +9,14 @@ import cv2
 import numpy as np
 import yaml
 
-from defectdet.data.synth.board import SynthBoard, generate_board
+from defectdet.data.synth.board import generate_board
 from defectdet.data.synth.defects import CLASS_NAMES
+from defectdet.data.synth.surface import SURFACE_CLASS_NAMES, generate_surface
 from defectdet.errors import DefectDetError
+
+KINDS = ("pcb", "surface")
+DEFAULT_SIZES = {"pcb": (480, 800), "surface": (128, 2048)}
+SURFACE_COLOR_SHARE = 0.5  # surfaces with colour=None: every other image (by hash of the index) is RGB
 
 logger = logging.getLogger(__name__)
 
@@ -23,10 +28,10 @@ def _write_png(path: Path, image: np.ndarray) -> None:
         raise DefectDetError(f"{path}: could not write the image (disk full or not writable?)")
 
 
-def _label_lines(board: SynthBoard) -> str:
-    height, width = board.image.shape[:2]
+def _label_lines(image: np.ndarray, boxes: np.ndarray, classes: np.ndarray) -> str:
+    height, width = image.shape[:2]
     lines = []
-    for (x1, y1, x2, y2), class_id in zip(board.boxes.tolist(), board.classes.tolist(), strict=True):
+    for (x1, y1, x2, y2), class_id in zip(boxes.tolist(), classes.tolist(), strict=True):
         lines.append(
             f"{class_id} {(x1 + x2) / 2 / width:.6f} {(y1 + y2) / 2 / height:.6f} "
             f"{(x2 - x1) / width:.6f} {(y2 - y1) / height:.6f}"
@@ -49,19 +54,31 @@ def synthesize_dataset(
     out: Path,
     boards: int = 40,
     seed: int = 0,
-    template: bool = True,
-    min_size: int = 480,
-    max_size: int = 800,
+    template: bool | None = None,
+    min_size: int | None = None,
+    max_size: int | None = None,
     val_fraction: float = 0.2,
-    color: bool = False,
+    color: bool | None = None,
     progress: bool = True,
+    kind: str = "pcb",
 ) -> Path:
-    """Generate `boards` synthetic PCB images with exact defect boxes; returns `out/data.yaml`.
+    """Generate `boards` synthetic images with exact defect boxes; returns `out/data.yaml`.
 
-    Layout: `images/{train,val}/board_<4-digit index>.png`, `labels/...txt` (YOLO `cls cx cy w h`),
-    `templates/...png` (when `template`), `data.yaml`. The same seed gives identical files.
+    `kind='pcb'`: PCB boards (480-800 px, gray unless `color`) with their defect-free templates
+    (`template` None = True). `kind='surface'`: textured surfaces (128-2048 px, non-square; `color`
+    None = half of them RGB), no template (`template=True` is an error).
+    Layout: `images/{train,val}/<board|surface>_<4-digit index>.png`, `labels/...txt` (YOLO
+    `cls cx cy w h`), `templates/...png` (boards with templates), `data.yaml`. The same seed gives
+    identical files.
     """
     out = Path(out)
+    if kind not in KINDS:
+        raise DefectDetError(f"kind: must be one of {', '.join(KINDS)}, got {kind!r}")
+    if kind == "surface" and template:
+        raise DefectDetError("template: synthetic surfaces have no template (use kind='pcb' for pairs)")
+    template = kind == "pcb" if template is None else template
+    min_size = DEFAULT_SIZES[kind][0] if min_size is None else min_size
+    max_size = DEFAULT_SIZES[kind][1] if max_size is None else max_size
     if boards < 1:
         raise DefectDetError(f"boards: must be at least 1, got {boards}")
     if seed < 0:
@@ -72,25 +89,30 @@ def synthesize_dataset(
         raise DefectDetError(f"val_fraction: must be in [0, 1), got {val_fraction}")
     splits = _split_of_boards(boards, val_fraction, seed)
     used_splits = sorted(set(splits), key=["train", "val"].index)
-    kinds = ["images", "labels"] + (["templates"] if template else [])
-    for kind in kinds:
+    folders = ["images", "labels"] + (["templates"] if template else [])
+    for folder in folders:
         for split in ("train", "val"):
-            (out / kind / split).mkdir(parents=True, exist_ok=True)
+            (out / folder / split).mkdir(parents=True, exist_ok=True)
 
     def work(index: int) -> None:
-        board = generate_board(seed, index, min_size, max_size, color)
-        name = f"board_{index:04d}"
         split = splits[index]
-        _write_png(out / "images" / split / f"{name}.png", board.image)
-        if template:
-            _write_png(out / "templates" / split / f"{name}.png", board.template)
-        (out / "labels" / split / f"{name}.txt").write_text(_label_lines(board))
+        if kind == "surface":
+            rgb = bool(color) if color is not None else _surface_is_color(seed, index)
+            surface = generate_surface(seed, index, min_size, max_size, rgb)
+            image, boxes, classes, name = surface.image, surface.boxes, surface.classes, f"surface_{index:04d}"
+        else:
+            board = generate_board(seed, index, min_size, max_size, bool(color))
+            image, boxes, classes, name = board.image, board.boxes, board.classes, f"board_{index:04d}"
+            if template:
+                _write_png(out / "templates" / split / f"{name}.png", board.template)
+        _write_png(out / "images" / split / f"{name}.png", image)
+        (out / "labels" / split / f"{name}.txt").write_text(_label_lines(image, boxes, classes))
 
     if progress:
         from rich.progress import Progress
 
         with Progress(transient=False) as bar:
-            task = bar.add_task("synthesizing boards", total=boards)
+            task = bar.add_task(f"synthesizing {'surfaces' if kind == 'surface' else 'boards'}", total=boards)
             for index in range(boards):
                 work(index)
                 bar.advance(task)
@@ -101,8 +123,12 @@ def synthesize_dataset(
     config: dict = {"path": ".", "train": "images/train", "val": "images/val"}
     if template:
         config["templates"] = {"train": "templates/train", "val": "templates/val"}
-    config["names"] = list(CLASS_NAMES)
+    config["names"] = list(SURFACE_CLASS_NAMES if kind == "surface" else CLASS_NAMES)
     data_yaml = out / "data.yaml"
     data_yaml.write_text(yaml.safe_dump(config, sort_keys=False))
-    logger.info("wrote %d boards (%s) to %s", boards, ", ".join(used_splits), out)
+    logger.info("wrote %d %s images (%s) to %s", boards, kind, ", ".join(used_splits), out)
     return data_yaml
+
+
+def _surface_is_color(seed: int, index: int) -> bool:
+    return bool(np.random.default_rng([seed, index, 0xC0]).random() < SURFACE_COLOR_SHARE)

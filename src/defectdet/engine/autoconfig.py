@@ -1,0 +1,378 @@
+"""Training settings chosen from the data: `choose_settings(stats, config) -> (config, choices)`.
+
+`TrainConfig` fields left at None mean "choose from the data": letterbox size (`imgsz`), crops
+(`crop_size`, 0 = none), head strides (`strides`), gray or colour (`channels`), template or not
+(`template`) and class balancing (`class_balance`). A value the user gave is kept and reported as
+such (with what the data would have suggested when it differs); on resume the checkpoint's values
+are kept so the model rebuilds exactly.
+
+The statistics come from label files and image headers (`collect_split_stats`): image sizes and
+box sizes of up to `max_images` sampled images, class counts over all of them, and a decode of a
+dozen colour-coded files to tell colour content from gray stored as RGB.
+
+Rules (pixels are at the letterbox size S; `MIN_DEFECT_PX`, `CROP_BASE`, `LARGE_BOX_PX` below):
+- imgsz: the median long image side rounded to 32 ("native", never an upsampling default),
+  lowered towards 640 when 90% of defects stay >= MIN_DEFECT_PX there, capped at MAX_AUTO_IMGSZ.
+- crop_size: crops only when S >= 2 x CROP_BASE and the crop (>= CROP_BASE and >= twice the
+  95th-percentile defect) fits in half of S; otherwise whole images.
+- strides: the preset's; plus 32 when >= 10% of defects reach LARGE_BOX_PX.
+- channels: 3 when >= 20% of checked colour-coded images have colour content, else 1.
+- template: when every training image has one.
+- class_balance: 'repeat' (rare-class images repeated, `repeat_factors`) when the most and least
+  frequent classes differ by >= BALANCE_RATIO in images containing them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from defectdet.data.sample import DatasetSplit
+from defectdet.engine.config import TrainConfig
+from defectdet.errors import ConfigError, ImageReadError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_IMGSZ = 640  # DeepPCB's native size, where 320 crops reached 0.96+ mAP@0.5
+MAX_AUTO_IMGSZ = 1280  # the CPU budget: larger letterboxes make validation and decode slow
+MIN_AUTO_IMGSZ = 64
+MIN_DEFECT_PX = 12  # a defect smaller than ~1.5 stride-8 cells at the input is hard to find
+CROP_BASE = 320  # the crop that worked on DeepPCB 640 (bench/results/train_deeppcb_*)
+LARGE_BOX_PX = 128  # >= 4 stride-32 cells: big enough to want a coarse level
+LARGE_SHARE = 0.10
+COLOR_SPREAD = 3.0  # mean |R-G|, |G-B|, |R-B| in gray levels above which an image has colour
+COLOR_SHARE = 0.2
+BALANCE_RATIO = 4.0
+MAX_REPEAT = 4.0
+SETTING_NAMES = ("imgsz", "crop_size", "strides", "channels", "template", "class_balance")
+ALL_STRIDES = (8, 16, 32)
+GRAY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"})
+
+Source = Literal["auto", "user", "checkpoint", "fixed"]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One setting: its value, why, and who decided (auto / user / checkpoint / fixed)."""
+
+    name: str
+    value: Any
+    reason: str
+    source: Source = "auto"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SplitStats:
+    """What the settings are chosen from. Sizes are original pixels."""
+
+    images: int  # samples in the split
+    sizes: np.ndarray  # (S, 2) width, height of the sampled images
+    box_wh: np.ndarray  # (M, 2) width, height of the boxes of the sampled images
+    box_image_long: np.ndarray  # (M,) long side of each box's image
+    class_names: list[str]
+    class_boxes: np.ndarray  # (K,) boxes per class, all samples
+    class_images: np.ndarray  # (K,) images containing the class, all samples
+    with_template: int  # samples that have a template
+    color_checked: int = 0  # sampled files checked for colour
+    color_images: int = 0  # of those, with colour content
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def median_long_side(self) -> float | None:
+        return float(np.median(self.sizes.max(1))) if len(self.sizes) else None
+
+    def box_long_at(self, imgsz: int) -> np.ndarray:
+        """(M,) long side of each box after letterboxing its image to `imgsz`."""
+        return self.box_wh.max(1) * imgsz / np.maximum(self.box_image_long, 1)
+
+    def box_size_at(self, imgsz: int) -> np.ndarray:
+        """(M,) sqrt(area) of each box after letterboxing to `imgsz` (a thin scratch counts by area)."""
+        return np.sqrt(self.box_wh.prod(1)) * imgsz / np.maximum(self.box_image_long, 1)
+
+
+def collect_split_stats(
+    split: DatasetSplit, max_images: int = 500, color_samples: int = 12, seed: int = 0
+) -> SplitStats:
+    """Image/box sizes of up to `max_images` samples (headers only), class counts of all samples,
+    and whether `color_samples` of them have colour (gray files by header; RGB files decoded)."""
+    from PIL import Image
+
+    from defectdet.data.imageio import read_image, read_image_size
+
+    samples = split.samples
+    order = np.random.default_rng(seed).permutation(len(samples))[:max_images]
+    sizes, box_wh, box_long = [], [], []
+    color_checked = color_images = 0
+    unreadable = 0
+    for index in order.tolist():
+        sample = samples[index]
+        if sample.width and sample.height:
+            width, height = sample.width, sample.height
+        else:
+            try:
+                width, height = read_image_size(sample.image_path)
+            except ImageReadError:
+                unreadable += 1
+                continue
+        sizes.append((width, height))
+        if len(sample.boxes):
+            wh = np.clip(sample.boxes[:, 2:] - sample.boxes[:, :2], 1.0, None)
+            box_wh.append(wh)
+            box_long.append(np.full(len(wh), max(width, height), np.float32))
+        if color_checked < color_samples:
+            try:
+                with Image.open(sample.image_path) as image:
+                    gray = image.mode in GRAY_MODES
+                color_checked += 1
+                # a file stored as RGB may still be gray: decode it to look
+                color_images += 0 if gray else int(color_spread(read_image(sample.image_path, 3)) > COLOR_SPREAD)
+            except (OSError, ValueError, ImageReadError):
+                pass
+    num_classes = len(split.class_names)
+    class_boxes = np.zeros(num_classes, np.int64)
+    class_images = np.zeros(num_classes, np.int64)
+    for sample in samples:
+        present = sample.classes[(sample.classes >= 0) & (sample.classes < num_classes)]
+        np.add.at(class_boxes, present, 1)
+        class_images[np.unique(present)] += 1
+    notes = [f"{unreadable} sampled images unreadable (skipped)"] if unreadable else []
+    return SplitStats(
+        images=len(samples),
+        sizes=np.array(sizes, np.float32).reshape(-1, 2),
+        box_wh=np.concatenate(box_wh).astype(np.float32) if box_wh else np.zeros((0, 2), np.float32),
+        box_image_long=np.concatenate(box_long) if box_long else np.zeros(0, np.float32),
+        class_names=list(split.class_names),
+        class_boxes=class_boxes,
+        class_images=class_images,
+        with_template=sum(sample.template_path is not None for sample in samples),
+        color_checked=color_checked,
+        color_images=color_images,
+        notes=notes,
+    )
+
+
+def color_spread(image: np.ndarray) -> float:
+    """Mean absolute difference between the RGB channels of an (H, W, 3) image, on a subsample."""
+    step = max(1, int(math.sqrt(image.shape[0] * image.shape[1] / 65536)))
+    pixels = image[::step, ::step].astype(np.int16)
+    r, g, b = pixels[..., 0], pixels[..., 1], pixels[..., 2]
+    return float((np.abs(r - g).mean() + np.abs(g - b).mean() + np.abs(r - b).mean()) / 3)
+
+
+def _round32(value: float, up: bool = False) -> int:
+    return int(32 * (math.ceil(value / 32) if up else round(value / 32)))
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else 0.0
+
+
+def auto_imgsz(stats: SplitStats) -> tuple[int, str]:
+    median = stats.median_long_side
+    if median is None:
+        return DEFAULT_IMGSZ, "no readable image sizes: the default"
+    native = max(MIN_AUTO_IMGSZ, _round32(median))
+    floor, ceiling = min(native, DEFAULT_IMGSZ), min(native, MAX_AUTO_IMGSZ)
+    sizes = stats.box_size_at(1)  # relative to the image's long side
+    if len(sizes) == 0:
+        size = floor
+        why = f"median long side {median:.0f} px, no boxes to size it by"
+    else:
+        needed = MIN_DEFECT_PX / max(_pct(sizes, 10), 1e-6)
+        size = _round32(min(max(needed, floor), ceiling), up=True)
+        small = _pct(stats.box_size_at(size), 10)
+        if size < native:
+            why = (
+                f"median long side {median:.0f} px; at {size} the 10th-percentile defect is {small:.0f} px "
+                f"(>= {MIN_DEFECT_PX} wanted)"
+            )
+            if needed > ceiling:
+                why = f"{why[:-1]}, capped at {MAX_AUTO_IMGSZ} for the CPU)"
+        else:
+            why = f"median long side {median:.0f} px kept (10th-percentile defect {small:.0f} px)"
+    if size < DEFAULT_IMGSZ and native == size:
+        why += f"; {DEFAULT_IMGSZ} would upsample {DEFAULT_IMGSZ / median:.1f}x"
+    upsampled = float(np.mean(stats.sizes.max(1) < 0.9 * size)) if len(stats.sizes) else 0.0
+    if upsampled >= 0.05:
+        why += f"; {upsampled:.0%} of images are upsampled"
+    return size, why
+
+
+def auto_crop(stats: SplitStats, imgsz: int) -> tuple[int, str]:
+    if imgsz < 2 * CROP_BASE:
+        return 0, f"letterbox {imgsz} < 2 x {CROP_BASE}: whole images"
+    longs = stats.box_long_at(imgsz)
+    if len(longs) == 0:
+        return CROP_BASE, f"no boxes; {CROP_BASE} crops of the {imgsz} letterbox"
+    p95 = _pct(longs, 95)
+    crop = max(CROP_BASE, _round32(2 * p95, up=True))
+    if crop > imgsz // 2:
+        return 0, (
+            f"large defects (95th-percentile long side {p95:.0f} px at {imgsz}) would be cut by crops "
+            f"<= {imgsz // 2}: whole images"
+        )
+    return crop, (
+        f"defects are small (95% <= {p95:.0f} px at {imgsz}): {crop} crops hold them whole, "
+        f"{(imgsz / crop) ** 2:.0f}x fewer pixels per image"
+    )
+
+
+def auto_strides(stats: SplitStats, imgsz: int, preset: str) -> tuple[list[int], str]:
+    from defectdet.model.detector import PRESETS, STRIDES_BY_LEVEL
+
+    if preset not in PRESETS:
+        raise ConfigError(f"field 'preset': unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+    strides = [STRIDES_BY_LEVEL[level] for level in PRESETS[preset]["levels"]]
+    longs = stats.box_long_at(imgsz)
+    share = float(np.mean(longs >= LARGE_BOX_PX)) if len(longs) else 0.0
+    listed = ",".join(map(str, strides))
+    if 32 not in strides and share >= LARGE_SHARE:
+        return sorted({*strides, 32}), (
+            f"{share:.0%} of defects are >= {LARGE_BOX_PX} px at {imgsz} (90th pct {_pct(longs, 90):.0f} px): "
+            f"adds a stride-32 level to the preset's {listed} for their size"
+        )
+    if 32 in strides:
+        return strides, f"the {preset} preset already has a stride-32 level"
+    return strides, f"only {share:.0%} of defects are >= {LARGE_BOX_PX} px at {imgsz}: the preset's {listed}"
+
+
+def auto_channels(stats: SplitStats) -> tuple[int, str]:
+    if stats.color_checked == 0:
+        return 1, "no image could be checked for colour: gray"
+    share = stats.color_images / stats.color_checked
+    found = f"{stats.color_images} of {stats.color_checked} sampled images have colour content"
+    if share >= COLOR_SHARE:
+        return 3, f"{found}: RGB input"
+    return 1, f"{found} (< {COLOR_SHARE:.0%}): gray input"
+
+
+def auto_template(stats: SplitStats) -> tuple[bool, str]:
+    if stats.images and stats.with_template == stats.images:
+        return True, "every training image has a template: the model compares against it"
+    if stats.with_template:
+        return False, f"only {stats.with_template} of {stats.images} images have a template"
+    return False, "the dataset has no templates"
+
+
+def auto_class_balance(stats: SplitStats) -> tuple[str, str]:
+    counts = stats.class_images
+    names = stats.class_names
+    missing = [names[index] for index in np.flatnonzero(counts == 0)]
+    present = np.flatnonzero(counts > 0)
+    note = f"; no training image of {', '.join(missing)}" if missing else ""
+    if len(present) < 2:
+        return "off", f"fewer than two classes occur{note}"
+    rare, common = present[np.argmin(counts[present])], present[np.argmax(counts[present])]
+    ratio = counts[common] / counts[rare]
+    detail = f"{names[rare]} in {counts[rare]} images, {names[common]} in {counts[common]} ({ratio:.1f}x)"
+    if ratio >= BALANCE_RATIO:
+        return "repeat", f"imbalanced: {detail}; images of rare classes repeated up to {MAX_REPEAT:g}x{note}"
+    return "off", f"balanced within {ratio:.1f}x ({detail}){note}"
+
+
+def choose_settings(
+    stats: SplitStats, config: TrainConfig, previous: dict[str, Any] | None = None
+) -> tuple[TrainConfig, list[Choice]]:
+    """Fill the config's auto (None) settings from `stats`; returns the filled config and one
+    Choice per setting. `previous` (a resumed checkpoint's config) wins over the data for auto fields.
+    Pure: no IO."""
+    choices: list[Choice] = []
+    values: dict[str, Any] = {}
+
+    def decide(name: str, auto_value: Any, auto_reason: str) -> Any:
+        given = getattr(config, name)
+        if given is not None:
+            reason = "set by you"
+            if given != auto_value:
+                reason += f"; from the data: {_show(auto_value)} ({auto_reason})"
+            choices.append(Choice(name, given, reason, "user"))
+            value = given
+        elif previous is not None and previous.get(name) is not None:
+            value = previous[name]
+            choices.append(Choice(name, value, "kept from the checkpoint being resumed", "checkpoint"))
+        else:
+            value = auto_value
+            choices.append(Choice(name, value, auto_reason, "auto"))
+        values[name] = value
+        return value
+
+    imgsz = decide("imgsz", *auto_imgsz(stats))
+    decide("crop_size", *auto_crop(stats, imgsz))
+    decide("strides", *auto_strides(stats, imgsz, config.preset))
+    decide("channels", *auto_channels(stats))
+    decide("template", *auto_template(stats))
+    decide("class_balance", *auto_class_balance(stats))
+    choices.append(
+        Choice(
+            "regression ranges",
+            "none",
+            "the task-aligned assigner ranks anchors of every level by score x IoU and distances are "
+            "softplus x stride, so there are no per-level size ranges to tune",
+            "fixed",
+        )
+    )
+    for note in stats.notes:
+        logger.warning("settings from the data: %s", note)
+    return config.model_copy(update=values), choices
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    if value == 0 and not isinstance(value, bool):
+        return "0 (off)"
+    return str(value)
+
+
+def repeat_factors(split: DatasetSplit, seed: int = 0) -> np.ndarray:
+    """Integer repeats per sample (repeat-factor sampling, LVIS-style): class c gets
+    r_c = min(MAX_REPEAT, sqrt(f_max / f_c)) with f the share of images containing c; an image
+    repeats max r_c over its classes, rounded stochastically (seeded) so the mean repeat is kept."""
+    num_classes = len(split.class_names)
+    counts = np.zeros(num_classes, np.float64)
+    present_sets = []
+    for sample in split.samples:
+        present = np.unique(sample.classes[(sample.classes >= 0) & (sample.classes < num_classes)])
+        present_sets.append(present)
+        counts[present] += 1
+    if not counts.any():
+        return np.ones(len(split.samples), np.int64)
+    class_factor = np.where(counts > 0, np.minimum(MAX_REPEAT, np.sqrt(counts.max() / np.maximum(counts, 1))), 1.0)
+    image_factor = np.array([class_factor[p].max() if len(p) else 1.0 for p in present_sets])
+    draws = np.random.default_rng([seed, 0xBA1]).random(len(image_factor))
+    return (np.floor(image_factor) + (draws < image_factor % 1)).astype(np.int64)
+
+
+def balance_split(split: DatasetSplit, seed: int = 0) -> DatasetSplit:
+    """The split with rare-class samples repeated per `repeat_factors` (same objects, repeated)."""
+    repeats = repeat_factors(split, seed)
+    samples = [sample for sample, count in zip(split.samples, repeats.tolist(), strict=True) for _ in range(count)]
+    return DatasetSplit(samples, split.class_names, split.format, split.split, split.root, split.problems)
+
+
+def model_overrides(config: TrainConfig) -> dict[str, Any]:
+    """`build_model` keyword overrides for the chosen settings (head levels from `strides`)."""
+    if not config.strides:
+        return {}
+    return {"levels": tuple(ALL_STRIDES.index(stride) for stride in config.strides)}
+
+
+def choices_table(choices: list[Choice], title: str = "settings chosen for this run"):
+    """A rich Table: setting | value | why (who decided)."""
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    table.add_column("setting")
+    table.add_column("value", justify="right")
+    table.add_column("why")
+    for choice in choices:
+        who = "" if choice.source == "auto" else f" [{choice.source}]"
+        table.add_row(choice.name, _show(choice.value), choice.reason + who)
+    return table

@@ -1,0 +1,156 @@
+"""Settings chosen from the data: the rules on small synthetic statistics, overrides, stats from files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from defectdet.data.sample import DatasetSplit, Sample
+from defectdet.engine.autoconfig import (
+    SplitStats,
+    balance_split,
+    choices_table,
+    choose_settings,
+    collect_split_stats,
+    model_overrides,
+    repeat_factors,
+)
+from defectdet.engine.config import TrainConfig, config_from_dict
+from defectdet.errors import ConfigError
+
+
+def make_stats(
+    image_size: tuple[int, int],
+    box_sides: list[tuple[float, float]],
+    images: int = 50,
+    class_images: list[int] | None = None,
+    with_template: int = 0,
+    color: tuple[int, int] = (10, 0),
+) -> SplitStats:
+    width, height = image_size
+    counts = np.array(class_images or [images, images], np.int64)
+    return SplitStats(
+        images=images,
+        sizes=np.tile(np.array([[width, height]], np.float32), (images, 1)),
+        box_wh=np.array(box_sides, np.float32),
+        box_image_long=np.full(len(box_sides), max(width, height), np.float32),
+        class_names=[f"c{i}" for i in range(len(counts))],
+        class_boxes=counts,
+        class_images=counts,
+        with_template=with_template,
+        color_checked=color[0],
+        color_images=color[1],
+    )
+
+
+def chosen(stats: SplitStats, **fields) -> tuple[TrainConfig, dict]:
+    config, choices = choose_settings(stats, TrainConfig(**fields))
+    return config, {choice.name: choice for choice in choices}
+
+
+def test_tiny_defects_in_big_images_get_high_resolution_and_crops() -> None:
+    rng = np.random.default_rng(0)
+    stats = make_stats((2048, 1536), [(s, s) for s in rng.uniform(6, 16, 200)])
+    config, why = chosen(stats)
+    assert config.imgsz > 640 and config.imgsz % 32 == 0
+    assert config.crop_size and config.crop_size >= 320 and config.crop_size <= config.imgsz // 2
+    assert config.strides == [8, 16]  # no large boxes: no coarse level
+    assert why["imgsz"].source == "auto" and "capped" in why["imgsz"].reason
+
+
+def test_large_defects_in_small_images_get_native_size_no_crops_and_a_coarse_level() -> None:
+    rng = np.random.default_rng(1)
+    stats = make_stats((200, 200), [(w, h) for w, h in rng.uniform(60, 195, (100, 2))])
+    config, why = chosen(stats)
+    assert config.imgsz == 192  # the 200 px images are not upsampled to 640
+    assert config.crop_size == 0
+    assert config.strides == [8, 16, 32]
+    assert "upsample 3.2x" in why["imgsz"].reason and "stride-32" in why["strides"].reason
+
+
+def test_deeppcb_like_data_keeps_640_with_320_crops() -> None:
+    rng = np.random.default_rng(2)
+    stats = make_stats((640, 640), [(w, h) for w, h in rng.uniform(18, 60, (300, 2))], with_template=50)
+    config, _ = chosen(stats)
+    assert (config.imgsz, config.crop_size, config.strides, config.template) == (640, 320, [8, 16], True)
+
+
+def test_large_images_with_large_defects_are_downscaled_towards_640() -> None:
+    stats = make_stats((2048, 2048), [(400, 300)] * 20 + [(900, 700)] * 20)
+    config, _ = chosen(stats)
+    assert config.imgsz == 640 and config.crop_size == 0 and 32 in config.strides
+
+
+def test_user_values_win_and_are_reported_with_the_data_suggestion() -> None:
+    stats = make_stats((200, 200), [(150, 150)] * 10)
+    config, why = chosen(stats, imgsz=640, crop_size=320, strides=[8], channels=3, template=False)
+    assert (config.imgsz, config.crop_size, config.strides, config.channels) == (640, 320, [8], 3)
+    assert why["imgsz"].source == "user" and "from the data: 192" in why["imgsz"].reason
+    assert why["crop_size"].source == "user" and "0 (off)" in why["crop_size"].reason
+
+
+def test_resumed_checkpoint_values_win_over_the_data() -> None:
+    stats = make_stats((200, 200), [(150, 150)] * 10)
+    previous = {"imgsz": 320, "crop_size": 0, "strides": [8, 16], "channels": 1, "template": False}
+    config, choices = choose_settings(stats, TrainConfig(), previous)
+    assert (config.imgsz, config.strides) == (320, [8, 16])
+    assert {c.source for c in choices if c.name in previous} == {"checkpoint"}
+
+
+def test_channels_template_and_class_balance() -> None:
+    boxes = [(30, 30)] * 5
+    assert chosen(make_stats((640, 480), boxes, color=(12, 6)))[0].channels == 3
+    assert chosen(make_stats((640, 480), boxes, color=(12, 1)))[0].channels == 1
+    config, why = chosen(make_stats((640, 480), boxes, images=10, with_template=4))
+    assert config.template is False and "4 of 10" in why["template"].reason
+    config, why = chosen(make_stats((640, 480), boxes, class_images=[100, 10, 0]))
+    assert config.class_balance == "repeat" and "c1 in 10 images" in why["class_balance"].reason
+    assert "no training image of c2" in why["class_balance"].reason
+    assert chosen(make_stats((640, 480), boxes, class_images=[100, 60]))[0].class_balance == "off"
+
+
+def test_repeat_factors_oversample_rare_classes() -> None:
+    samples = [Sample(Path(f"{i}.png"), [[0, 0, 5, 5]], [0]) for i in range(90)]
+    samples += [Sample(Path(f"r{i}.png"), [[0, 0, 5, 5]], [1]) for i in range(10)]
+    split = DatasetSplit(samples, ["common", "rare"], "yolo", "train", Path("."))
+    repeats = repeat_factors(split, seed=0)
+    assert (repeats[:90] == 1).all() and (repeats[90:] == 3).all()  # sqrt(90 / 10)
+    assert len(balance_split(split).samples) == 90 + 30
+
+
+def test_table_and_model_overrides() -> None:
+    config, choices = choose_settings(make_stats((200, 200), [(150, 150)] * 10), TrainConfig())
+    console = Console(record=True, width=200)
+    console.print(choices_table(choices))
+    text = console.export_text()
+    for name in ("imgsz", "crop_size", "strides", "channels", "template", "class_balance"):
+        assert name in text
+    assert model_overrides(config) == {"levels": (0, 1, 2)}
+    assert model_overrides(TrainConfig()) == {}
+
+
+def test_config_rejects_sizes_the_model_cannot_take() -> None:
+    with pytest.raises(ConfigError, match="imgsz"):
+        config_from_dict({"imgsz": 200})
+    with pytest.raises(ConfigError, match="crop_size"):
+        config_from_dict({"crop_size": 100})
+    assert config_from_dict({"crop_size": 0, "strides": [32, 8]}).strides == [8, 32]
+
+
+def test_collect_split_stats_reads_headers_and_colour(tmp_path) -> None:
+    from defectdet.data.formats import load_dataset
+    from defectdet.data.synth import synthesize_dataset
+
+    for color, channels in ((True, 3), (False, 1)):
+        data_yaml = synthesize_dataset(
+            tmp_path / str(color), boards=6, seed=1, kind="surface", max_size=256, color=color, progress=False
+        )
+        split = load_dataset(data_yaml, "train")
+        stats = collect_split_stats(split)
+        assert stats.images == len(split.samples) and len(stats.sizes) == len(split.samples)
+        assert stats.sizes.max() <= 256 and stats.with_template == 0
+        assert len(stats.box_wh) == sum(len(sample.boxes) for sample in split.samples)
+        assert choose_settings(stats, TrainConfig())[0].channels == channels

@@ -1,0 +1,51 @@
+"""Chosen settings travel: the train CLI prints them, config.yaml and checkpoints record them, and
+`validate` rebuilds the same model (levels, template mode) and letterbox size from the checkpoint."""
+
+from __future__ import annotations
+
+import yaml
+from typer.testing import CliRunner
+
+from defectdet.cli import app
+from defectdet.data.synth import synthesize_dataset
+from defectdet.engine.checkpoint import load_checkpoint
+from defectdet.engine.config import TrainConfig
+from defectdet.engine.trainer import train
+from defectdet.engine.validate import validate
+
+runner = CliRunner()
+QUICK = {"epochs": 1, "batch": 2, "workers": 0, "max_steps": 2, "progress": False, "warmup_steps": 1}
+
+
+def test_no_template_on_a_dataset_with_templates(tmp_path) -> None:
+    data_yaml = synthesize_dataset(tmp_path / "pcb", boards=6, seed=0, min_size=160, max_size=200, progress=False)
+    assert "templates" in yaml.safe_load(data_yaml.read_text())
+    result = train(TrainConfig(data=data_yaml, template=False, out=tmp_path / "run", **QUICK))
+    checkpoint = load_checkpoint(result.last_checkpoint)
+    assert checkpoint["model_config"]["template"] is False and checkpoint["model_config"]["in_channels"] == 1
+    chosen = {c["name"]: c for c in checkpoint["settings_chosen"]}
+    assert chosen["template"]["value"] is False and chosen["template"]["source"] == "user"
+    assert "from the data: True" in chosen["template"]["reason"]  # the data has templates
+    config_text = (result.run_dir / "config.yaml").read_text()
+    assert config_text.startswith("# settings chosen for this run")
+    recorded = yaml.safe_load(config_text)
+    assert recorded["imgsz"] == checkpoint["config"]["imgsz"] == 192  # 160-200 px boards, no upsampling
+    assert recorded["template"] is False and recorded["crop_size"] == 0
+    metrics = validate(result.last_checkpoint, data_yaml, split="val", out=tmp_path / "val", protocol="coco")
+    assert "mAP50" in metrics["headline"]
+
+
+def test_train_cli_prints_the_table_and_levels_travel_to_validate(tmp_path) -> None:
+    data_yaml = synthesize_dataset(
+        tmp_path / "surface", boards=8, seed=4, kind="surface", min_size=128, max_size=224, progress=False
+    )
+    args = ["train", str(data_yaml), "--epochs", "1", "--batch", "2", "--workers", "0", "--out", str(tmp_path / "run")]
+    result = runner.invoke(app, [*args, "--set", "max_steps=2", "--set", "progress=false", "--strides", "8,16,32"])
+    assert result.exit_code == 0, result.output
+    for text in ("settings chosen for this run", "imgsz", "crop_size", "strides", "template", "class_balance"):
+        assert text in result.output, text
+    checkpoint = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert tuple(checkpoint["model_config"]["levels"]) == (0, 1, 2)
+    assert checkpoint["config"]["strides"] == [8, 16, 32] and checkpoint["config"]["imgsz"] <= 224
+    metrics = validate(tmp_path / "run" / "last.pt", data_yaml, split="val", out=tmp_path / "val", protocol="coco")
+    assert metrics["headline"]["mAP50"] is not None
