@@ -19,5 +19,10 @@ def test_demo_runs_the_whole_lifecycle(tmp_path: Path) -> None:
     assert 0.0 <= headline["mAP50"] <= 1.0
     assert 0.0 <= headline["false_call_rate"] <= 1.0  # templates were scored as clean boards
     assert 0.0 <= headline["escape_rate"] <= 1.0  # the held-out boards have defects
+    deploy = metrics["deploy"]
+    assert (tmp_path / "model.onnx").is_file() and deploy["boards"] >= 1
+    assert 0 <= deploy["escaped"] <= deploy["defective_boards"] <= deploy["boards"]
+    assert len(list((tmp_path / "predictions").glob("*.png"))) == min(6, deploy["boards"])
     output = console.export_text()
     assert "mAP@0.5" in output and "report" in output and "false-call rate" in output
+    assert "Predictor (onnxruntime, no torch)" in output
