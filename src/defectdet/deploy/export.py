@@ -192,7 +192,7 @@ def export_bundle(
     if data and Path(str(data)).exists():
         metadata = _measure(bundle, metadata, data, split, target_recall, console)
         write_metadata(bundle, metadata)
-        measured_on = f"{data} [{split}]"
+        measured_on = f"{data}, split {split}"
     else:
         logger.warning(
             "no validation data (%s): the bundle keeps the checkpoint's logged thresholds and has no drift "
@@ -228,7 +228,7 @@ def _measure(
     thresholds = metadata.thresholds.model_copy()
     if isinstance(headline.get("conf_threshold"), float):
         thresholds.score = headline["conf_threshold"]
-        thresholds.score_source = f"best F1 on {Path(str(data)).name} [{split}]"
+        thresholds.score_source = f"best F1 on {Path(str(data)).name}, split {split}"
     thresholds.recall_target = target_recall
     thresholds.recall_threshold = headline.get("target_recall_threshold")
     reference = drift_reference(bundle, data, split)

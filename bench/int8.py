@@ -1,0 +1,51 @@
+"""int8 or not: quantize a trained bundle (static QDQ, S8S8, per-channel) and compare mAP and speed with fp32.
+
+Usage: ``python bench/int8.py --checkpoint runs/deeppcb_nano/best.pt [--data ../shared/datasets/deeppcb]
+[--calibration-images 64] [--threads 2]``. The checkpoint comes from ``bench/train_deeppcb.py`` or
+``defectdet train``. Writes ``bench/results/int8.json``: the verdict `defectdet export --int8` would give
+(written when mAP@0.5 drops by at most 0.5 points), mAP@0.5 of both on the validation split and p50 latency of both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
+import common  # noqa: E402
+
+from defectdet.deploy.export import INT8_MAX_MAP50_DROP, export_bundle  # noqa: E402
+from defectdet.deploy.quantize import quantize_bundle  # noqa: E402
+
+DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "deeppcb"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, required=True)
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--split", default="val")
+    parser.add_argument("--train-split", default="train")
+    parser.add_argument("--calibration-images", type=int, default=64)
+    parser.add_argument("--out-dir", type=Path, default=common.RESULTS_DIR)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        bundle = export_bundle(args.checkpoint, Path(folder) / "model.onnx", data=args.data, split=args.split).bundle
+        report = quantize_bundle(
+            bundle, args.data, train_split=args.train_split, val_split=args.split,
+            calibration_images=args.calibration_images, max_drop=INT8_MAX_MAP50_DROP,
+        )  # fmt: skip
+    report["path"] = None
+    report["verdict"] = "kept" if report["written"] else "refused"
+    settings = {"checkpoint": str(args.checkpoint), "data": str(args.data), "split": args.split}
+    path = common.write_result("int8", {"settings": settings, "result": report}, args.out_dir)
+    columns = ["verdict", "mAP50_fp32", "mAP50_int8", "mAP50_drop", "p50_ms_fp32", "p50_ms_int8", "speedup"]
+    common.print_table("int8 vs fp32 (onnxruntime, batch 1)", columns, [[report[c] for c in columns]])
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
