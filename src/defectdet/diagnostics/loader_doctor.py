@@ -194,12 +194,15 @@ def loader_report(
     model: nn.Module | None = None,
     overrides: dict[str, Any] | None = None,
     model_seconds: float = 3.0,
+    time_model: bool = True,
+    explore: bool = True,
 ) -> LoaderReport:
     """Diagnose the loader of `data`: a dataset path (built as `defectdet train` would, with `preset`/`config`)
     or any torch Dataset (with its `collate_fn`; `model` to time a training step on its batches).
 
     `scan_limit` caps the scanned samples (None: all, 0: no scan); each loader setting runs for up to
-    `seconds_per_setting` over `batches_per_setting` batches. `overrides` are TrainConfig fields (e.g. imgsz).
+    `seconds_per_setting` over `batches_per_setting` batches; `explore` adds variants around the best worker
+    count; `time_model` times a training step. `overrides` are TrainConfig fields (e.g. imgsz).
     """
     from defectdet.data.dataset import collate_detections
 
@@ -217,12 +220,12 @@ def loader_report(
     good = [index for index in range(length) if index not in bad][: batch_size * batches_per_setting]
     settings, first_batch = sweep(
         dataset, good, batch_size, list(workers) if workers is not None else candidate_workers(), collate,
-        worker_init_fn, seconds_per_setting, sample_timeout * batch_size,
+        worker_init_fn, seconds_per_setting, sample_timeout * batch_size, explore,
     )
     working = [setting for setting in settings if setting.images_per_second]
     best = max(working, key=lambda setting: setting.images_per_second or 0) if working else None
     step = None
-    if first_batch is not None:
+    if first_batch is not None and time_model:
         if model is None and training is not None:
             from defectdet.model import build_model
 

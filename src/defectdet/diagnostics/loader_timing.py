@@ -190,9 +190,10 @@ def sweep(
     worker_init_fn: Callable | None,
     seconds: float,
     timeout: float,
+    explore: bool = True,
 ) -> tuple[list[LoaderSetting], Any]:
-    """Workers first (prefetch 2, persistent); then, at the best worker count, prefetch 4, non-persistent,
-    half and double batch, and pin_memory when CUDA is there."""
+    """Workers first (prefetch 2, persistent); then (`explore`), at the best worker count, prefetch 4,
+    non-persistent, half and double batch, and pin_memory when CUDA is there."""
     pin = torch.cuda.is_available()
     settings, first_batch = [], None
     for count in workers:
@@ -203,7 +204,7 @@ def sweep(
         settings.append(setting)
         first_batch = first_batch if first_batch is not None else batch
     working = [s for s in settings if s.images_per_second]
-    if not working:
+    if not working or not explore:
         return settings, first_batch
     best = max(working, key=lambda s: s.images_per_second or 0)
     variants = [dataclasses.replace(best, batch_size=max(1, batch_size // 2)), dataclasses.replace(best, batch_size=batch_size * 2)]

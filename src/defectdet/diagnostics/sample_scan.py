@@ -5,8 +5,10 @@ collated, and the samples whose shapes differ from the rest."""
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import multiprocessing
 import signal
+import tempfile
 import time
 import traceback
 from collections import Counter
@@ -86,7 +88,11 @@ def sample_file(dataset: Any, index: int, item: Any = None) -> str | None:
     return None
 
 
-def _child(connection: Any, dataset: Any, indices: Sequence[int], batch_size: int, collate_fn: Callable | None) -> None:
+def _child(
+    connection: Any, dataset: Any, indices: Sequence[int], batch_size: int, collate_fn: Callable | None, crash_log: Any
+) -> None:
+    if crash_log is not None:
+        faulthandler.enable(crash_log)  # a native crash writes the Python stack where it happened
     batch: list[tuple[int, Any]] = []
 
     def collate() -> None:
@@ -115,11 +121,17 @@ def _child(connection: Any, dataset: Any, indices: Sequence[int], batch_size: in
     connection.close()
 
 
-def _signal_message(exitcode: int | None) -> str:
+def _signal_message(exitcode: int | None, crash_log: Any) -> str:
     if exitcode is None or exitcode >= 0:
-        return f"the process exited with code {exitcode}"
-    name = signal.Signals(-exitcode).name
-    return f"{name}: {SIGNAL_MEANINGS.get(name, 'killed by a signal')}"
+        message = f"the process exited with code {exitcode}"
+    else:
+        name = signal.Signals(-exitcode).name
+        message = f"{name}: {SIGNAL_MEANINGS.get(name, 'killed by a signal')}"
+    if crash_log is None:
+        return message
+    crash_log.seek(0)
+    frames = [line.strip() for line in crash_log.read().decode(errors="replace").splitlines() if line.strip().startswith("File ")]
+    return message + (f"; crashed at {frames[0]}" if frames else "")
 
 
 def scan_samples(
@@ -140,7 +152,10 @@ def scan_samples(
     failures, start, stopped = 0, time.perf_counter(), ""
     while pending:
         receiver, sender = context.Pipe(duplex=False)
-        process = context.Process(target=_child, args=(sender, dataset, pending, batch_size, collate_fn), daemon=True)
+        crash_log = tempfile.TemporaryFile() if context.get_start_method() == "fork" else None
+        process = context.Process(
+            target=_child, args=(sender, dataset, pending, batch_size, collate_fn, crash_log), daemon=True
+        )
         process.start()
         sender.close()
         current, finished = None, False
@@ -155,7 +170,7 @@ def scan_samples(
             except EOFError:  # the child died
                 process.join(5)
                 if current is not None:
-                    problems.append(SampleProblem("died", current, sample_file(dataset, current), _signal_message(process.exitcode)))
+                    problems.append(SampleProblem("died", current, sample_file(dataset, current), _signal_message(process.exitcode, crash_log)))
                 break
             if message[0] == "start":
                 current = message[1]
@@ -171,6 +186,8 @@ def scan_samples(
                 break
         process.join(5)
         receiver.close()
+        if crash_log is not None:
+            crash_log.close()
         if finished or current is None:
             break
         failures += 1

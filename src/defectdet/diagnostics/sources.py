@@ -23,7 +23,8 @@ def training_data(
     if preset is not None:
         values["preset"] = preset
     train_config = load_config(config, values)
-    return train_config, build_train_data(train_config)
+    train_data = build_train_data(train_config)
+    return getattr(train_data, "config", None) or train_config, train_data  # with auto settings filled
 
 
 def training_model(checkpoint_path: str | Path, use_ema: bool = False) -> tuple[nn.Module, dict[str, Any]]:
