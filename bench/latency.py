@@ -168,6 +168,9 @@ def bench_preset(preset: str, args: argparse.Namespace, pairs: list[tuple[bytes,
     predictor = Predictor(bundle, threads=args.threads)
     batch = images.numpy()
     row["ort_fp32_p50_ms"], row["ort_fp32_p95_ms"] = (round(v, 2) for v in percentiles(lambda: predictor.run(batch), args.warmup, args.runs))
+    openvino = openvino_p50(bundle, batch, args)
+    if openvino is not None:
+        row["openvino_fp32_p50_ms"], row["openvino_fp32_p95_ms"] = openvino
     if args.data is not None and args.data.exists():
         int8 = quantize_onnx(bundle, folder / f"{preset}.int8.onnx", args.data, "train", args.calibration_images)
         quantized = Predictor(int8, threads=args.threads)
@@ -177,6 +180,22 @@ def bench_preset(preset: str, args: argparse.Namespace, pairs: list[tuple[bytes,
     if preset in args.rss_presets:
         row.update({f"rss_{key}": value for key, value in rss_in_child(bundle, pairs, args.rss_calls, args.threads).items()})
     return row
+
+
+def openvino_p50(bundle: Path, batch: np.ndarray, args: argparse.Namespace) -> tuple[float, float] | None:
+    """OpenVINO's CPU runtime on the same ONNX file, when the `openvino` package is installed (not a
+    dependency: measured to decide whether it is worth offering as a Predictor backend)."""
+    try:
+        import openvino
+    except ImportError:
+        return None
+    core = openvino.Core()
+    compiled = core.compile_model(
+        str(bundle), "CPU", {"INFERENCE_NUM_THREADS": args.threads, "PERFORMANCE_HINT": "LATENCY"}
+    )
+    request = compiled.create_infer_request()
+    p50, p95 = percentiles(lambda: request.infer({0: batch}), args.warmup, args.runs)
+    return round(p50, 2), round(p95, 2)
 
 
 def bench_peer(path: Path, args: argparse.Namespace) -> dict:
@@ -217,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items() if key != "out_dir"}
     path = common.write_result("latency", {"settings": settings, "results": rows, "peers": peers}, args.out_dir)
     columns = ["preset", "eager_p50_ms", "compile_p50_ms", "torchscript_p50_ms", "ort_fp32_p50_ms", "ort_int8_p50_ms",
+               "openvino_fp32_p50_ms",
                "e2e_decode_p50_ms", "e2e_letterbox_p50_ms", "e2e_model_p50_ms", "e2e_postprocess_p50_ms", "e2e_total_p50_ms"]  # fmt: skip
     headers = [column.replace("_p50_ms", "").replace("e2e_", "e2e ") for column in columns]
     common.print_table(

@@ -172,6 +172,17 @@ def test_predictor_accepts_paths_bytes_and_arrays_alike(bundle_path: Path, tiny_
     assert predictor.predict(image, template, conf=1.0).verdict == "clean"
 
 
+def test_a_deep_pair_gets_one_intensity_mapping(bundle_path: Path) -> None:
+    """A 12-bit pair whose peaks straddle 2048: scaled apart, the clean background would differ by 2x."""
+    template = np.full((64, 80), 2000, np.uint16)
+    image = template.copy()
+    image[10:20, 10:20] = 3000
+    tested, reference = Predictor(bundle_path).load_pair(image, template)
+    assert tested.dtype == reference.dtype == np.uint8
+    assert tested[0, 0] == reference[0, 0] == round(2000 * 255 / 4095)
+    assert tested[15, 15] == round(3000 * 255 / 4095)
+
+
 def test_predictor_errors_name_the_problem(bundle_path: Path, tiny_dataset: Path) -> None:
     predictor = Predictor(bundle_path)
     sample = load_dataset(tiny_dataset, "val").samples[0]

@@ -314,3 +314,8 @@ def _to_uint8(image: np.ndarray, bit_depth: int | None = None, float_peak: float
     scale = 255.0 / float((1 << bits) - 1)
     return np.clip(image.astype(np.float32) * scale + 0.5, 0, 255).astype(np.uint8)
 
+
+def to_uint8(image: np.ndarray, bit_depth: int | None = None) -> np.ndarray:
+    """Public form of the deep-image scaling `read_image` applies (for arrays handed to the runtime);
+    give a pair's shared `bit_depth` (see `decode_pair`) so both images get one mapping."""
+    return _to_uint8(image, _check_bit_depth(bit_depth))

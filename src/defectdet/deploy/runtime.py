@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from defectdet.data.imageio import DEFAULT_MAX_PIXELS, decode_image, to_uint8
+from defectdet.data.imageio import DEFAULT_MAX_PIXELS, decode_image, decode_pair, effective_bit_depth, to_uint8
 from defectdet.data.letterbox import LetterboxTransform, boxes_from_letterbox, letterbox_image
 from defectdet.deploy.bundle import (
     FEATURES_OUTPUT,
@@ -155,16 +155,42 @@ class Predictor:
         channels = self.metadata.channels
         if isinstance(image, np.ndarray):
             return _array_to_layout(image, channels, name)
-        if isinstance(image, (bytes, bytearray, memoryview)):
-            return decode_image(bytes(image), name, channels, self.max_pixels)
-        if isinstance(image, (str, os.PathLike)):
-            path = Path(image)
+        data, label = self._encoded(image, name)
+        return decode_image(data, label, channels, self.max_pixels)
+
+    def load_pair(self, image: ImageInput, template: ImageInput | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """`load` for a tested image and its template with ONE intensity mapping for both: a deep (12/16-bit)
+        pair is scaled by the pair's bit depth, so the model sees no false global difference."""
+        if template is None:
+            return self.load(image, "image"), None
+        if isinstance(image, np.ndarray) and isinstance(template, np.ndarray):
+            deep = [a for a in (image, template) if np.issubdtype(a.dtype, np.integer) and a.dtype != np.uint8]
+            bits = max(effective_bit_depth(a) for a in deep) if len(deep) == 2 else None
+            channels = self.metadata.channels
+            return (
+                _array_to_layout(image, channels, "image", bits),
+                _array_to_layout(template, channels, "template", bits),
+            )
+        if not isinstance(image, np.ndarray) and not isinstance(template, np.ndarray):
+            (image_data, image_name), (template_data, template_name) = (
+                self._encoded(image, "image"),
+                self._encoded(template, "template"),
+            )
+            return decode_pair(
+                image_data, template_data, image_name, template_name, self.metadata.channels, self.max_pixels
+            )
+        return self.load(image, "image"), self.load(template, "template")
+
+    def _encoded(self, source: ImageInput, name: str) -> tuple[bytes, str | Path]:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            return bytes(source), name
+        if isinstance(source, (str, os.PathLike)):
+            path = Path(source)
             try:
-                data = path.read_bytes()
+                return path.read_bytes(), path
             except OSError as error:
                 raise InputError(f"{path}: cannot read ({error.strerror or error})") from None
-            return decode_image(data, path, channels, self.max_pixels)
-        raise InputError(f"{name}: expected a path, bytes or a numpy array, got {type(image).__name__}")
+        raise InputError(f"{name}: expected a path, bytes or a numpy array, got {type(source).__name__}")
 
     def prepare(
         self, image: np.ndarray, template: np.ndarray | None
@@ -213,8 +239,7 @@ class Predictor:
             raise InputError(f"conf must be within [0, 1], got {threshold}")
         floor = threshold if min_score is None else float(min_score)
         started = time.perf_counter()
-        decoded = self.load(image, "image")
-        decoded_template = self.load(template, "template") if template is not None else None
+        decoded, decoded_template = self.load_pair(image, template)
         decoded_at = time.perf_counter()
         tensor, transform, content = self.prepare(decoded, decoded_template)
         stats = image_statistics(content)
@@ -263,7 +288,7 @@ def _content(canvas: np.ndarray, transform: LetterboxTransform) -> np.ndarray:
     return canvas[y0 : size - y0, x0 : size - x0] if (x0 or y0) else canvas
 
 
-def _array_to_layout(array: np.ndarray, channels: int, name: str) -> np.ndarray:
+def _array_to_layout(array: np.ndarray, channels: int, name: str, bit_depth: int | None = None) -> np.ndarray:
     """A caller's array (HxW, HxWx1, HxWx3 RGB or HxWx4 RGBA; uint8, uint16 or float in [0, 1]) -> uint8 HxW
     or HxWx3."""
     if array.ndim == 3 and array.shape[2] == 1:
@@ -279,7 +304,7 @@ def _array_to_layout(array: np.ndarray, channels: int, name: str) -> np.ndarray:
             raise InputError(f"{name}: the float array holds NaN or Inf")
         array = (np.clip(array, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
     elif array.dtype in (np.uint16, np.int32, np.int64, np.uint32):
-        array = to_uint8(array)
+        array = to_uint8(array, bit_depth)
     else:
         raise InputError(f"{name}: unsupported dtype {array.dtype}; use uint8, uint16 or float in [0, 1]")
     if array.ndim == 3 and array.shape[2] == 4:
