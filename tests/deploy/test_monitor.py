@@ -215,3 +215,20 @@ def test_monitor_is_thread_safe() -> None:
     for thread in threads:
         thread.join()
     assert monitor.state().images == 1000
+
+
+def test_quantile_transform_symmetrises_a_skewed_statistic() -> None:
+    rng = np.random.default_rng(10)
+    skewed = rng.lognormal(0.0, 0.6, 500)
+    stats = [{"gloss": float(value)} for value in skewed]  # no absolute scale floor for this name
+    monitor = DriftMonitor(build_reference(stats, None))
+    chart = monitor._charts["gloss"]
+    median = float(np.median(skewed))
+    assert chart.standardizer.forward(median) == pytest.approx(0.0, abs=1e-9)
+    assert chart.standardizer.forward(float(np.quantile(skewed, 0.95))) == pytest.approx(1.645, abs=0.01)
+    for value in (0.1, median, 3.0, 40.0):
+        assert chart.standardizer.inverse(chart.standardizer.forward(value)) == pytest.approx(value)
+    low, high = chart.band(chart.alert_limit)
+    assert low < median < high and high - median > median - low  # the band follows the skew
+    linear = DriftMonitor(build_reference(stats, None), transform="linear")._charts["gloss"]
+    assert linear.standardizer.forward(float(skewed.mean())) == pytest.approx(0.0)

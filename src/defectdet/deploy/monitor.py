@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import statistics
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -148,6 +149,7 @@ def build_reference(stats: list[dict[str, float]], features: np.ndarray | None =
 # EWMA control limits from a target in-control run length
 # ----------------------------------------------------------------------------------------------------
 
+_NORMAL = statistics.NormalDist()
 _normal_cdf = np.vectorize(lambda x: 0.5 * math.erfc(-x / math.sqrt(2.0)), otypes=[np.float64])
 
 
@@ -242,26 +244,65 @@ class DriftState:
         }
 
 
+@dataclass(frozen=True)
+class _Standardizer:
+    """Maps a statistic to z (reference units) and back: piecewise linear through the reference quantiles
+    at their normal scores (a skewed statistic gets a symmetric in-control z), linear beyond them with
+    slope 1 / `scale`. With one knot it is the plain (x - mean) / scale."""
+
+    knots_x: tuple[float, ...]
+    knots_z: tuple[float, ...]
+    scale: float
+
+    def forward(self, x: float) -> float:
+        if x <= self.knots_x[0]:
+            return self.knots_z[0] + (x - self.knots_x[0]) / self.scale
+        if x >= self.knots_x[-1]:
+            return self.knots_z[-1] + (x - self.knots_x[-1]) / self.scale
+        return float(np.interp(x, self.knots_x, self.knots_z))
+
+    def inverse(self, z: float) -> float:
+        if z <= self.knots_z[0]:
+            return self.knots_x[0] + (z - self.knots_z[0]) * self.scale
+        if z >= self.knots_z[-1]:
+            return self.knots_x[-1] + (z - self.knots_z[-1]) * self.scale
+        return float(np.interp(z, self.knots_z, self.knots_x))
+
+
+def _standardizer(summary: Mapping[str, Any], floor: float, transform: str) -> _Standardizer:
+    scale = max(float(summary["std"]), floor)
+    linear = _Standardizer((float(summary["mean"]),), (0.0,), scale)
+    quantiles = summary.get("quantiles") or {}
+    if transform == "linear" or len(quantiles) < 3:
+        return linear
+    levels = sorted((float(key), float(value)) for key, value in quantiles.items())
+    xs = np.array([value for _, value in levels])
+    zs = np.array([_NORMAL.inv_cdf(p) for p, _ in levels])
+    # every segment at least as wide as the floor allows: else (ties, a near-constant statistic) go linear
+    if not np.all(np.diff(xs) >= floor * np.diff(zs)):
+        return linear
+    return _Standardizer(tuple(float(v) for v in xs), tuple(float(v) for v in zs), scale)
+
+
 @dataclass
 class _Chart:
     name: str
-    centre: float
-    scale: float
+    standardizer: _Standardizer
     two_sided: bool
-    warn_limit: float  # in units of `scale`
+    warn_limit: float  # on the EWMA of z
     alert_limit: float
     ewma: float = 0.0
     last: float = float("nan")
     level: Level = "ok"
 
     def band(self, limit: float) -> tuple[float, float]:
-        lower = self.centre - limit * self.scale if self.two_sided else -math.inf
-        return (lower, self.centre + limit * self.scale)
+        lower = self.standardizer.inverse(-limit) if self.two_sided else -math.inf
+        return (lower, self.standardizer.inverse(limit))
 
     def state(self) -> ChartState:
         return ChartState(
             self.name,
-            self.centre + self.ewma * self.scale,
+            self.standardizer.inverse(self.ewma),
             self.last,
             self.ewma,
             self.level,
@@ -273,15 +314,21 @@ class _Chart:
 class DriftMonitor:
     """EWMA charts of the image statistics and of the activation score against the reference profile.
 
-    Each observation is standardised by the reference (z = (x - mean) / scale, scale = max(std, floor)),
-    clipped to +-`clip` so a single odd image moves a chart by at most lam * clip, and smoothed:
-    E_t = (1 - lam) E_{t-1} + lam z_t. A chart is in alert when |E_t| exceeds the limit whose
-    in-control average run length, for N(0, 1) observations, is `alert_run_length` x number of charts
-    (so the whole monitor raises a false alarm about once per `alert_run_length` images); warn likewise
-    with `warn_run_length`. The activation chart is one-sided (only a rise of the mean |z| is drift).
-    Clipping lowers the in-control variance, so the real run lengths are longer than the targets.
-    A level is left only when the chart falls below 0.8 x its limit (hysteresis), and each change
-    of the overall state is logged once. Thread-safe.
+    Each observation becomes z in reference units: with `transform="quantile"` (default) piecewise-linearly
+    through the reference quantiles at their normal scores (q05 -> -1.645, median -> 0, ...; a skewed
+    statistic such as the activation score gets a near-normal in-control z), beyond the outer quantiles
+    linearly with slope 1 / max(std, floor); `"linear"` is plain (x - mean) / max(std, floor). z is clipped
+    to +-`clip`, so one odd image moves a chart by at most lam * clip, and smoothed:
+    E_t = (1 - lam) E_{t-1} + lam z_t.
+
+    Limits: a chart is in alert when |E_t| exceeds h_alert, the limit whose in-control average run length
+    for N(0, 1) observations (Brook-Evans Markov chain, `ewma_limit`) is `alert_run_length` x the number
+    of charts, so that the monitor as a whole raises a false alarm about once per `alert_run_length`
+    images (charts taken as independent: a union bound); warn likewise with `warn_run_length`. The
+    activation chart is one-sided (only a rise of the mean |z| is drift; E is reset at 0). Clipping lowers
+    the in-control variance, so the real run lengths are longer than the targets. A level is left only
+    when the chart falls below 0.8 x its limit (hysteresis); each change of the overall state is logged
+    once. Thread-safe.
     """
 
     def __init__(
@@ -292,14 +339,18 @@ class DriftMonitor:
         alert_run_length: float = 100_000,
         warn_run_length: float = 5_000,
         clip: float = 4.0,
+        transform: str = "quantile",
         statistics: Sequence[str] | None = None,
         history: int = 300,
     ) -> None:
         if not reference or "statistics" not in reference:
             raise ValueError("DriftMonitor needs a reference profile from build_reference")
         self.reference = dict(reference)
+        if transform not in ("quantile", "linear"):
+            raise ValueError(f"transform must be 'quantile' or 'linear', got {transform!r}")
         self.lam = lam
         self.clip = clip
+        self.transform = transform
         self.skipped: dict[str, str] = {}
         available = reference["statistics"]
         names = list(statistics) if statistics is not None else list(available)
@@ -338,12 +389,10 @@ class DriftMonitor:
         self._history: deque[dict[str, float]] = deque(maxlen=history)
 
     def _make_chart(self, name: str, summary: Mapping[str, Any], two_sided: bool, charts: int) -> _Chart:
-        centre = float(summary["mean"])
-        floor = max(SCALE_FLOORS.get(name, 0.0), RELATIVE_SCALE_FLOOR * abs(centre), 1e-12)
-        scale = max(float(summary["std"]), floor)
+        floor = max(SCALE_FLOORS.get(name, 0.0), RELATIVE_SCALE_FLOOR * abs(float(summary["mean"])), 1e-12)
         warn = ewma_limit(self.lam, self.warn_run_length * charts, two_sided)
         alert = ewma_limit(self.lam, self.alert_run_length * charts, two_sided)
-        return _Chart(name, centre, scale, two_sided, warn, alert)
+        return _Chart(name, _standardizer(summary, floor, self.transform), two_sided, warn, alert)
 
     @property
     def charts(self) -> list[str]:
@@ -353,8 +402,8 @@ class DriftMonitor:
         """Per chart: centre, scale, two-sided flag and the warn / alert limits in units of scale."""
         return {
             name: {
-                "centre": chart.centre,
-                "scale": chart.scale,
+                "centre": chart.standardizer.inverse(0.0),
+                "scale": chart.standardizer.scale,
                 "two_sided": chart.two_sided,
                 "warn_limit": chart.warn_limit,
                 "alert_limit": chart.alert_limit,
@@ -382,7 +431,7 @@ class DriftMonitor:
         return state
 
     def _observe(self, chart: _Chart, value: float) -> None:
-        z = min(max((value - chart.centre) / chart.scale, -self.clip), self.clip)
+        z = min(max(chart.standardizer.forward(value), -self.clip), self.clip)
         chart.ewma = (1.0 - self.lam) * chart.ewma + self.lam * z
         if not chart.two_sided:
             chart.ewma = max(chart.ewma, 0.0)
@@ -411,7 +460,7 @@ class DriftMonitor:
         else:
             band = worst.band(worst.alert_limit if level == "alert" else worst.warn_limit)
             message = (
-                f"{level}: {worst.name} {_fmt(worst.centre + worst.ewma * worst.scale)} "
+                f"{level}: {worst.name} {_fmt(worst.standardizer.inverse(worst.ewma))} "
                 f"outside [{_fmt(band[0])}, {_fmt(band[1])}] (EWMA, lambda {self.lam:g})"
             )
         band = worst.band(worst.warn_limit if level != "alert" else worst.alert_limit)
