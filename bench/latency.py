@@ -73,12 +73,16 @@ def real_pairs(data: Path | None, count: int) -> list[tuple[bytes, bytes]]:
         from defectdet.data.synth import synthesize_dataset
 
         folder = Path(tempfile.mkdtemp())
-        yaml_path = synthesize_dataset(folder, boards=count, seed=0, template=True, min_size=640, max_size=640)
+        yaml_path = synthesize_dataset(
+            folder, boards=count, seed=0, template=True, min_size=640, max_size=640
+        )
         samples = load_dataset(yaml_path, "train").samples[:count]
     return [(Path(s.image_path).read_bytes(), Path(s.template_path).read_bytes()) for s in samples]
 
 
-def end_to_end(predictor: Predictor, pairs: list[tuple[bytes, bytes]], warmup: int, runs: int) -> dict[str, float]:
+def end_to_end(
+    predictor: Predictor, pairs: list[tuple[bytes, bytes]], warmup: int, runs: int
+) -> dict[str, float]:
     for index in range(warmup):
         predictor.predict(*pairs[index % len(pairs)])
     stages: dict[str, list[float]] = {}
@@ -125,7 +129,9 @@ print(json.dumps({"rss_after_first_call_mb": round(after_first, 1), "rss_after_c
 """
 
 
-def rss_in_child(bundle: Path, pairs: list[tuple[bytes, bytes]], calls: int, threads: int) -> dict[str, object]:
+def rss_in_child(
+    bundle: Path, pairs: list[tuple[bytes, bytes]], calls: int, threads: int
+) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as folder:
         files = []
         for index, (image, template) in enumerate(pairs):
@@ -144,7 +150,9 @@ def rss_in_child(bundle: Path, pairs: list[tuple[bytes, bytes]], calls: int, thr
     return result
 
 
-def bench_preset(preset: str, args: argparse.Namespace, pairs: list[tuple[bytes, bytes]], folder: Path) -> dict:
+def bench_preset(
+    preset: str, args: argparse.Namespace, pairs: list[tuple[bytes, bytes]], folder: Path
+) -> dict:
     from defectdet.deploy.quantize import quantize_onnx
 
     torch.manual_seed(0)
@@ -152,33 +160,54 @@ def bench_preset(preset: str, args: argparse.Namespace, pairs: list[tuple[bytes,
     model = build_model(preset, args.classes, channels, channels in (2, 6)).eval()
     info = model_info(model, size)
     images = torch.rand(1, channels, size, size)
-    row: dict[str, object] = {"preset": preset, "params": info["params"], "gflops": round(float(info["gflops"]), 4)}
+    row: dict[str, object] = {
+        "preset": preset,
+        "params": info["params"],
+        "gflops": round(float(info["gflops"]), 4),
+    }
     with torch.inference_mode():
-        row["eager_p50_ms"], row["eager_p95_ms"] = (round(v, 2) for v in percentiles(lambda: model(images), args.warmup, args.runs))
+        row["eager_p50_ms"], row["eager_p95_ms"] = (
+            round(v, 2) for v in percentiles(lambda: model(images), args.warmup, args.runs)
+        )
         folded = fold_batchnorm(copy.deepcopy(model))
         traced = torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.trace(folded, images)))
-        row["torchscript_p50_ms"], row["torchscript_p95_ms"] = (round(v, 2) for v in percentiles(lambda: traced(images), args.warmup, args.runs))
+        row["torchscript_p50_ms"], row["torchscript_p95_ms"] = (
+            round(v, 2) for v in percentiles(lambda: traced(images), args.warmup, args.runs)
+        )
         if args.compile:
             compiled = torch.compile(folded)
             start = time.perf_counter()
             compiled(images)
             row["compile_seconds"] = round(time.perf_counter() - start, 1)
-            row["compile_p50_ms"], row["compile_p95_ms"] = (round(v, 2) for v in percentiles(lambda: compiled(images), args.warmup, args.runs))
+            row["compile_p50_ms"], row["compile_p95_ms"] = (
+                round(v, 2) for v in percentiles(lambda: compiled(images), args.warmup, args.runs)
+            )
     bundle = make_bundle(model, folder / f"{preset}.onnx", size, channels, args.classes)
     predictor = Predictor(bundle, threads=args.threads)
     batch = images.numpy()
-    row["ort_fp32_p50_ms"], row["ort_fp32_p95_ms"] = (round(v, 2) for v in percentiles(lambda: predictor.run(batch), args.warmup, args.runs))
+    row["ort_fp32_p50_ms"], row["ort_fp32_p95_ms"] = (
+        round(v, 2) for v in percentiles(lambda: predictor.run(batch), args.warmup, args.runs)
+    )
     openvino = openvino_p50(bundle, batch, args)
     if openvino is not None:
         row["openvino_fp32_p50_ms"], row["openvino_fp32_p95_ms"] = openvino
     if args.data is not None and args.data.exists():
-        int8 = quantize_onnx(bundle, folder / f"{preset}.int8.onnx", args.data, "train", args.calibration_images)
+        int8 = quantize_onnx(
+            bundle, folder / f"{preset}.int8.onnx", args.data, "train", args.calibration_images
+        )
         quantized = Predictor(int8, threads=args.threads)
-        row["ort_int8_p50_ms"], row["ort_int8_p95_ms"] = (round(v, 2) for v in percentiles(lambda: quantized.run(batch), args.warmup, args.runs))
+        row["ort_int8_p50_ms"], row["ort_int8_p95_ms"] = (
+            round(v, 2) for v in percentiles(lambda: quantized.run(batch), args.warmup, args.runs)
+        )
         row["int8_speedup"] = round(row["ort_fp32_p50_ms"] / row["ort_int8_p50_ms"], 3)
     row.update(end_to_end(predictor, pairs, args.warmup, args.runs))
     if preset in args.rss_presets:
-        row.update({f"rss_{key}": value for key, value in rss_in_child(bundle, pairs, args.rss_calls, args.threads).items()})
+        row.update(
+            {
+                f"rss_{key}": value
+                for key, value in rss_in_child(bundle, pairs, args.rss_calls, args.threads).items()
+            }
+        )
     return row
 
 
@@ -203,12 +232,22 @@ def bench_peer(path: Path, args: argparse.Namespace) -> dict:
 
     from defectdet.deploy.runtime import session_options
 
-    session = onnxruntime.InferenceSession(str(path), session_options(args.threads), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(
+        str(path), session_options(args.threads), providers=["CPUExecutionProvider"]
+    )
     spec = session.get_inputs()[0]
-    shape = [dim if isinstance(dim, int) else (1 if index == 0 else args.imgsz) for index, dim in enumerate(spec.shape)]
+    shape = [
+        dim if isinstance(dim, int) else (1 if index == 0 else args.imgsz)
+        for index, dim in enumerate(spec.shape)
+    ]
     feed = {spec.name: np.random.default_rng(0).random(shape, dtype=np.float32)}
     p50, p95 = percentiles(lambda: session.run(None, feed), args.warmup, args.runs)
-    return {"peer": path.name, "input_shape": shape, "ort_fp32_p50_ms": round(p50, 2), "ort_fp32_p95_ms": round(p95, 2)}
+    return {
+        "peer": path.name,
+        "input_shape": shape,
+        "ort_fp32_p50_ms": round(p50, 2),
+        "ort_fp32_p95_ms": round(p95, 2),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--classes", type=int, default=6)
     parser.add_argument("--presets", nargs="*", default=list(PRESETS))
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="JPEG pairs + int8 calibration images")
+    parser.add_argument(
+        "--data", type=Path, default=DEFAULT_DATA, help="JPEG pairs + int8 calibration images"
+    )
     parser.add_argument("--calibration-images", type=int, default=32)
     parser.add_argument("--peer", type=Path, nargs="*", default=[])
     parser.add_argument("--rss-calls", type=int, default=1000)
@@ -233,8 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         rows = [bench_preset(preset, args, pairs, Path(folder)) for preset in args.presets]
     peers = [bench_peer(path, args) for path in args.peer]
-    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items() if key != "out_dir"}
-    path = common.write_result("latency", {"settings": settings, "results": rows, "peers": peers}, args.out_dir)
+    settings = {
+        key: str(value) if isinstance(value, Path) else value
+        for key, value in vars(args).items()
+        if key != "out_dir"
+    }
+    path = common.write_result(
+        "latency", {"settings": settings, "results": rows, "peers": peers}, args.out_dir
+    )
     columns = ["preset", "eager_p50_ms", "compile_p50_ms", "torchscript_p50_ms", "ort_fp32_p50_ms", "ort_int8_p50_ms",
                "openvino_fp32_p50_ms",
                "e2e_decode_p50_ms", "e2e_letterbox_p50_ms", "e2e_model_p50_ms", "e2e_postprocess_p50_ms", "e2e_total_p50_ms"]  # fmt: skip

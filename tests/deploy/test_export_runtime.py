@@ -211,7 +211,18 @@ def test_predict_folder_skips_a_corrupt_file_and_writes_every_output(
     (images / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
     out = tmp_path / "out"
     result = runner.invoke(
-        app, ["predict", str(bundle_path), str(images), "--templates", str(templates), "--out", str(out), "--conf", "0.0"]
+        app,
+        [
+            "predict",
+            str(bundle_path),
+            str(images),
+            "--templates",
+            str(templates),
+            "--out",
+            str(out),
+            "--conf",
+            "0.0",
+        ],
     )
     assert result.exit_code == 1, result.output
     assert "broken.jpg" in result.output
@@ -248,7 +259,9 @@ def test_int8_is_refused_when_it_loses_accuracy_and_kept_when_forced(
     assert any(node.op_type == "QuantizeLinear" for node in graph.graph.node)
 
 
-def test_torchscript_and_pt2_match_the_bundle(bundle_path: Path, trained_checkpoint: Path, tmp_path: Path) -> None:
+def test_torchscript_and_pt2_match_the_bundle(
+    bundle_path: Path, trained_checkpoint: Path, tmp_path: Path
+) -> None:
     from defectdet.deploy.export import export_pt2, export_torchscript
     from defectdet.engine.validate import load_detector
 

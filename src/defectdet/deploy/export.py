@@ -90,7 +90,11 @@ def export_onnx_graph(detector: nn.Module, path: Path, channels: int, imgsz: int
             opset_version=ONNX_OPSET,
             input_names=[INPUT_NAME],
             output_names=[PREDICTIONS_OUTPUT, FEATURES_OUTPUT],
-            dynamic_axes={INPUT_NAME: {0: "batch"}, PREDICTIONS_OUTPUT: {0: "batch"}, FEATURES_OUTPUT: {0: "batch"}},
+            dynamic_axes={
+                INPUT_NAME: {0: "batch"},
+                PREDICTIONS_OUTPUT: {0: "batch"},
+                FEATURES_OUTPUT: {0: "batch"},
+            },
             do_constant_folding=True,
             dynamo=False,
         )
@@ -112,7 +116,10 @@ def base_metadata(detector: nn.Module, checkpoint: dict[str, Any]) -> BundleMeta
     )
     logged = metrics.get("conf_threshold")
     if isinstance(logged, float):
-        thresholds.score, thresholds.score_source = logged, "best F1 logged by training on its validation split"
+        thresholds.score, thresholds.score_source = (
+            logged,
+            "best F1 logged by training on its validation split",
+        )
     return BundleMetadata(
         defectdet_version=__version__,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -210,8 +217,14 @@ def export_bundle(
         if measured_on is None:
             raise ConfigError("--int8 needs validation data to prove the int8 model (pass --data)")
         result.int8 = quantize_bundle(
-            bundle, data, train_split=config.get("train_split") or "train", val_split=split,
-            calibration_images=calibration_images, max_drop=INT8_MAX_MAP50_DROP, force=force, console=console,
+            bundle,
+            data,
+            train_split=config.get("train_split") or "train",
+            val_split=split,
+            calibration_images=calibration_images,
+            max_drop=INT8_MAX_MAP50_DROP,
+            force=force,
+            console=console,
         )
     return result
 
@@ -232,13 +245,17 @@ def _measure(
     thresholds.recall_target = target_recall
     thresholds.recall_threshold = headline.get("target_recall_threshold")
     reference = drift_reference(bundle, data, split)
-    kept = {key: value for key, value in headline.items() if isinstance(value, (int, float)) and value is not None}
+    kept = {
+        key: value for key, value in headline.items() if isinstance(value, (int, float)) and value is not None
+    }
     return metadata.model_copy(
         update={"thresholds": thresholds, "metrics": {**kept, "split": split}, "drift_reference": reference}
     )
 
 
-def drift_reference(bundle: Path, data: str | Path, split: str, max_images: int = 500) -> dict[str, Any] | None:
+def drift_reference(
+    bundle: Path, data: str | Path, split: str, max_images: int = 500
+) -> dict[str, Any] | None:
     """Image statistics and pooled activations of the split's images, as the monitor's reference profile."""
     from defectdet.data.formats import load_dataset
     from defectdet.deploy.monitor import build_reference, image_statistics

@@ -91,7 +91,9 @@ def yolo_lines(detections: list[Detection], width: int, height: int) -> list[str
 
 def draw_detections(image: np.ndarray, result: PredictionResult) -> np.ndarray:
     """The image (gray or RGB uint8) as BGR with boxes, labels and the verdict drawn."""
-    canvas = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR) if image.ndim == 2 else cv2.cvtColor(image, cv2.COLOR_RGB2BGR)
+    canvas = (
+        cv2.cvtColor(image, cv2.COLOR_GRAY2BGR) if image.ndim == 2 else cv2.cvtColor(image, cv2.COLOR_RGB2BGR)
+    )
     thickness = max(1, round(max(canvas.shape[:2]) / 400))
     scale = max(0.4, max(canvas.shape[:2]) / 1400)
     for detection in result.detections:
@@ -103,7 +105,16 @@ def draw_detections(image: np.ndarray, result: PredictionResult) -> np.ndarray:
         (text_w, text_h), _ = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)
         top = max(0, y1 - text_h - 4)
         cv2.rectangle(canvas, (x1, top), (x1 + text_w + 2, top + text_h + 4), color, -1)
-        cv2.putText(canvas, label, (x1 + 1, top + text_h + 1), cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), 1, cv2.LINE_AA)
+        cv2.putText(
+            canvas,
+            label,
+            (x1 + 1, top + text_h + 1),
+            cv2.FONT_HERSHEY_SIMPLEX,
+            scale,
+            (0, 0, 0),
+            1,
+            cv2.LINE_AA,
+        )
     verdict_color = (40, 40, 220) if result.defective else (60, 170, 60)
     cv2.putText(canvas, result.verdict.upper(), (6, int(28 * scale) + 6), cv2.FONT_HERSHEY_SIMPLEX, scale * 1.2,
                 verdict_color, max(1, thickness), cv2.LINE_AA)  # fmt: skip
@@ -155,7 +166,10 @@ def predict_source(
         (out_dir / "images").mkdir(exist_ok=True)
     summary = PredictSummary(out_dir=out_dir)
     totals: list[float] = []
-    with (out_dir / "predictions.jsonl").open("w", encoding="utf-8") as jsonl, Progress(disable=not progress) as bar:
+    with (
+        (out_dir / "predictions.jsonl").open("w", encoding="utf-8") as jsonl,
+        Progress(disable=not progress) as bar,
+    ):
         task = bar.add_task("predicting", total=len(images))
         for path, image, result, error in iterate_predictions(predictor, images, template_dir, conf):
             bar.advance(task)
@@ -171,7 +185,8 @@ def predict_source(
             jsonl.write(json.dumps({"file": str(path), **result.to_dict()}) + "\n")
             width, height = result.image_size
             (labels_dir / f"{path.stem}.txt").write_text(
-                "".join(line + "\n" for line in yolo_lines(result.detections, width, height)), encoding="utf-8"
+                "".join(line + "\n" for line in yolo_lines(result.detections, width, height)),
+                encoding="utf-8",
             )
             if save_images:
                 cv2.imwrite(str(out_dir / "images" / f"{path.stem}.png"), draw_detections(image, result))

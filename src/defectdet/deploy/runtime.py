@@ -15,7 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from defectdet.data.imageio import DEFAULT_MAX_PIXELS, decode_image, decode_pair, effective_bit_depth, to_uint8
+from defectdet.data.imageio import (
+    DEFAULT_MAX_PIXELS,
+    decode_image,
+    decode_pair,
+    effective_bit_depth,
+    to_uint8,
+)
 from defectdet.data.letterbox import LetterboxTransform, boxes_from_letterbox, letterbox_image
 from defectdet.deploy.bundle import (
     FEATURES_OUTPUT,
@@ -128,7 +134,9 @@ class Predictor:
     """Loads a bundle once; `predict` is thread-safe (onnxruntime sessions are) and allocates per call only
     the arrays of that call."""
 
-    def __init__(self, bundle: str | os.PathLike, threads: int | None = None, max_pixels: int = DEFAULT_MAX_PIXELS):
+    def __init__(
+        self, bundle: str | os.PathLike, threads: int | None = None, max_pixels: int = DEFAULT_MAX_PIXELS
+    ):
         import onnxruntime
 
         self.path = Path(bundle)
@@ -158,13 +166,17 @@ class Predictor:
         data, label = self._encoded(image, name)
         return decode_image(data, label, channels, self.max_pixels)
 
-    def load_pair(self, image: ImageInput, template: ImageInput | None) -> tuple[np.ndarray, np.ndarray | None]:
+    def load_pair(
+        self, image: ImageInput, template: ImageInput | None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """`load` for a tested image and its template with ONE intensity mapping for both: a deep (12/16-bit)
         pair is scaled by the pair's bit depth, so the model sees no false global difference."""
         if template is None:
             return self.load(image, "image"), None
         if isinstance(image, np.ndarray) and isinstance(template, np.ndarray):
-            deep = [a for a in (image, template) if np.issubdtype(a.dtype, np.integer) and a.dtype != np.uint8]
+            deep = [
+                a for a in (image, template) if np.issubdtype(a.dtype, np.integer) and a.dtype != np.uint8
+            ]
             bits = max(effective_bit_depth(a) for a in deep) if len(deep) == 2 else None
             channels = self.metadata.channels
             return (
@@ -200,7 +212,9 @@ class Predictor:
         meta = self.metadata
         if meta.template:
             if template is None:
-                raise InputError("this bundle compares each image to its defect-free template: pass `template`")
+                raise InputError(
+                    "this bundle compares each image to its defect-free template: pass `template`"
+                )
             if template.shape[:2] != image.shape[:2]:
                 raise InputError(
                     f"template is {template.shape[1]}x{template.shape[0]} but the image is "
