@@ -55,18 +55,36 @@ def environment(
 
 @doctor_app.command()
 def checkpoint(
-    path: Path = typer.Argument(..., help="A checkpoint: ours, a bare state_dict, or another framework's dict."),
-    model: str | None = typer.Option(
-        None, "--model", help="Compare with a preset (nano|tiny|small) or another checkpoint (default: its model_config)."
+    path: Path = typer.Argument(
+        ..., help="A checkpoint: ours, a bare state_dict, or another framework's dict."
     ),
-    mapping: Path | None = typer.Option(None, "--map", help="YAML list of {pattern, replace} regex renames to apply."),
-    out: Path | None = typer.Option(None, "--out", help="Write a migrated copy (with --map, else the proposed mapping)."),
-    save_map: Path | None = typer.Option(None, "--save-map", help="Write the proposed mapping as a rules YAML to edit."),
-    unsafe: bool = typer.Option(False, "--unsafe", help="Allow a whole pickled model (runs code from the file!)."),
-    num_classes: int | None = typer.Option(None, help="Classes of the --model preset (default: from the checkpoint)."),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        help="Compare with a preset (nano|tiny|small) or another checkpoint (default: its model_config).",
+    ),
+    mapping: Path | None = typer.Option(
+        None, "--map", help="YAML list of {pattern, replace} regex renames to apply."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="Write a migrated copy (with --map, else the proposed mapping)."
+    ),
+    save_map: Path | None = typer.Option(
+        None, "--save-map", help="Write the proposed mapping as a rules YAML to edit."
+    ),
+    unsafe: bool = typer.Option(
+        False, "--unsafe", help="Allow a whole pickled model (runs code from the file!)."
+    ),
+    num_classes: int | None = typer.Option(
+        None, help="Classes of the --model preset (default: from the checkpoint)."
+    ),
     in_channels: int | None = typer.Option(None, help="Input channels of the --model preset."),
-    template: bool | None = typer.Option(None, "--template/--no-template", help="Template input for the --model preset."),
-    show_all: bool = typer.Option(False, "--all", help="List every tensor, not only the ones that do not match."),
+    template: bool | None = typer.Option(
+        None, "--template/--no-template", help="Template input for the --model preset."
+    ),
+    show_all: bool = typer.Option(
+        False, "--all", help="List every tensor, not only the ones that do not match."
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Why a checkpoint does not load: matching, missing, unexpected and mis-shaped keys, renamings, contents.
@@ -113,11 +131,15 @@ def _int_list(text: str | None) -> list[int] | None:
 @doctor_app.command()
 def loader(
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
-    preset: str | None = typer.Option(None, help="Model preset whose training step is timed (default: the config's)."),
+    preset: str | None = typer.Option(
+        None, help="Model preset whose training step is timed (default: the config's)."
+    ),
     config: Path | None = typer.Option(None, help="Training YAML (as for `defectdet train --config`)."),
     batch: int | None = typer.Option(None, help="Batch size (default: the config's)."),
     imgsz: int | None = typer.Option(None, help="Letterbox size (default: the config's)."),
-    workers: str | None = typer.Option(None, help="Worker counts to time, e.g. 0,1,2 (default: from the cores)."),
+    workers: str | None = typer.Option(
+        None, help="Worker counts to time, e.g. 0,1,2 (default: from the cores)."
+    ),
     seconds: float = typer.Option(2.0, help="Seconds per loader setting."),
     batches: int = typer.Option(6, help="Batches per loader setting."),
     scan: int | None = typer.Option(None, help="Scan only the first N samples (default: all; 0: no scan)."),
@@ -148,13 +170,19 @@ def loader(
 
 @doctor_app.command()
 def nan(
-    checkpoint_path: Path = typer.Argument(..., metavar="CKPT", help="A checkpoint written by `defectdet train`."),
+    checkpoint_path: Path = typer.Argument(
+        ..., metavar="CKPT", help="A checkpoint written by `defectdet train`."
+    ),
     data: Path = typer.Argument(..., help="The dataset it trains on."),
     batches: int = typer.Option(2, help="Batches to run."),
     batch: int = typer.Option(2, help="Images per batch."),
-    split: str | None = typer.Option(None, help="Split to take batches from (default: the run's train split)."),
+    split: str | None = typer.Option(
+        None, help="Split to take batches from (default: the run's train split)."
+    ),
     device: str = typer.Option("auto", help="auto|cpu|cuda."),
-    dtype: list[str] = typer.Option([], "--dtype", help="Autocast dtypes to try (default: bfloat16 on CPU, float16 on CUDA)."),
+    dtype: list[str] = typer.Option(
+        [], "--dtype", help="Autocast dtypes to try (default: bfloat16 on CPU, float16 on CUDA)."
+    ),
     ema: bool = typer.Option(False, help="Use the EMA weights instead of the training weights."),
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -169,7 +197,9 @@ def nan(
     from defectdet.diagnostics.sources import nan_batches, training_model
     from defectdet.errors import ConfigError
 
-    chosen = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+    chosen = torch.device(
+        "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    )
     model, state = training_model(checkpoint_path, use_ema=ema)
     inputs = nan_batches(state, model, data, batches=batches, batch_size=batch, split=split)
     dtypes = None
@@ -179,7 +209,9 @@ def nan(
         if unknown:
             raise ConfigError(f"--dtype: unknown {unknown}; use float16, bfloat16 or float32")
         dtypes = [torch.float32] + [valid[name] for name in dtype if name != "float32"]
-    report = nan_report(model, inputs, dtypes=dtypes or autocast_dtypes(chosen), device=chosen, name=str(checkpoint_path))
+    report = nan_report(
+        model, inputs, dtypes=dtypes or autocast_dtypes(chosen), device=chosen, name=str(checkpoint_path)
+    )
     _finish(report, as_json, render_nan)
 
 

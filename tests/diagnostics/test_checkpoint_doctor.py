@@ -37,7 +37,13 @@ def test_ddp_checkpoint_migrates_and_loads_strictly(tmp_path):
     optimizer = torch.optim.AdamW(model.parameters())
     path = save_checkpoint(
         tmp_path / "ddp.pt",
-        {"model": state, "optimizer": optimizer.state_dict(), "epoch": 7, "model_config": model.config, "version": 1},
+        {
+            "model": state,
+            "optimizer": optimizer.state_dict(),
+            "epoch": 7,
+            "model_config": model.config,
+            "version": 1,
+        },
     )
 
     report = checkpoint_report(path)  # compared with the model its model_config describes
@@ -112,7 +118,9 @@ def test_shifted_index_and_renamed_prefix_are_proposed(tmp_path):
     result = migrate_checkpoint(path, tmp_path / "fixed.pt", model=target)
     assert result.loads_strictly
     fixed = torch.load(result.out, weights_only=True)["state_dict"]
-    assert torch.equal(fixed["1.weight"], source[0].weight) and torch.equal(fixed["3.weight"], source[2].weight)
+    assert torch.equal(fixed["1.weight"], source[0].weight) and torch.equal(
+        fixed["3.weight"], source[2].weight
+    )
 
 
 def test_user_mapping_file_and_its_errors(tmp_path):
@@ -133,7 +141,9 @@ def test_user_mapping_file_and_its_errors(tmp_path):
     assert result.loads_strictly
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump([{"pattern": "^body\\.", "replace": "x."}, {"pattern": "([", "replace": ""}]))
+    bad.write_text(
+        yaml.safe_dump([{"pattern": "^body\\.", "replace": "x."}, {"pattern": "([", "replace": ""}])
+    )
     with pytest.raises(ConfigError, match=r"bad.yaml: rule 2: invalid regex"):
         checkpoint_report(path, model=Renamed(), rules=bad)
 
@@ -161,7 +171,9 @@ def test_cli_checkpoint_migrates_and_reports_json(tmp_path):
     assert result.exit_code == 0, result.output
     assert "migrated" in result.output and "strict=True" in result.output
     assert_loads_strictly(out, model)
-    result = runner.invoke(app, ["doctor", "checkpoint", str(out), "--model", "nano", "--num-classes", "3", "--json"])
+    result = runner.invoke(
+        app, ["doctor", "checkpoint", str(out), "--model", "nano", "--num-classes", "3", "--json"]
+    )
     assert result.exit_code == 0
     import json
 

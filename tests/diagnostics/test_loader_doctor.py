@@ -37,14 +37,25 @@ class Boards(Dataset):
 
 def test_odd_sized_sample_is_named_with_its_file_and_shapes():
     report = loader_report(
-        Boards(odd=5), batch_size=4, workers=[0], seconds_per_setting=0.2, batches_per_setting=2, sample_timeout=10,
+        Boards(odd=5),
+        batch_size=4,
+        workers=[0],
+        seconds_per_setting=0.2,
+        batches_per_setting=2,
+        sample_timeout=10,
         explore=False,
     )
     shape = next(p for p in report.scan.problems if p.kind == "shape")
     assert (shape.index, shape.file) == (5, "boards/005.png")
-    assert "tensor[2, 40, 32]" in shape.message and "11 other sample(s) give (tensor[2, 32, 32]" in shape.message
+    assert (
+        "tensor[2, 40, 32]" in shape.message and "11 other sample(s) give (tensor[2, 32, 32]" in shape.message
+    )
     collate = next(p for p in report.scan.problems if p.kind == "collate")
-    assert collate.indices == [4, 5, 6, 7] and collate.index == 5 and "stack expects each tensor" in collate.message
+    assert (
+        collate.indices == [4, 5, 6, 7]
+        and collate.index == 5
+        and "stack expects each tensor" in collate.message
+    )
     errors = [f.message for f in report.findings if f.severity == "error"]
     assert any(message.startswith("sample 5 (boards/005.png)") for message in errors)
     # the timing runs on the other samples: it works and names a best setting
@@ -53,7 +64,9 @@ def test_odd_sized_sample_is_named_with_its_file_and_shapes():
 
 def test_scan_names_a_sample_that_raises_one_that_kills_its_worker_and_one_that_hangs():
     dataset = Boards(broken={2: "raise", 6: "segfault", 9: "hang"})
-    result = scan_samples(dataset, batch_size=4, collate_fn=torch.utils.data.default_collate, sample_timeout=1.5)
+    result = scan_samples(
+        dataset, batch_size=4, collate_fn=torch.utils.data.default_collate, sample_timeout=1.5
+    )
     problems = {problem.index: problem for problem in result.problems}
     assert sorted(problems) == [2, 6, 9]
     assert problems[2].kind == "error" and "label of board 2 has 6 columns" in problems[2].message
@@ -85,8 +98,16 @@ def test_model_step_bottleneck_and_shared_memory_estimate():
         return torch.stack([item[0] for item in items])
 
     report = loader_report(
-        Boards(), batch_size=4, workers=[0, 1], seconds_per_setting=0.2, batches_per_setting=2,
-        scan_limit=0, collate_fn=as_model_batch, model=model, model_seconds=0.5, explore=False,
+        Boards(),
+        batch_size=4,
+        workers=[0, 1],
+        seconds_per_setting=0.2,
+        batches_per_setting=2,
+        scan_limit=0,
+        collate_fn=as_model_batch,
+        model=model,
+        model_seconds=0.5,
+        explore=False,
     )
     assert [s.workers for s in report.settings[:2]] == [0, 1]
     assert report.settings[1].persistent_workers and report.settings[1].restart_seconds is not None
@@ -103,8 +124,14 @@ def test_loader_report_on_a_dataset_folder(tmp_path):
 
     data = synthesize_dataset(tmp_path / "synth", boards=4, seed=0, min_size=96, max_size=128)
     report = loader_report(
-        data, preset="nano", batch_size=2, workers=[0], seconds_per_setting=0.2, batches_per_setting=1,
-        overrides={"imgsz": 64, "crop_size": None}, time_model=False,
+        data,
+        preset="nano",
+        batch_size=2,
+        workers=[0],
+        seconds_per_setting=0.2,
+        batches_per_setting=1,
+        overrides={"imgsz": 64, "crop_size": None},
+        time_model=False,
     )
     assert report.scan.scanned == report.samples > 0 and report.scan.problems == []
     assert report.best is not None and report.best.images_per_second > 0 and report.model_step is None

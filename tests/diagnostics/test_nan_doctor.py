@@ -24,7 +24,12 @@ def test_hand_made_overflow_is_named_as_the_first_nan_source_with_its_dtype():
     float32, bfloat16, float16 = report.passes
     assert float32.finite and bfloat16.finite  # bfloat16 has float32's range
     source = float16.forward_source
-    assert (source.module, source.module_type, source.dtype, source.phase) == ("2", "Linear", "float16", "forward")
+    assert (source.module, source.module_type, source.dtype, source.phase) == (
+        "2",
+        "Linear",
+        "float16",
+        "forward",
+    )
     assert not source.input_was_bad and source.bad_parameters == []
     assert float32.max_activation_module == "2" and float32.max_activation > 65504
     error = next(f for f in report.findings if f.topic == "float16 autocast")
@@ -50,7 +55,12 @@ def test_bad_operation_bad_input_and_bad_weights_are_told_apart():
     model = nn.Sequential(nn.Linear(4, 4), LogOf(), nn.Linear(4, 1))
     report = nan_report(model, [torch.rand(2, 4)], dtypes=[torch.float32])
     source = report.passes[0].forward_source
-    assert (source.module, source.module_type, source.kind, source.input_was_bad) == ("1", "LogOf", "nan", False)
+    assert (source.module, source.module_type, source.kind, source.input_was_bad) == (
+        "1",
+        "LogOf",
+        "nan",
+        False,
+    )
     assert "the operation itself" in report.findings[0].message
 
     clean = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
@@ -62,7 +72,8 @@ def test_bad_operation_bad_input_and_bad_weights_are_told_apart():
         clean[2].weight[0, 1] = float("inf")
     report = nan_report(clean, [torch.rand(2, 4)], dtypes=[torch.float32])
     assert report.bad_parameters == ["2.weight"]
-    assert report.passes[0].forward_source.module == "2" and report.passes[0].forward_source.bad_parameters == ["weight"]
+    source = report.passes[0].forward_source
+    assert source.module == "2" and source.bad_parameters == ["weight"]
 
 
 def test_cli_nan_on_a_training_checkpoint(tmp_path):
@@ -76,7 +87,8 @@ def test_cli_nan_on_a_training_checkpoint(tmp_path):
     checkpoint["config"] = {"imgsz": 64, "crop_size": None, "train_split": "train"}
     save_checkpoint(tmp_path / "last.pt", checkpoint)
     result = CliRunner().invoke(
-        app, ["doctor", "nan", str(tmp_path / "last.pt"), str(data), "--batches", "1", "--batch", "1", "--json"]
+        app,
+        ["doctor", "nan", str(tmp_path / "last.pt"), str(data), "--batches", "1", "--batch", "1", "--json"],
     )
     assert result.exit_code == 0, result.output
     import json

@@ -117,7 +117,10 @@ def resolve_target(
         config = _model_config(checkpoint)
         if config is None:
             return None
-        return _module_target(detector_from_config(config), f"the model in its model_config (preset {config.get('preset', '?')})")
+        return _module_target(
+            detector_from_config(config),
+            f"the model in its model_config (preset {config.get('preset', '?')})",
+        )
     if str(model) in PRESETS:
         return _build_preset(str(model), _model_config(checkpoint), overrides)
     if Path(model).is_file():
@@ -126,7 +129,9 @@ def resolve_target(
         if config is not None:
             return _module_target(detector_from_config(config), f"the model of {model}")
         return Target(f"the weights of {model}", {k: tuple(v.shape) for k, v in other.state_dict.items()})
-    raise ConfigError(f"--model: {str(model)!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint file")
+    raise ConfigError(
+        f"--model: {str(model)!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint file"
+    )
 
 
 def compare_keys(
@@ -219,12 +224,18 @@ def _findings(report: CheckpointReport, target: Target | None) -> list[Finding]:
     devices = {device for device in report.saved_devices if device != "cpu"}
     if devices:
         findings.append(
-            Finding("info", "device", f"saved from {', '.join(sorted(devices))}; read onto the CPU (map_location)")
+            Finding(
+                "info", "device", f"saved from {', '.join(sorted(devices))}; read onto the CPU (map_location)"
+            )
         )
     half = {dtype for dtype in report.dtypes if dtype in ("float16", "bfloat16")}
     if half:
         findings.append(
-            Finding("info", "dtype", f"{', '.join(sorted(half))} weights: load_state_dict casts them to the model's dtype")
+            Finding(
+                "info",
+                "dtype",
+                f"{', '.join(sorted(half))} weights: load_state_dict casts them to the model's dtype",
+            )
         )
     return findings
 
@@ -283,7 +294,9 @@ def _report(checkpoint: LoadedCheckpoint, target: Target | None, rules: list[Ren
     return report
 
 
-def _rename_container(checkpoint: LoadedCheckpoint, renamed: dict[str, torch.Tensor], rules: list[RenameRule]) -> Any:
+def _rename_container(
+    checkpoint: LoadedCheckpoint, renamed: dict[str, torch.Tensor], rules: list[RenameRule]
+) -> Any:
     if checkpoint.weights_key is None or not isinstance(checkpoint.raw, Mapping):
         return renamed  # a bare state_dict, or a pickled model: written as a bare state_dict
     container = dict(checkpoint.raw)
@@ -313,7 +326,9 @@ def migrate_checkpoint(
         rules = load_rules(rules)
     if rules is None:
         if target is None:
-            raise CheckpointError(f"{path}: nothing to migrate to: pass --model (a preset or checkpoint) or --map RULES.yaml")
+            raise CheckpointError(
+                f"{path}: nothing to migrate to: pass --model (a preset or checkpoint) or --map RULES.yaml"
+            )
         rules = propose_rules({k: tuple(v.shape) for k, v in checkpoint.state_dict.items()}, target.shapes)
     rules = list(rules)
     renamed, _ = _renamed(checkpoint, rules)
@@ -331,7 +346,11 @@ def migrate_checkpoint(
             loads, message = False, f"{out} still fails strict loading: {str(error).splitlines()[0]}"
     else:
         loads = report.loads_strictly
-        message = f"{out}: keys and shapes " + ("match" if loads else "still differ from") + f" {report.target or 'nothing (no target)'}"
+        message = (
+            f"{out}: keys and shapes "
+            + ("match" if loads else "still differ from")
+            + f" {report.target or 'nothing (no target)'}"
+        )
     return MigrationResult(str(out), rules, loads, message, report)
 
 

@@ -19,7 +19,16 @@ from defectdet.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
-WEIGHT_KEYS = ("model", "state_dict", "model_state_dict", "model_state", "net", "network", "weights", "params")
+WEIGHT_KEYS = (
+    "model",
+    "state_dict",
+    "model_state_dict",
+    "model_state",
+    "net",
+    "network",
+    "weights",
+    "params",
+)
 UNSAFE_WARNING = (
     "--unsafe unpickles arbitrary Python objects: a malicious file runs code on this machine. "
     "Only use it on files you made or trust."
@@ -68,7 +77,9 @@ def _torch_load(path: Path, unsafe: bool) -> tuple[Any, dict[int, str]]:
         raise CheckpointError(f"{path}: cannot be unpickled ({error})") from None
     except Exception as error:
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CheckpointError(f"{path}: corrupt or not a torch checkpoint ({type(error).__name__}: {message})") from None
+        raise CheckpointError(
+            f"{path}: corrupt or not a torch checkpoint ({type(error).__name__}: {message})"
+        ) from None
 
 
 def _find_weights(raw: Any) -> tuple[dict[str, torch.Tensor], str | None, str]:
@@ -82,7 +93,11 @@ def _find_weights(raw: Any) -> tuple[dict[str, torch.Tensor], str | None, str]:
             if isinstance(value, nn.Module):
                 return value.state_dict(), key, f"dict with a pickled model under '{key}'"
             if is_state_dict(value):
-                layout = "defectdet checkpoint" if "model_config" in raw and key == "model" else f"dict, weights under '{key}'"
+                layout = (
+                    "defectdet checkpoint"
+                    if "model_config" in raw and key == "model"
+                    else f"dict, weights under '{key}'"
+                )
                 return {k: v for k, v in value.items() if isinstance(v, torch.Tensor)}, key, layout
         for key, value in raw.items():  # any other entry that is a state_dict
             if is_state_dict(value):
@@ -140,7 +155,9 @@ def describe_contents(checkpoint: LoadedCheckpoint) -> dict[str, str]:
         elif key in ("optimizer", "optimizer_state_dict") and isinstance(value, Mapping):
             summary = f"optimizer state: {len(value.get('state', {}))} parameter(s), {format_bytes(size)}"
         elif key == "ema" and isinstance(value, Mapping):
-            summary = f"EMA weights: {count} tensor(s), {format_bytes(size)}, updates={value.get('updates', '?')}"
+            summary = (
+                f"EMA weights: {count} tensor(s), {format_bytes(size)}, updates={value.get('updates', '?')}"
+            )
         elif count:
             summary = f"{count} tensor(s), {format_bytes(size)}"
         elif isinstance(value, Mapping):

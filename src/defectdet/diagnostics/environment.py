@@ -240,7 +240,9 @@ def _thread_findings(report: EnvironmentReport) -> list[Finding]:
             )
         )
     elif threads is not None:
-        findings.append(Finding("ok", "threads", f"torch uses {threads} thread(s) on {budget} usable core(s)"))
+        findings.append(
+            Finding("ok", "threads", f"torch uses {threads} thread(s) on {budget} usable core(s)")
+        )
     if cpu.load_average is not None and cpu.load_average > 0.75 * cpu.usable_cpus:
         findings.append(
             Finding(

@@ -50,16 +50,28 @@ def load_rules(path: str | Path) -> list[RenameRule]:
     if isinstance(document, dict) and "rules" in document:
         document = document["rules"]
     if not isinstance(document, list):
-        raise ConfigError(f"{path}: expected a list of {{pattern, replace}} rules, found {type(document).__name__}")
+        raise ConfigError(
+            f"{path}: expected a list of {{pattern, replace}} rules, found {type(document).__name__}"
+        )
     rules = []
     for index, entry in enumerate(document):
-        if not isinstance(entry, dict) or set(entry) - {"pattern", "replace", "reason"} or "pattern" not in entry:
-            raise ConfigError(f"{path}: rule {index + 1} must have keys 'pattern' and 'replace', got {entry!r}")
+        if (
+            not isinstance(entry, dict)
+            or set(entry) - {"pattern", "replace", "reason"}
+            or "pattern" not in entry
+        ):
+            raise ConfigError(
+                f"{path}: rule {index + 1} must have keys 'pattern' and 'replace', got {entry!r}"
+            )
         try:
             re.compile(str(entry["pattern"]))
         except re.error as error:
-            raise ConfigError(f"{path}: rule {index + 1}: invalid regex {entry['pattern']!r} ({error})") from None
-        rules.append(RenameRule(str(entry["pattern"]), str(entry.get("replace") or ""), str(entry.get("reason", ""))))
+            raise ConfigError(
+                f"{path}: rule {index + 1}: invalid regex {entry['pattern']!r} ({error})"
+            ) from None
+        rules.append(
+            RenameRule(str(entry["pattern"]), str(entry.get("replace") or ""), str(entry.get("reason", "")))
+        )
     return rules
 
 
@@ -77,7 +89,9 @@ def rename_key(key: str, rules: Iterable[RenameRule]) -> str:
     return key
 
 
-def apply_rules(state_dict: Mapping[str, Any], rules: list[RenameRule], source: str = "checkpoint") -> dict[str, Any]:
+def apply_rules(
+    state_dict: Mapping[str, Any], rules: list[RenameRule], source: str = "checkpoint"
+) -> dict[str, Any]:
     """Rename every key; two keys renamed to the same name raise CheckpointError naming both."""
     renamed: dict[str, Any] = {}
     origin: dict[str, str] = {}
@@ -96,13 +110,17 @@ def _wrapper_rules(source_keys: list[str], target_keys: list[str]) -> list[Renam
     keys = list(source_keys)
     target_has_module = any(key.startswith("module.") for key in target_keys)
     while keys and all(key.startswith("module.") for key in keys) and not target_has_module:
-        rules.append(RenameRule(r"^module\.", "", "'module.' prefix from DataParallel / DistributedDataParallel"))
+        rules.append(
+            RenameRule(r"^module\.", "", "'module.' prefix from DataParallel / DistributedDataParallel")
+        )
         keys = [key[len("module.") :] for key in keys]
     if any("_orig_mod." in key for key in keys) and not any("_orig_mod." in key for key in target_keys):
         rules.append(RenameRule(r"(^|\.)_orig_mod\.", r"\1", "'_orig_mod.' from torch.compile"))
         keys = [re.sub(r"(^|\.)_orig_mod\.", r"\1", key) for key in keys]
         while keys and all(key.startswith("module.") for key in keys) and not target_has_module:
-            rules.append(RenameRule(r"^module\.", "", "'module.' prefix from DataParallel / DistributedDataParallel"))
+            rules.append(
+                RenameRule(r"^module\.", "", "'module.' prefix from DataParallel / DistributedDataParallel")
+            )
             keys = [key[len("module.") :] for key in keys]
     return rules + _common_prefix_rules(keys, target_keys)
 
@@ -118,11 +136,19 @@ def _first_segment(keys: list[str]) -> str | None:
 def _common_prefix_rules(source_keys: list[str], target_keys: list[str]) -> list[RenameRule]:
     """A whole-model prefix on one side only (Lightning's 'model.', an 'ema.' or 'backbone.' wrapper)."""
     source_first, target_first = _first_segment(source_keys), _first_segment(target_keys)
-    if source_first and source_first != target_first and not any(k.startswith(source_first + ".") for k in target_keys):
+    if (
+        source_first
+        and source_first != target_first
+        and not any(k.startswith(source_first + ".") for k in target_keys)
+    ):
         stripped = {key[len(source_first) + 1 :] for key in source_keys}
         if len(stripped & set(target_keys)) > len(set(source_keys) & set(target_keys)):
             return [prefix_rule(source_first, "", f"'{source_first}.' prefix on every key of the checkpoint")]
-    if target_first and target_first != source_first and not any(k.startswith(target_first + ".") for k in source_keys):
+    if (
+        target_first
+        and target_first != source_first
+        and not any(k.startswith(target_first + ".") for k in source_keys)
+    ):
         added = {f"{target_first}.{key}" for key in source_keys}
         if len(added & set(target_keys)) > len(set(source_keys) & set(target_keys)):
             return [prefix_rule("", target_first, f"the model's keys all start with '{target_first}.'")]
@@ -140,7 +166,9 @@ def _split_common_suffix(source: str, target: str) -> tuple[str, str] | None:
         common += 1
     if common == 0 or common == len(source_parts) == len(target_parts):
         return None
-    return ".".join(source_parts[: len(source_parts) - common]), ".".join(target_parts[: len(target_parts) - common])
+    return ".".join(source_parts[: len(source_parts) - common]), ".".join(
+        target_parts[: len(target_parts) - common]
+    )
 
 
 def _rename_reason(source: str, target: str) -> str:
@@ -156,7 +184,9 @@ def _rename_reason(source: str, target: str) -> str:
     return f"renamed prefix '{source}' -> '{target}'"
 
 
-def _best_prefix_rule(unmatched_source: Shapes, unmatched_target: Shapes) -> tuple[str, str, list[str]] | None:
+def _best_prefix_rule(
+    unmatched_source: Shapes, unmatched_target: Shapes
+) -> tuple[str, str, list[str]] | None:
     by_shape: dict[tuple[int, ...], list[str]] = defaultdict(list)
     for key, shape in unmatched_target.items():
         by_shape[shape].append(key)

@@ -19,7 +19,6 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
-from defectdet.engine.loader import seed_worker
 from defectdet.diagnostics.loader_timing import (
     LoaderSetting,
     ModelStep,
@@ -32,6 +31,7 @@ from defectdet.diagnostics.loader_timing import (
 )
 from defectdet.diagnostics.report import Finding, format_bytes
 from defectdet.diagnostics.sample_scan import ScanResult, scan_samples
+from defectdet.engine.loader import seed_worker
 
 SHM_ERRORS = ("shared memory", "bus error", "no space left on device", "/dev/shm", "shm_open", "sigbus")
 PROBLEM_ADVICE = {
@@ -72,7 +72,9 @@ def _problem_findings(scan: ScanResult) -> list[Finding]:
     for problem in scan.problems[:20]:
         where = f"sample {problem.index}" + (f" ({problem.file})" if problem.file else "")
         severity = "warning" if problem.kind == "unreadable" else "error"
-        findings.append(Finding(severity, problem.kind, f"{where}: {problem.message}", PROBLEM_ADVICE[problem.kind]))
+        findings.append(
+            Finding(severity, problem.kind, f"{where}: {problem.message}", PROBLEM_ADVICE[problem.kind])
+        )
     if len(scan.problems) > 20:
         findings.append(Finding("error", "scan", f"... and {len(scan.problems) - 20} more sample problems"))
     if scan.stopped_early:
@@ -131,7 +133,11 @@ def _timing_findings(report: LoaderReport) -> list[Finding]:
         if best.workers == 0:
             serial = 1 / (1 / loader_rate + 1 / model_rate)
             findings.append(
-                Finding("info", "serial", f"in-process loading runs in turn with the step: about {serial:.1f} img/s together")
+                Finding(
+                    "info",
+                    "serial",
+                    f"in-process loading runs in turn with the step: about {serial:.1f} img/s together",
+                )
             )
     return findings
 
@@ -140,7 +146,9 @@ def _memory_findings(report: LoaderReport) -> list[Finding]:
     best = report.best
     if best is None or not best.workers or report.shm_free_bytes is None:
         return []
-    need = report.batch_bytes * best.workers * (best.prefetch_factor or 2) * 2  # batches in flight, plus margin
+    need = (
+        report.batch_bytes * best.workers * (best.prefetch_factor or 2) * 2
+    )  # batches in flight, plus margin
     if need > report.shm_free_bytes:
         return [
             Finding(
@@ -151,7 +159,13 @@ def _memory_findings(report: LoaderReport) -> list[Finding]:
                 "docker run --shm-size=2g (or --ipc=host), or fewer workers / a smaller batch",
             )
         ]
-    return [Finding("ok", "shm", f"/dev/shm: {format_bytes(report.shm_free_bytes)} free for about {format_bytes(need)} of batches")]
+    return [
+        Finding(
+            "ok",
+            "shm",
+            f"/dev/shm: {format_bytes(report.shm_free_bytes)} free for about {format_bytes(need)} of batches",
+        )
+    ]
 
 
 def _seeding_finding(seeding: SeedingCheck) -> list[Finding]:
@@ -206,7 +220,9 @@ def loader_report(
     """
     from defectdet.data.dataset import collate_detections
 
-    dataset, data_collate, config_batch, name, training = _resolve_dataset(data, preset, config, overrides or {})
+    dataset, data_collate, config_batch, name, training = _resolve_dataset(
+        data, preset, config, overrides or {}
+    )
     collate = collate_fn or data_collate or (collate_detections if training else default_collate)
     batch_size = batch_size or config_batch or 8
     length = len(dataset)  # type: ignore[arg-type]
@@ -219,8 +235,15 @@ def loader_report(
     }
     good = [index for index in range(length) if index not in bad][: batch_size * batches_per_setting]
     settings, first_batch = sweep(
-        dataset, good, batch_size, list(workers) if workers is not None else candidate_workers(), collate,
-        worker_init_fn, seconds_per_setting, sample_timeout * batch_size, explore,
+        dataset,
+        good,
+        batch_size,
+        list(workers) if workers is not None else candidate_workers(),
+        collate,
+        worker_init_fn,
+        seconds_per_setting,
+        sample_timeout * batch_size,
+        explore,
     )
     working = [setting for setting in settings if setting.images_per_second]
     best = max(working, key=lambda setting: setting.images_per_second or 0) if working else None
@@ -230,17 +253,33 @@ def loader_report(
             from defectdet.model import build_model
 
             train_config, train_data = training
-            model = build_model(train_config.preset, len(train_data.class_names), train_data.in_channels, train_data.template)
+            model = build_model(
+                train_config.preset, len(train_data.class_names), train_data.in_channels, train_data.template
+            )
             model = model.to(memory_format=torch.channels_last)
         if model is not None:
             seconds = measure_model_step(model, first_batch, seconds=model_seconds)
             size = int(first_batch[0].shape[0]) if isinstance(first_batch, list | tuple) else batch_size
-            step = ModelStep(training[0].preset if training else type(model).__name__, size, seconds, size / seconds)
-    seeding = check_worker_seeding(dataset, good[0], worker_init_fn, timeout=sample_timeout * 2) if good else SeedingCheck(
-        "skipped", "no readable sample"
+            step = ModelStep(
+                training[0].preset if training else type(model).__name__, size, seconds, size / seconds
+            )
+    seeding = (
+        check_worker_seeding(dataset, good[0], worker_init_fn, timeout=sample_timeout * 2)
+        if good
+        else SeedingCheck("skipped", "no readable sample")
     )
     report = LoaderReport(
-        name, length, batch_size, scan, settings, best, step, batch_nbytes(first_batch), _shm_free(), seeding, []
+        name,
+        length,
+        batch_size,
+        scan,
+        settings,
+        best,
+        step,
+        batch_nbytes(first_batch),
+        _shm_free(),
+        seeding,
+        [],
     )
     report.findings = (
         (_problem_findings(scan) if scan else [])

@@ -97,13 +97,17 @@ def measure_setting(
             if time.perf_counter() - start > seconds:
                 break
         steady = time.perf_counter() - steady_start
-        setting.images_per_second = images / steady if images else _batch_size_of(first) / setting.first_batch_seconds
+        setting.images_per_second = (
+            images / steady if images else _batch_size_of(first) / setting.first_batch_seconds
+        )
         del iterator
         start = time.perf_counter()
         next(iter(loader))
         setting.restart_seconds = time.perf_counter() - start
     except Exception as error:  # a worker death, a timeout, a collate error: the setting failed, say why
-        setting.error = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        setting.error = (
+            f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        )
     finally:
         del loader
         gc.collect()
@@ -111,7 +115,11 @@ def measure_setting(
 
 
 def check_worker_seeding(
-    dataset: Dataset, index: int, worker_init_fn: Callable | None, collate_fn: Callable | None = None, timeout: float = 60.0
+    dataset: Dataset,
+    index: int,
+    worker_init_fn: Callable | None,
+    collate_fn: Callable | None = None,
+    timeout: float = 60.0,
 ) -> SeedingCheck:
     """Load sample `index` in two different workers: identical results from a random dataset mean the workers
     share one random state (a generator made in `__init__` and copied into every worker by fork)."""
@@ -127,7 +135,9 @@ def check_worker_seeding(
     if one is None or two is None:
         return SeedingCheck("skipped", "samples hold no tensor to compare")
     if one.shape == two.shape and torch.equal(one, two):
-        return SeedingCheck("deterministic", "the dataset returns the same sample twice in one process (no augmentation)")
+        return SeedingCheck(
+            "deterministic", "the dataset returns the same sample twice in one process (no augmentation)"
+        )
     loader = DataLoader(
         dataset,
         batch_size=1,
@@ -142,7 +152,12 @@ def check_worker_seeding(
         first, second = (first_tensor(item) for item in loader)
     except Exception as error:
         return SeedingCheck("skipped", f"could not run two workers ({type(error).__name__}: {error})")
-    if first is not None and second is not None and first.shape == second.shape and torch.equal(first, second):
+    if (
+        first is not None
+        and second is not None
+        and first.shape == second.shape
+        and torch.equal(first, second)
+    ):
         return SeedingCheck(
             "identical",
             f"two workers returned identical random augmentations of sample {index}: every worker repeats the "
@@ -198,8 +213,13 @@ def sweep(
     settings, first_batch = [], None
     for count in workers:
         setting, batch = measure_setting(
-            dataset, indices, LoaderSetting(count, batch_size, pin, count > 0, 2 if count else None), collate_fn,
-            worker_init_fn, seconds, timeout,
+            dataset,
+            indices,
+            LoaderSetting(count, batch_size, pin, count > 0, 2 if count else None),
+            collate_fn,
+            worker_init_fn,
+            seconds,
+            timeout,
         )
         settings.append(setting)
         first_batch = first_batch if first_batch is not None else batch
@@ -207,12 +227,22 @@ def sweep(
     if not working or not explore:
         return settings, first_batch
     best = max(working, key=lambda s: s.images_per_second or 0)
-    variants = [dataclasses.replace(best, batch_size=max(1, batch_size // 2)), dataclasses.replace(best, batch_size=batch_size * 2)]
+    variants = [
+        dataclasses.replace(best, batch_size=max(1, batch_size // 2)),
+        dataclasses.replace(best, batch_size=batch_size * 2),
+    ]
     if best.workers:
-        variants += [dataclasses.replace(best, prefetch_factor=4), dataclasses.replace(best, persistent_workers=False)]
+        variants += [
+            dataclasses.replace(best, prefetch_factor=4),
+            dataclasses.replace(best, persistent_workers=False),
+        ]
     if pin:
         variants.append(dataclasses.replace(best, pin_memory=False))
     for variant in variants:
-        variant = dataclasses.replace(variant, first_batch_seconds=None, restart_seconds=None, images_per_second=None, error="")
-        settings.append(measure_setting(dataset, indices, variant, collate_fn, worker_init_fn, seconds, timeout)[0])
+        variant = dataclasses.replace(
+            variant, first_batch_seconds=None, restart_seconds=None, images_per_second=None, error=""
+        )
+        settings.append(
+            measure_setting(dataset, indices, variant, collate_fn, worker_init_fn, seconds, timeout)[0]
+        )
     return settings, first_batch

@@ -17,7 +17,11 @@ from defectdet.diagnostics.grad_stats import layer_gradient_norms
 from defectdet.diagnostics.nonfinite import _tensors, nonfinite_gradients, nonfinite_parameters, tensor_stats
 from defectdet.diagnostics.report import Finding
 
-DTYPE_MAX = {"float32": torch.finfo(torch.float32).max, "float16": 65504.0, "bfloat16": torch.finfo(torch.bfloat16).max}
+DTYPE_MAX = {
+    "float32": torch.finfo(torch.float32).max,
+    "float16": 65504.0,
+    "bfloat16": torch.finfo(torch.bfloat16).max,
+}
 
 
 @dataclasses.dataclass
@@ -63,7 +67,12 @@ class PassResult:
 
     @property
     def finite(self) -> bool:
-        return self.forward_source is None and self.backward_source is None and not self.nonfinite_gradients and not self.error
+        return (
+            self.forward_source is None
+            and self.backward_source is None
+            and not self.nonfinite_gradients
+            and not self.error
+        )
 
 
 @dataclasses.dataclass
@@ -117,7 +126,9 @@ class _Recorder:
         for handle in self.handles:
             handle.remove()
 
-    def _source(self, module: nn.Module, phase: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> NanSource:
+    def _source(
+        self, module: nn.Module, phase: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
+    ) -> NanSource:
         return NanSource(
             module=self.names[module],
             module_type=type(module).__name__,
@@ -126,7 +137,9 @@ class _Recorder:
             kind=_kind(outputs),
             batch=self.batch,
             input_was_bad=_bad(inputs),
-            bad_parameters=[name for name, p in module.named_parameters() if not bool(torch.isfinite(p.detach()).all())],
+            bad_parameters=[
+                name for name, p in module.named_parameters() if not bool(torch.isfinite(p.detach()).all())
+            ],
             input_stats=[str(tensor_stats(t)) for t in inputs[:2]],
             output_stats=[str(tensor_stats(t)) for t in outputs[:2]],
         )
@@ -173,7 +186,9 @@ def run_pass(
     bad_gradients: list[str] = []
     error = ""
     autocast = (
-        contextlib.nullcontext() if dtype == torch.float32 else torch.autocast(device_type=device.type, dtype=dtype)
+        contextlib.nullcontext()
+        if dtype == torch.float32
+        else torch.autocast(device_type=device.type, dtype=dtype)
     )
     try:
         for index, batch in enumerate(batches):
@@ -231,7 +246,11 @@ def _reference_absmax(reference: PassResult | None, module: str) -> float | None
 
 def _pass_findings(result: PassResult, reference: PassResult | None = None) -> list[Finding]:
     if result.error:
-        return [Finding("error", result.name, f"{result.name}: the step raised {result.error}", "fix the error first")]
+        return [
+            Finding(
+                "error", result.name, f"{result.name}: the step raised {result.error}", "fix the error first"
+            )
+        ]
     source = result.forward_source or result.backward_source
     if source is None and not result.nonfinite_gradients:
         level = "warning" if result.headroom < 10 else "ok"
@@ -239,14 +258,28 @@ def _pass_findings(result: PassResult, reference: PassResult | None = None) -> l
             f"{result.name}: finite; largest activation {result.max_activation:.3g} in '{result.max_activation_module}' "
             f"({result.headroom:.3g}x below the {result.dtype} maximum)"
         )
-        advice = "activations are close to the dtype's range: normalise inputs or use bfloat16" if level == "warning" else ""
+        advice = (
+            "activations are close to the dtype's range: normalise inputs or use bfloat16"
+            if level == "warning"
+            else ""
+        )
         return [Finding(level, result.name, message, advice)]
     if source is None:
         shown = ", ".join(result.nonfinite_gradients[:5])
-        return [Finding("error", result.name, f"{result.name}: non-finite gradients in {shown}", "lower the lr; keep clip_grad_norm on")]
+        return [
+            Finding(
+                "error",
+                result.name,
+                f"{result.name}: non-finite gradients in {shown}",
+                "lower the lr; keep clip_grad_norm on",
+            )
+        ]
     where = f"'{source.module}' ({source.module_type}), {source.phase}, output {source.kind} in {source.dtype}, batch {source.batch}"
     if source.input_was_bad and source.phase == "forward":
-        cause, advice = "its input was already non-finite", "check the data: `defectdet check DATA`, and the preprocessing"
+        cause, advice = (
+            "its input was already non-finite",
+            "check the data: `defectdet check DATA`, and the preprocessing",
+        )
     elif source.bad_parameters:
         cause = f"its parameters are non-finite ({', '.join(source.bad_parameters[:3])})"
         advice = "the weights diverged before this checkpoint: resume from an earlier one with a lower lr"
@@ -263,7 +296,9 @@ def _pass_findings(result: PassResult, reference: PassResult | None = None) -> l
     else:
         cause = "finite input and weights: the operation itself overflows or divides by zero"
         advice = f"look at '{source.module}': clamp, add an epsilon, or compute it in float32"
-    return [Finding("error", result.name, f"{result.name}: first non-finite value at {where}; {cause}", advice)]
+    return [
+        Finding("error", result.name, f"{result.name}: first non-finite value at {where}; {cause}", advice)
+    ]
 
 
 def nan_report(
@@ -281,7 +316,9 @@ def nan_report(
     """
     device = torch.device(device)
     batches = list(batches)
-    passes = [run_pass(model, batches, dtype, device, loss_fn) for dtype in (dtypes or autocast_dtypes(device))]
+    passes = [
+        run_pass(model, batches, dtype, device, loss_fn) for dtype in (dtypes or autocast_dtypes(device))
+    ]
     bad_parameters = nonfinite_parameters(model)
     findings: list[Finding] = []
     if bad_parameters:
@@ -300,6 +337,11 @@ def nan_report(
     if failing and len(failing) < len(passes):
         fine = [result.name for result in passes if result.finite]
         findings.append(
-            Finding("warning", "dtype", f"fails in {', '.join(failing)}; finite in {', '.join(fine)}", f"train in {fine[0]}")
+            Finding(
+                "warning",
+                "dtype",
+                f"fails in {', '.join(failing)}; finite in {', '.join(fine)}",
+                f"train in {fine[0]}",
+            )
         )
     return NanReport(name, len(batches), bad_parameters, passes, findings)

@@ -36,7 +36,9 @@ def render_environment(report: Any, console: Console) -> None:
     table = Table(title="environment", show_header=False, title_justify="left")
     table.add_column("", style="bold")
     table.add_column("")
-    versions = ", ".join(f"{name} {version or '[red]missing[/]'}" for name, version in report.versions.items())
+    versions = ", ".join(
+        f"{name} {version or '[red]missing[/]'}" for name, version in report.versions.items()
+    )
     cpu = report.cpu
     flags = " ".join(f"{name}{'' if present else '[dim](no)[/]'}" for name, present in cpu.flags.items())
     table.add_row("versions", versions)
@@ -47,10 +49,16 @@ def render_environment(report: Any, console: Console) -> None:
         "cores",
         f"{cpu.physical_cores} physical, {cpu.logical_cpus} logical, {cpu.usable_cpus} usable{quota}{load}",
     )
-    variables = ", ".join(f"{k}={v}" for k, v in report.thread_variables.items()) or "no OMP/MKL variables set"
-    table.add_row("threads", f"torch {report.torch_threads} intra-op, {report.torch_interop_threads} inter-op; {variables}")
+    variables = (
+        ", ".join(f"{k}={v}" for k, v in report.thread_variables.items()) or "no OMP/MKL variables set"
+    )
+    table.add_row(
+        "threads",
+        f"torch {report.torch_threads} intra-op, {report.torch_interop_threads} inter-op; {variables}",
+    )
     gpus = "; ".join(
-        f"{gpu['name']} ({format_bytes(gpu['memory_bytes'])}, sm {gpu['capability']}, CUDA {gpu['cuda']})" for gpu in report.gpus
+        f"{gpu['name']} ({format_bytes(gpu['memory_bytes'])}, sm {gpu['capability']}, CUDA {gpu['cuda']})"
+        for gpu in report.gpus
     )
     table.add_row("GPU", gpus or "none")
     table.add_row("onnxruntime", ", ".join(report.onnxruntime_providers) or "not installed")
@@ -136,7 +144,16 @@ def render_loader(report: Any, console: Console) -> None:
             f"{len(report.scan.problems)} problem(s)"
         )
     table = Table(title="loader settings", title_justify="left")
-    for column in ("workers", "batch", "pin", "persistent", "prefetch", "first batch s", "next epoch s", "img/s"):
+    for column in (
+        "workers",
+        "batch",
+        "pin",
+        "persistent",
+        "prefetch",
+        "first batch s",
+        "next epoch s",
+        "img/s",
+    ):
         table.add_column(column, justify="right")
     for setting in report.settings:
         best = setting is report.best
@@ -164,7 +181,13 @@ def render_loader(report: Any, console: Console) -> None:
 def render_nan(report: Any, console: Console, layers: int = 12) -> None:
     console.print(f"[bold]{report.model}[/bold]: {report.batches} batch(es), forward + backward per dtype")
     table = Table(title="passes", title_justify="left")
-    for column in ("pass", "loss", "first NaN/Inf (forward)", "first NaN/Inf (backward)", "largest activation"):
+    for column in (
+        "pass",
+        "loss",
+        "first NaN/Inf (forward)",
+        "first NaN/Inf (backward)",
+        "largest activation",
+    ):
         table.add_column(column)
     for result in report.passes:
         losses = ", ".join(f"{loss:.4g}" for loss in result.losses) or "-"
@@ -173,8 +196,12 @@ def render_nan(report: Any, console: Console, layers: int = 12) -> None:
         table.add_row(
             result.name,
             losses if not result.error else f"[red]{result.error[:50]}[/]",
-            f"[red]{forward.module}[/] ({forward.module_type}, {forward.dtype}, {forward.kind})" if forward else "[green]none[/]",
-            f"[red]{backward.module}[/] ({backward.module_type}, {backward.dtype})" if backward else "[green]none[/]",
+            f"[red]{forward.module}[/] ({forward.module_type}, {forward.dtype}, {forward.kind})"
+            if forward
+            else "[green]none[/]",
+            f"[red]{backward.module}[/] ({backward.module_type}, {backward.dtype})"
+            if backward
+            else "[green]none[/]",
             f"{result.max_activation:.3g} in {result.max_activation_module}",
         )
     console.print(table)
@@ -193,7 +220,15 @@ def render_nan(report: Any, console: Console, layers: int = 12) -> None:
             key=lambda layer: (-(layer.output_nonfinite + layer.gradient_nonfinite), -layer.output_absmax),
         )[:layers]
         table = Table(title=f"layers with the largest outputs ({first.name})", title_justify="left")
-        for column in ("module", "type", "dtype", "max |output|", "non-finite out", "max |grad|", "non-finite grad"):
+        for column in (
+            "module",
+            "type",
+            "dtype",
+            "max |output|",
+            "non-finite out",
+            "max |grad|",
+            "non-finite grad",
+        ):
             table.add_column(column)
         for layer in ranked:
             table.add_row(
@@ -211,7 +246,17 @@ def render_nan(report: Any, console: Console, layers: int = 12) -> None:
 
 def render_tensors(inspections: list[Any], console: Console) -> None:
     table = Table(title="tensors", title_justify="left")
-    for column in ("name", "shape", "strides", "dtype", "device", "contiguous", "storage", "grad", "grad_fn chain"):
+    for column in (
+        "name",
+        "shape",
+        "strides",
+        "dtype",
+        "device",
+        "contiguous",
+        "storage",
+        "grad",
+        "grad_fn chain",
+    ):
         table.add_column(column)
     for item in inspections:
         table.add_row(

@@ -56,7 +56,11 @@ def signature(item: Any) -> str:
     if isinstance(item, dict):
         if not _has_array(item):
             return "dict"
-        return "{" + ", ".join(f"{key}: {signature(value)}" for key, value in item.items() if _has_array(value)) + "}"
+        return (
+            "{"
+            + ", ".join(f"{key}: {signature(value)}" for key, value in item.items() if _has_array(value))
+            + "}"
+        )
     if isinstance(item, list | tuple):
         return "(" + ", ".join(signature(value) for value in item) + ")"
     return type(item).__name__
@@ -72,7 +76,12 @@ def _has_array(value: Any) -> bool:
 
 def batch_signature(item: Any) -> str:
     """The signature with per-sample box counts masked: target tensors [N, 5] legitimately differ in N."""
-    if isinstance(item, list | tuple) and len(item) >= 2 and isinstance(item[1], torch.Tensor) and item[1].dim() == 2:
+    if (
+        isinstance(item, list | tuple)
+        and len(item) >= 2
+        and isinstance(item[1], torch.Tensor)
+        and item[1].dim() == 2
+    ):
         return signature((item[0], "targets", *item[2:]))
     return signature(item)
 
@@ -89,7 +98,12 @@ def sample_file(dataset: Any, index: int, item: Any = None) -> str | None:
 
 
 def _child(
-    connection: Any, dataset: Any, indices: Sequence[int], batch_size: int, collate_fn: Callable | None, crash_log: Any
+    connection: Any,
+    dataset: Any,
+    indices: Sequence[int],
+    batch_size: int,
+    collate_fn: Callable | None,
+    crash_log: Any,
 ) -> None:
     if crash_log is not None:
         faulthandler.enable(crash_log)  # a native crash writes the Python stack where it happened
@@ -110,7 +124,9 @@ def _child(
             item = dataset[index]
         except Exception as error:
             where = traceback.extract_tb(error.__traceback__)[-1]
-            connection.send(("error", index, f"{type(error).__name__}: {error} ({where.filename}:{where.lineno})"))
+            connection.send(
+                ("error", index, f"{type(error).__name__}: {error} ({where.filename}:{where.lineno})")
+            )
             continue
         connection.send(("done", index, batch_signature(item), sample_file(dataset, index, item)))
         batch.append((index, item))
@@ -130,7 +146,11 @@ def _signal_message(exitcode: int | None, crash_log: Any) -> str:
     if crash_log is None:
         return message
     crash_log.seek(0)
-    frames = [line.strip() for line in crash_log.read().decode(errors="replace").splitlines() if line.strip().startswith("File ")]
+    frames = [
+        line.strip()
+        for line in crash_log.read().decode(errors="replace").splitlines()
+        if line.strip().startswith("File ")
+    ]
     return message + (f"; crashed at {frames[0]}" if frames else "")
 
 
@@ -144,7 +164,9 @@ def scan_samples(
 ) -> ScanResult:
     """Scan `indices` (default all) in a child process; a child that dies or hangs is replaced and the scan
     goes on after the culprit, until `max_failures` such failures."""
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    context = multiprocessing.get_context(
+        "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    )
     pending = list(range(len(dataset)) if indices is None else indices)
     signatures: dict[int, str] = {}
     files: dict[int, str | None] = {}
@@ -163,21 +185,37 @@ def scan_samples(
             if not receiver.poll(sample_timeout):
                 process.kill()
                 if current is not None:
-                    problems.append(SampleProblem("hang", current, sample_file(dataset, current), f"no result after {sample_timeout:g} s"))
+                    problems.append(
+                        SampleProblem(
+                            "hang",
+                            current,
+                            sample_file(dataset, current),
+                            f"no result after {sample_timeout:g} s",
+                        )
+                    )
                 break
             try:
                 message = receiver.recv()
             except EOFError:  # the child died
                 process.join(5)
                 if current is not None:
-                    problems.append(SampleProblem("died", current, sample_file(dataset, current), _signal_message(process.exitcode, crash_log)))
+                    problems.append(
+                        SampleProblem(
+                            "died",
+                            current,
+                            sample_file(dataset, current),
+                            _signal_message(process.exitcode, crash_log),
+                        )
+                    )
                 break
             if message[0] == "start":
                 current = message[1]
             elif message[0] == "done":
                 signatures[message[1]], files[message[1]], current = message[2], message[3], None
             elif message[0] == "error":
-                problems.append(SampleProblem("error", message[1], sample_file(dataset, message[1]), message[2]))
+                problems.append(
+                    SampleProblem("error", message[1], sample_file(dataset, message[1]), message[2])
+                )
                 current = None
             elif message[0] == "collate":
                 problems.append(SampleProblem("collate", message[1][0], None, message[2], list(message[1])))
@@ -204,7 +242,9 @@ def shape_outliers(signatures: dict[int, str], files: dict[int, str | None]) -> 
     """Samples whose structure/shape differs from the most common one (None items are unreadable images)."""
     readable = {index: sig for index, sig in signatures.items() if sig != "None"}
     problems = [
-        SampleProblem("unreadable", index, files.get(index), "returned None (unreadable image): skipped in batches")
+        SampleProblem(
+            "unreadable", index, files.get(index), "returned None (unreadable image): skipped in batches"
+        )
         for index, sig in signatures.items()
         if sig == "None"
     ]
@@ -214,12 +254,16 @@ def shape_outliers(signatures: dict[int, str], files: dict[int, str | None]) -> 
     for index, sig in sorted(readable.items()):
         if sig != common:
             problems.append(
-                SampleProblem("shape", index, files.get(index), f"{sig} where {count} other sample(s) give {common}")
+                SampleProblem(
+                    "shape", index, files.get(index), f"{sig} where {count} other sample(s) give {common}"
+                )
             )
     return problems
 
 
-def _explain_collate(problems: list[SampleProblem], signatures: dict[int, str], files: dict[int, str | None]) -> None:
+def _explain_collate(
+    problems: list[SampleProblem], signatures: dict[int, str], files: dict[int, str | None]
+) -> None:
     """Point each collate failure at the odd sample(s) of its batch."""
     odd = {problem.index for problem in problems if problem.kind == "shape"}
     for problem in problems:
@@ -229,4 +273,6 @@ def _explain_collate(problems: list[SampleProblem], signatures: dict[int, str], 
         if culprits:
             problem.index = culprits[0]
             problem.file = files.get(culprits[0])
-            problem.message += f" (odd sample(s) in this batch: {', '.join(map(str, culprits))}: {signatures[culprits[0]]})"
+            problem.message += (
+                f" (odd sample(s) in this batch: {', '.join(map(str, culprits))}: {signatures[culprits[0]]})"
+            )
