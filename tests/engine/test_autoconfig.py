@@ -76,12 +76,14 @@ def test_deeppcb_like_data_keeps_640_with_320_crops() -> None:
     stats = make_stats((640, 640), [(w, h) for w, h in rng.uniform(18, 60, (300, 2))], with_template=50)
     config, _ = chosen(stats)
     assert (config.imgsz, config.crop_size, config.strides, config.template) == (640, 320, [8, 16], True)
+    assert config.batch == 16  # the recipe that reached 0.96+ on DeepPCB
 
 
 def test_large_images_with_large_defects_are_downscaled_towards_640() -> None:
     stats = make_stats((2048, 2048), [(400, 300)] * 20 + [(900, 700)] * 20)
     config, _ = chosen(stats)
     assert config.imgsz == 640 and config.crop_size == 0 and 32 in config.strides
+    assert config.batch == 4  # whole 640 px images: 4 per step, about 16 x 320^2 px
 
 
 def test_user_values_win_and_are_reported_with_the_data_suggestion() -> None:

@@ -18,6 +18,8 @@ Rules (pixels are at the letterbox size S; `MIN_DEFECT_PX`, `CROP_BASE`, `LARGE_
 - strides: the preset's; plus 32 when >= 10% of defects reach LARGE_BOX_PX.
 - channels: 3 when >= 20% of checked colour-coded images have colour content, else 1.
 - template: when every training image has one.
+- batch: 16 images of 320 x 320 per step (DeepPCB's recipe) kept as a pixel budget: fewer, larger
+  images per step for whole-image training, so a time budget still gets many optimizer steps.
 - class_balance: 'repeat' (rare-class images repeated, `repeat_factors`) when the most and least
   frequent classes differ by >= BALANCE_RATIO in images containing them.
 """
@@ -48,7 +50,9 @@ COLOR_SPREAD = 3.0  # mean |R-G|, |G-B|, |R-B| in gray levels above which an ima
 COLOR_SHARE = 0.2
 BALANCE_RATIO = 4.0
 MAX_REPEAT = 4.0
-SETTING_NAMES = ("imgsz", "crop_size", "strides", "channels", "template", "class_balance")
+SETTING_NAMES = ("imgsz", "crop_size", "strides", "batch", "channels", "template", "class_balance")
+BASE_BATCH = 16  # images per step at CROP_BASE x CROP_BASE
+MIN_AUTO_BATCH = 4  # BatchNorm statistics get noisy below this
 ALL_STRIDES = (8, 16, 32)
 GRAY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"})
 
@@ -243,6 +247,17 @@ def auto_strides(stats: SplitStats, imgsz: int, preset: str) -> tuple[list[int],
     return strides, f"only {share:.0%} of defects are >= {LARGE_BOX_PX} px at {imgsz}: the preset's {listed}"
 
 
+def auto_batch(input_size: int) -> tuple[int, str]:
+    pixels = BASE_BATCH * CROP_BASE**2
+    batch = int(min(BASE_BATCH, max(MIN_AUTO_BATCH, round(pixels / input_size**2))))
+    if batch == BASE_BATCH:
+        return batch, f"{input_size} px inputs: the {BASE_BATCH} x {CROP_BASE}^2 px recipe's batch"
+    return batch, (
+        f"{input_size} px inputs: {batch} per step keeps about {BASE_BATCH} x {CROP_BASE}^2 px per step, "
+        f"so a time budget still gets many optimizer steps"
+    )
+
+
 def auto_channels(stats: SplitStats) -> tuple[int, str]:
     if stats.color_checked == 0:
         return 1, "no image could be checked for colour: gray"
@@ -304,8 +319,9 @@ def choose_settings(
         return value
 
     imgsz = decide("imgsz", *auto_imgsz(stats))
-    decide("crop_size", *auto_crop(stats, imgsz))
+    crop = decide("crop_size", *auto_crop(stats, imgsz))
     decide("strides", *auto_strides(stats, imgsz, config.preset))
+    decide("batch", *auto_batch(crop or imgsz))
     decide("channels", *auto_channels(stats))
     decide("template", *auto_template(stats))
     decide("class_balance", *auto_class_balance(stats))

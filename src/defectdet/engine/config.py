@@ -38,7 +38,7 @@ class TrainConfig(BaseModel):
     template: bool | None = None  # compare against the template image (needs one per image)
     strides: list[Literal[8, 16, 32]] | None = None  # feature strides the head predicts at
     class_balance: Literal["off", "repeat"] | None = None  # 'repeat': repeat images of rare classes
-    batch: int = Field(16, ge=1)
+    batch: int | None = Field(None, ge=1)  # None: ~16 x 320^2 pixels per step (engine.autoconfig)
     workers: int | None = Field(None, ge=0)
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
 

@@ -281,6 +281,10 @@ def _train(
     data = data or build_train_data(config)
     if data.config is not None:  # the settings chosen from the data (config.yaml records them)
         config = data.config
+    if config.batch is None:  # data built elsewhere, without settings chosen for it
+        from defectdet.engine.autoconfig import BASE_BATCH
+
+        config = config.model_copy(update={"batch": BASE_BATCH})
     if data.choices:
         log.info(
             "settings: %s (reasons in %s)",
