@@ -5,7 +5,7 @@ It times the loader training uses: `engine.loader.build_loader` + `start_epoch` 
 does nothing, so workers only pay off when they beat in-process loading outright; in training the
 main process is busy with the model step and workers overlap with it.
 
-    .venv/bin/python bench/loader.py                 # DeepPCB trainval, ~1-2 min on 2 cores
+    .venv/bin/python bench/loader.py                 # DeepPCB trainval, a few minutes on 2 cores
     .venv/bin/python bench/loader.py --synthetic     # a synthetic dataset in a temp dir instead
 
 Writes bench/results/loader.json. Figures depend on what else runs on the machine: the JSON records
