@@ -20,6 +20,7 @@ import csv
 import json
 import logging
 import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,6 @@ from typing import Any
 from common import print_table, write_result
 from torch.utils.data import Dataset
 
-from defectdet.data.synth import synthesize_dataset
 from defectdet.engine.config import TrainConfig
 from defectdet.engine.trainer import build_train_data, train
 from defectdet.engine.validate import validate
@@ -67,14 +67,16 @@ def time_to_reach(rows: list[dict[str, str]], key: str, threshold: float) -> flo
 
 
 def make_dataset(root: Path, images: int, seed: int) -> Path:
-    """The surface set, reused when `root` already holds the same (images, seed)."""
+    """The surface set, reused when `root` already holds the same (images, seed). Synthesized in a child
+    process (`defectdet synth --kind surface`) so the peak RSS reported is training's, not synthesis'."""
     stamp = root / "bench_stamp.json"
     wanted = {"kind": "surface", "images": images, "seed": seed}
     if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
         return root / "data.yaml"
-    data_yaml = synthesize_dataset(root, boards=images, seed=seed, kind="surface", progress=sys.stdout.isatty())
+    command = [sys.executable, "-m", "defectdet.cli", "synth", str(root), "--kind", "surface"]
+    subprocess.run([*command, "--boards", str(images), "--seed", str(seed)], check=True)
     stamp.write_text(json.dumps(wanted))
-    return data_yaml
+    return root / "data.yaml"
 
 
 def main() -> int:
@@ -83,6 +85,7 @@ def main() -> int:
     parser.add_argument("--images", type=int, default=600, help="surfaces to synthesize (80%% train)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--root", type=Path, default=Path("runs/bench_surface"))
+    parser.add_argument("--val-every", type=int, default=2, help="validate every N epochs (as train_deeppcb.py)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
@@ -94,6 +97,7 @@ def main() -> int:
         time_minutes=args.minutes,
         out=args.root / f"run_{args.minutes:g}min",
         seed=args.seed,
+        val_every=args.val_every,
         progress=sys.stdout.isatty(),
     )
     data = build_train_data(config)

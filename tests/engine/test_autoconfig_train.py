@@ -10,7 +10,7 @@ from defectdet.cli import app
 from defectdet.data.synth import synthesize_dataset
 from defectdet.engine.checkpoint import load_checkpoint
 from defectdet.engine.config import TrainConfig
-from defectdet.engine.trainer import train
+from defectdet.engine.trainer import build_train_data, train
 from defectdet.engine.validate import validate
 
 runner = CliRunner()
@@ -20,8 +20,12 @@ QUICK = {"epochs": 1, "batch": 2, "workers": 0, "max_steps": 2, "progress": Fals
 def test_no_template_on_a_dataset_with_templates(tmp_path) -> None:
     data_yaml = synthesize_dataset(tmp_path / "pcb", boards=6, seed=0, min_size=160, max_size=200, progress=False)
     assert "templates" in yaml.safe_load(data_yaml.read_text())
-    result = train(TrainConfig(data=data_yaml, template=False, out=tmp_path / "run", **QUICK))
+    config = TrainConfig(data=data_yaml, template=False, out=tmp_path / "run", **QUICK)
+    data = build_train_data(config)
+    config.val_every = 3  # set after the data, as the demo does: train keeps it and takes the chosen settings
+    result = train(config, data=data)
     checkpoint = load_checkpoint(result.last_checkpoint)
+    assert checkpoint["config"]["val_every"] == 3 and checkpoint["config"]["batch"] == data.config.batch
     assert checkpoint["model_config"]["template"] is False and checkpoint["model_config"]["in_channels"] == 1
     chosen = {c["name"]: c for c in checkpoint["settings_chosen"]}
     assert chosen["template"]["value"] is False and chosen["template"]["source"] == "user"

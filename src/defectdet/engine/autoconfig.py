@@ -329,8 +329,8 @@ def choose_settings(
         Choice(
             "regression ranges",
             "none",
-            "the task-aligned assigner ranks anchors of every level by score x IoU and distances are "
-            "softplus x stride, so there are no per-level size ranges to tune",
+            "none to tune: the task-aligned assigner picks anchors on every level by score x IoU; "
+            "distances are softplus x stride, unbounded",
             "fixed",
         )
     )

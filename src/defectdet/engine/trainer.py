@@ -280,7 +280,9 @@ def _train(
     seed_everything(config.seed, config.deterministic)
     data = data or build_train_data(config)
     if data.config is not None:  # the settings chosen from the data (config.yaml records them)
-        config = data.config
+        from defectdet.engine.autoconfig import SETTING_NAMES
+
+        config = config.model_copy(update={name: getattr(data.config, name) for name in SETTING_NAMES})
     if config.batch is None:  # data built elsewhere, without settings chosen for it
         from defectdet.engine.autoconfig import BASE_BATCH
 
