@@ -80,12 +80,16 @@ def make_dataset(root: Path, images: int, seed: int) -> Path:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--images", type=int, default=600, help="surfaces to synthesize (80%% train)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--root", type=Path, default=Path("runs/bench_surface"))
-    parser.add_argument("--val-every", type=int, default=2, help="validate every N epochs (as train_deeppcb.py)")
+    parser.add_argument(
+        "--val-every", type=int, default=2, help="validate every N epochs (as train_deeppcb.py)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
@@ -123,7 +127,9 @@ def main() -> int:
         "epochs": float(rows[-1]["epoch"]) if rows else None,
         "steps": steps,
         "train_images_per_second": images_trained / max(1e-9, result.state.elapsed_seconds),
-        "loader_share": timed.seconds / max(1e-9, result.state.elapsed_seconds) if chosen.workers in (None, 0) else None,
+        "loader_share": timed.seconds / max(1e-9, result.state.elapsed_seconds)
+        if chosen.workers in (None, 0)
+        else None,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
     curve = [

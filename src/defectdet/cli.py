@@ -51,7 +51,8 @@ def synth(
     boards: int = typer.Option(40, help="Number of boards / surfaces (images)."),
     seed: int = typer.Option(0, help="Random seed; the same seed writes the same dataset."),
     kind: str = typer.Option(
-        "pcb", help="pcb: PCB boards with templates; surface: textured surfaces (steel, tile, weave, cast), no template."
+        "pcb",
+        help="pcb: PCB boards with templates; surface: textured surfaces (steel, tile, weave, cast), no template.",
     ),
     template: bool | None = typer.Option(
         None, "--template/--no-template", help="Also render the defect-free template (pcb; default on)."
@@ -79,7 +80,9 @@ def synth(
         color=color,
         kind=kind,
     )
-    console.print(f"[green]wrote[/green] {boards} {'surfaces' if kind == 'surface' else 'boards'} -> {data_yaml}")
+    console.print(
+        f"[green]wrote[/green] {boards} {'surfaces' if kind == 'surface' else 'boards'} -> {data_yaml}"
+    )
 
 
 @app.command()
@@ -132,7 +135,9 @@ def train(
         None, "--crop", help="Train on random crops of this size; 0 = whole images (default: from the data)."
     ),
     template: bool | None = typer.Option(
-        None, "--template/--no-template", help="Use the dataset's templates (default: when every image has one)."
+        None,
+        "--template/--no-template",
+        help="Use the dataset's templates (default: when every image has one).",
     ),
     channels: int | None = typer.Option(None, help="1 gray or 3 RGB input (default: from the images)."),
     strides: str | None = typer.Option(
@@ -386,7 +391,9 @@ def _parse_strides(text: str | None) -> list[int] | None:
     try:
         return [int(part) for part in text.replace(" ", "").split(",") if part]
     except ValueError:
-        raise DefectDetError(f"--strides: expected numbers from 8,16,32 separated by commas, got {text!r}") from None
+        raise DefectDetError(
+            f"--strides: expected numbers from 8,16,32 separated by commas, got {text!r}"
+        ) from None
 
 
 app.add_typer(doctor_app, name="doctor")

@@ -60,7 +60,9 @@ def test_generate_surface_is_deterministic_with_all_kinds_across_sizes() -> None
         height, width = surface.image.shape[:2]
         assert surface.image.dtype == np.uint8 and surface.image.ndim == (3 if index % 2 == 0 else 2)
         boxes = surface.boxes
-        assert ((boxes[:, 0] >= 0) & (boxes[:, 2] <= width) & (boxes[:, 1] >= 0) & (boxes[:, 3] <= height)).all()
+        assert (
+            (boxes[:, 0] >= 0) & (boxes[:, 2] <= width) & (boxes[:, 1] >= 0) & (boxes[:, 3] <= height)
+        ).all()
         classes.update(surface.classes.tolist())
         materials.add(surface.material)
         relative += (np.sqrt((boxes[:, 2:] - boxes[:, :2]).prod(1)) / max(height, width)).tolist()
@@ -70,7 +72,9 @@ def test_generate_surface_is_deterministic_with_all_kinds_across_sizes() -> None
 
 
 def test_synthesize_surface_dataset(tmp_path) -> None:
-    data_yaml = synthesize_dataset(tmp_path / "set", boards=8, seed=2, kind="surface", max_size=300, progress=False)
+    data_yaml = synthesize_dataset(
+        tmp_path / "set", boards=8, seed=2, kind="surface", max_size=300, progress=False
+    )
     config = yaml.safe_load(data_yaml.read_text())
     assert config["names"] == list(SURFACE_CLASS_NAMES) and "templates" not in config
     images = sorted((tmp_path / "set" / "images").glob("*/*.png"))

@@ -18,7 +18,9 @@ QUICK = {"epochs": 1, "batch": 2, "workers": 0, "max_steps": 2, "progress": Fals
 
 
 def test_no_template_on_a_dataset_with_templates(tmp_path) -> None:
-    data_yaml = synthesize_dataset(tmp_path / "pcb", boards=6, seed=0, min_size=160, max_size=200, progress=False)
+    data_yaml = synthesize_dataset(
+        tmp_path / "pcb", boards=6, seed=0, min_size=160, max_size=200, progress=False
+    )
     assert "templates" in yaml.safe_load(data_yaml.read_text())
     config = TrainConfig(data=data_yaml, template=False, out=tmp_path / "run", **QUICK)
     data = build_train_data(config)
@@ -43,13 +45,35 @@ def test_train_cli_prints_the_table_and_levels_travel_to_validate(tmp_path) -> N
     data_yaml = synthesize_dataset(
         tmp_path / "surface", boards=8, seed=4, kind="surface", min_size=128, max_size=224, progress=False
     )
-    args = ["train", str(data_yaml), "--epochs", "1", "--batch", "2", "--workers", "0", "--out", str(tmp_path / "run")]
-    result = runner.invoke(app, [*args, "--set", "max_steps=2", "--set", "progress=false", "--strides", "8,16,32"])
+    args = [
+        "train",
+        str(data_yaml),
+        "--epochs",
+        "1",
+        "--batch",
+        "2",
+        "--workers",
+        "0",
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    result = runner.invoke(
+        app, [*args, "--set", "max_steps=2", "--set", "progress=false", "--strides", "8,16,32"]
+    )
     assert result.exit_code == 0, result.output
-    for text in ("settings chosen for this run", "imgsz", "crop_size", "strides", "template", "class_balance"):
+    for text in (
+        "settings chosen for this run",
+        "imgsz",
+        "crop_size",
+        "strides",
+        "template",
+        "class_balance",
+    ):
         assert text in result.output, text
     checkpoint = load_checkpoint(tmp_path / "run" / "last.pt")
     assert tuple(checkpoint["model_config"]["levels"]) == (0, 1, 2)
     assert checkpoint["config"]["strides"] == [8, 16, 32] and checkpoint["config"]["imgsz"] <= 224
-    metrics = validate(tmp_path / "run" / "last.pt", data_yaml, split="val", out=tmp_path / "val", protocol="coco")
+    metrics = validate(
+        tmp_path / "run" / "last.pt", data_yaml, split="val", out=tmp_path / "val", protocol="coco"
+    )
     assert metrics["headline"]["mAP50"] is not None

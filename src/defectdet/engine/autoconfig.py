@@ -136,7 +136,9 @@ def collect_split_stats(
                     gray = image.mode in GRAY_MODES
                 color_checked += 1
                 # a file stored as RGB may still be gray: decode it to look
-                color_images += 0 if gray else int(color_spread(read_image(sample.image_path, 3)) > COLOR_SPREAD)
+                color_images += (
+                    0 if gray else int(color_spread(read_image(sample.image_path, 3)) > COLOR_SPREAD)
+                )
             except (OSError, ValueError, ImageReadError):
                 pass
     num_classes = len(split.class_names)
@@ -360,7 +362,9 @@ def repeat_factors(split: DatasetSplit, seed: int = 0) -> np.ndarray:
         counts[present] += 1
     if not counts.any():
         return np.ones(len(split.samples), np.int64)
-    class_factor = np.where(counts > 0, np.minimum(MAX_REPEAT, np.sqrt(counts.max() / np.maximum(counts, 1))), 1.0)
+    class_factor = np.where(
+        counts > 0, np.minimum(MAX_REPEAT, np.sqrt(counts.max() / np.maximum(counts, 1))), 1.0
+    )
     image_factor = np.array([class_factor[p].max() if len(p) else 1.0 for p in present_sets])
     draws = np.random.default_rng([seed, 0xBA1]).random(len(image_factor))
     return (np.floor(image_factor) + (draws < image_factor % 1)).astype(np.int64)
@@ -369,7 +373,9 @@ def repeat_factors(split: DatasetSplit, seed: int = 0) -> np.ndarray:
 def balance_split(split: DatasetSplit, seed: int = 0) -> DatasetSplit:
     """The split with rare-class samples repeated per `repeat_factors` (same objects, repeated)."""
     repeats = repeat_factors(split, seed)
-    samples = [sample for sample, count in zip(split.samples, repeats.tolist(), strict=True) for _ in range(count)]
+    samples = [
+        sample for sample, count in zip(split.samples, repeats.tolist(), strict=True) for _ in range(count)
+    ]
     return DatasetSplit(samples, split.class_names, split.format, split.split, split.root, split.problems)
 
 

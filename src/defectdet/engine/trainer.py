@@ -169,7 +169,13 @@ def build_train_data(config: TrainConfig) -> TrainData:
         )
     in_channels = channels * (2 if template else 1)
     return TrainData(
-        train_set, val_set, list(train_split.class_names), in_channels, template, config=config, choices=choices
+        train_set,
+        val_set,
+        list(train_split.class_names),
+        in_channels,
+        template,
+        config=config,
+        choices=choices,
     )
 
 

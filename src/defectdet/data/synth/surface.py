@@ -91,7 +91,13 @@ _TINTS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {
     "weave": lambda rng: rng.uniform(0.45, 1.35, 3),
     "cast": lambda rng: np.array([1.06, 1.0, 0.9]) + rng.uniform(-0.05, 0.05, 3),
 }
-_BASE_LEVEL = {"brushed": (120, 190), "rolled": (70, 140), "tile": (90, 210), "weave": (70, 180), "cast": (80, 150)}
+_BASE_LEVEL = {
+    "brushed": (120, 190),
+    "rolled": (70, 140),
+    "tile": (90, 210),
+    "weave": (70, 180),
+    "cast": (80, 150),
+}
 
 
 def _mask_box(alpha: np.ndarray, x0: int, y0: int) -> tuple[float, float, float, float] | None:
@@ -102,7 +108,9 @@ def _mask_box(alpha: np.ndarray, x0: int, y0: int) -> tuple[float, float, float,
     return float(x0 + xs.min()), float(y0 + ys.min()), float(x0 + xs.max() + 1), float(y0 + ys.max() + 1)
 
 
-def _window(cx: float, cy: float, half_w: float, half_h: float, width: int, height: int) -> tuple[int, int, int, int]:
+def _window(
+    cx: float, cy: float, half_w: float, half_h: float, width: int, height: int
+) -> tuple[int, int, int, int]:
     x0, y0 = max(0, int(cx - half_w)), max(0, int(cy - half_h))
     x1, y1 = min(width, int(np.ceil(cx + half_w)) + 1), min(height, int(np.ceil(cy + half_h)) + 1)
     return x0, y0, x1, y1
@@ -136,7 +144,9 @@ def _delta(rng: np.random.Generator, channels: int, magnitude: float, tint: np.n
 class _Canvas:
     """The image being drawn, float32 (H, W, C), plus what a texture change needs."""
 
-    def __init__(self, image: np.ndarray, material: str, variant: float, base: float, tint: np.ndarray | None):
+    def __init__(
+        self, image: np.ndarray, material: str, variant: float, base: float, tint: np.ndarray | None
+    ):
         self.image = image
         self.material = material
         self.variant = variant
@@ -162,7 +172,10 @@ Defect = tuple[tuple[float, float, float, float], int]
 
 def _pin_hole(canvas: _Canvas, rng: np.random.Generator, short: int) -> Defect | None:
     radius = float(np.clip(short * rng.uniform(0.004, 0.016), 1.5, 18.0))
-    cx, cy = rng.uniform(radius + 1, canvas.width - radius - 1), rng.uniform(radius + 1, canvas.height - radius - 1)
+    cx, cy = (
+        rng.uniform(radius + 1, canvas.width - radius - 1),
+        rng.uniform(radius + 1, canvas.height - radius - 1),
+    )
     x0, y0, x1, y1 = _window(cx, cy, radius + 2, radius + 2, canvas.width, canvas.height)
     ys, xs = np.mgrid[y0:y1, x0:x1].astype(np.float32)
     distance = np.sqrt((xs + 0.5 - cx) ** 2 + (ys + 0.5 - cy) ** 2)
@@ -184,7 +197,9 @@ def _stroke_alpha(
 
 
 def _clip_points(points: np.ndarray, width: int, height: int) -> np.ndarray:
-    inside = (points[:, 0] >= 1) & (points[:, 0] < width - 1) & (points[:, 1] >= 1) & (points[:, 1] < height - 1)
+    inside = (
+        (points[:, 0] >= 1) & (points[:, 0] < width - 1) & (points[:, 1] >= 1) & (points[:, 1] < height - 1)
+    )
     if inside.all():
         return points
     first_out = int(np.argmin(inside)) if inside[0] else 0
@@ -231,7 +246,9 @@ def _crack(canvas: _Canvas, rng: np.random.Generator, short: int) -> Defect | No
         branch_heading = heading + turns[len(points) // 2] + rng.choice([-1, 1]) * rng.uniform(0.5, 1.1)
         branch_turns = np.cumsum(rng.normal(0, 0.25, steps // 3))
         branch = origin + np.cumsum(
-            np.stack([np.cos(branch_heading + branch_turns), np.sin(branch_heading + branch_turns)], 1) * step, 0
+            np.stack([np.cos(branch_heading + branch_turns), np.sin(branch_heading + branch_turns)], 1)
+            * step,
+            0,
         )
         branch = _clip_points(branch, canvas.width, canvas.height)
         if len(branch) >= 2:
@@ -316,7 +333,9 @@ def _iou(box: tuple[float, ...], others: list[tuple[float, ...]]) -> float:
         h = min(box[3], other[3]) - max(box[1], other[1])
         if w > 0 and h > 0:
             inter = w * h
-            union = (box[2] - box[0]) * (box[3] - box[1]) + (other[2] - other[0]) * (other[3] - other[1]) - inter
+            union = (
+                (box[2] - box[0]) * (box[3] - box[1]) + (other[2] - other[0]) * (other[3] - other[1]) - inter
+            )
             best = max(best, inter / union)
     return best
 
@@ -372,7 +391,9 @@ def generate_surface(
             break
 
     # camera: illumination gradient, slight blur, sensor noise
-    gradient = _field(camera_rng, height, width, 2, 2) * np.float32(camera_rng.uniform(0, 0.08)) + np.float32(1)
+    gradient = _field(camera_rng, height, width, 2, 2) * np.float32(camera_rng.uniform(0, 0.08)) + np.float32(
+        1
+    )
     image = canvas.image * gradient[..., None]
     if camera_rng.random() < 0.5:
         image = cv2.GaussianBlur(image, (0, 0), camera_rng.uniform(0.4, 0.9)).reshape(image.shape)

@@ -99,7 +99,12 @@ def synthesize_dataset(
         if kind == "surface":
             rgb = bool(color) if color is not None else _surface_is_color(seed, index)
             surface = generate_surface(seed, index, min_size, max_size, rgb)
-            image, boxes, classes, name = surface.image, surface.boxes, surface.classes, f"surface_{index:04d}"
+            image, boxes, classes, name = (
+                surface.image,
+                surface.boxes,
+                surface.classes,
+                f"surface_{index:04d}",
+            )
         else:
             board = generate_board(seed, index, min_size, max_size, bool(color))
             image, boxes, classes, name = board.image, board.boxes, board.classes, f"board_{index:04d}"
