@@ -205,7 +205,8 @@ def _findings(report: CheckpointReport, target: Target | None) -> list[Finding]:
     elif report.loads_strictly:
         findings.append(Finding("ok", "keys", f"all {counts['match']} tensors match: loads with strict=True"))
     else:
-        problems = ", ".join(f"{counts[k]} {k}" for k in ("missing", "unexpected", "shape") if counts[k])
+        names = {"missing": "missing", "unexpected": "unexpected", "shape": "shape-mismatched"}
+        problems = ", ".join(f"{counts[k]} {name}" for k, name in names.items() if counts[k])
         after = report.counts_after_proposal
         if after is not None and not (after["missing"] or after["unexpected"] or after["shape"]):
             advice = f"defectdet doctor checkpoint {path} --model ... --out fixed.pt writes a copy that loads strictly"

@@ -160,6 +160,9 @@ def describe_contents(checkpoint: LoadedCheckpoint) -> dict[str, str]:
             )
         elif count:
             summary = f"{count} tensor(s), {format_bytes(size)}"
+        elif isinstance(value, list | tuple) and all(isinstance(item, str | int | float) for item in value):
+            shown = ", ".join(map(str, value[:6])) + (", ..." if len(value) > 6 else "")
+            summary = f"{len(value)} item(s): {shown}"
         elif isinstance(value, Mapping):
             summary = f"{len(value)} entries"
         else:

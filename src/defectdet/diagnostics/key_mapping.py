@@ -242,12 +242,15 @@ def propose_rules(source: Shapes, target: Shapes, max_rules: int = 200) -> list[
 
     Recognises wrapper prefixes ('module.', '_orig_mod.'), then renamed prefixes and shifted Sequential
     indices, each accepted only when every key under the prefix lands on a target key of the same shape.
+    Renames are dropped when they fix fewer keys than stay unmatched: between two different architectures
+    equal shapes are coincidences, not renamings.
     """
     rules = _wrapper_rules(list(source), list(target))
     renamed = {rename_key(key, rules): shape for key, shape in source.items()}
     unmatched_source = _whole_modules(renamed, {k for k, s in renamed.items() if target.get(k) != s})
     unmatched_target = _whole_modules(target, {k for k, s in target.items() if renamed.get(k) != s})
     renames: list[tuple[str, str]] = []
+    fixed = 0
     while unmatched_source and unmatched_target and len(renames) < max_rules:
         found = _best_prefix_rule(unmatched_source, unmatched_target)
         if found is None:
@@ -259,6 +262,9 @@ def propose_rules(source: Shapes, target: Shapes, max_rules: int = 200) -> list[
             new_key = (target_prefix + "." if target_prefix else "") + key[len(head) :]
             del unmatched_source[key]
             del unmatched_target[new_key]
+        fixed += len(hits)
+    if fixed <= len(unmatched_source) + len(unmatched_target):
+        renames = []
     for source_prefix, target_prefix in _order_renames(renames):
         shown_source = source_prefix.replace("__renamed__.", "").replace("__renamed__", "")
         rules.append(prefix_rule(source_prefix, target_prefix, _rename_reason(shown_source, target_prefix)))

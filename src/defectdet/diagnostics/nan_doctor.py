@@ -33,6 +33,7 @@ class LayerStats:
     output_nonfinite: int = 0  # elements, summed over batches
     gradient_absmax: float = 0.0
     gradient_nonfinite: int = 0
+    leaf: bool = True  # no child modules: its output is its own work, not a child's
 
 
 @dataclasses.dataclass
@@ -116,7 +117,10 @@ class _Recorder:
 
     def __init__(self, model: nn.Module) -> None:
         self.names = {module: name or "(model)" for name, module in model.named_modules()}
-        self.layers = {name: LayerStats(name, type(module).__name__) for module, name in self.names.items()}
+        self.layers = {
+            name: LayerStats(name, type(module).__name__, leaf=not any(True for _ in module.children()))
+            for module, name in self.names.items()
+        }
         self.forward_source: NanSource | None = None
         self.backward_source: NanSource | None = None
         self.batch = 0
@@ -205,7 +209,7 @@ def run_pass(
     finally:
         recorder.close()
     layers = list(recorder.layers.values())
-    leaves = [layer for layer in layers if layer.module != "(model)"] or layers
+    leaves = [layer for layer in layers if layer.leaf] or layers
     largest = max(leaves, key=lambda layer: layer.output_absmax)
     return PassResult(
         name=name if dtype == torch.float32 else f"{name} autocast",
@@ -254,10 +258,13 @@ def _pass_findings(result: PassResult, reference: PassResult | None = None) -> l
     source = result.forward_source or result.backward_source
     if source is None and not result.nonfinite_gradients:
         level = "warning" if result.headroom < 10 else "ok"
+        losses = ", ".join(f"{loss:.4g}" for loss in result.losses)
         message = (
-            f"{result.name}: finite; largest activation {result.max_activation:.3g} in '{result.max_activation_module}' "
-            f"({result.headroom:.3g}x below the {result.dtype} maximum)"
+            f"{result.name}: finite (loss {losses}); largest activation {result.max_activation:.3g} "
+            f"in '{result.max_activation_module}'"
         )
+        if result.dtype != "float32":
+            message += f", {result.headroom:.3g}x below the {result.dtype} maximum"
         advice = (
             "activations are close to the dtype's range: normalise inputs or use bfloat16"
             if level == "warning"

@@ -104,8 +104,9 @@ def render_checkpoint(report: Any, console: Console, show_all: bool = False, lim
     rows = [row for row in report.rows if show_all or row.status != "match"]
     if rows:
         table = Table(title="tensors" if show_all else "tensors that do not match", title_justify="left")
-        for column in ("key", "status", "shape", "model shape", "dtype", "saved on"):
-            table.add_column(column)
+        table.add_column("key", overflow="fold", ratio=3)
+        for column in ("status", "shape", "model shape", "dtype", "saved on"):
+            table.add_column(column, no_wrap=True)
         for row in rows[:limit] if not show_all else rows:
             key = row.key if row.source_key is None else f"{row.key} [dim](file: {row.source_key})[/]"
             table.add_row(
@@ -216,20 +217,13 @@ def render_nan(report: Any, console: Console, layers: int = 12) -> None:
     first = report.passes[0] if report.passes else None
     if first is not None:
         ranked = sorted(
-            (layer for layer in first.layers if layer.module != "(model)"),
+            (layer for layer in first.layers if layer.leaf),
             key=lambda layer: (-(layer.output_nonfinite + layer.gradient_nonfinite), -layer.output_absmax),
         )[:layers]
-        table = Table(title=f"layers with the largest outputs ({first.name})", title_justify="left")
-        for column in (
-            "module",
-            "type",
-            "dtype",
-            "max |output|",
-            "non-finite out",
-            "max |grad|",
-            "non-finite grad",
-        ):
-            table.add_column(column)
+        table = Table(title=f"leaf modules with the largest outputs ({first.name})", title_justify="left")
+        table.add_column("module", overflow="fold", ratio=3)
+        for column in ("type", "dtype", "max |output|", "NaN/Inf out", "max |grad|", "NaN/Inf grad"):
+            table.add_column(column, no_wrap=True)
         for layer in ranked:
             table.add_row(
                 layer.module,
