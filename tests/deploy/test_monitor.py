@@ -46,7 +46,7 @@ def test_image_statistics_values() -> None:
     assert stats["brightness"] == pytest.approx(127.5)
     assert stats["contrast"] == pytest.approx(127.5)
     assert stats["saturation"] == 1.0
-    assert stats["sharpness"] > 0 and stats["detail"] > 0
+    assert stats["sharpness"] > 0 and stats["detail"] > 0 and stats["acutance"] > 0
 
 
 def test_image_statistics_respond_to_faults() -> None:
@@ -56,6 +56,13 @@ def test_image_statistics_respond_to_faults() -> None:
     assert blurred["sharpness"] < 0.2 * base["sharpness"]
     low = image_statistics(((image.astype(np.float32) - 128) * 0.5 + 128).astype(np.uint8))
     assert low["contrast"] == pytest.approx(0.5 * base["contrast"], rel=0.02)
+    assert blurred["acutance"] < 0.7 * base["acutance"]
+    # a smudge: part of the field blurred; global sharpness moves little, the softest tile's acutance a lot
+    smudged = image.copy()
+    smudged[:320, :320] = cv2.GaussianBlur(image, (0, 0), 3)[:320, :320]
+    local = image_statistics(smudged)
+    assert local["acutance"] < 0.7 * base["acutance"]
+    assert local["acutance"] / base["acutance"] < local["detail"] / base["detail"]
     dark = image_statistics((image * 0.7).astype(np.uint8))
     assert dark["brightness"] == pytest.approx(0.7 * base["brightness"], rel=0.02)
 
@@ -114,6 +121,7 @@ def _draw_stats(rng: np.random.Generator) -> dict[str, float]:
         "sharpness": rng.normal(2000, 200),
         "saturation": rng.uniform(0.0, 0.02),
         "detail": rng.normal(8, 0.8),
+        "acutance": rng.normal(0.6, 0.03),
     }
 
 
@@ -133,7 +141,15 @@ def test_ewma_limit_matches_published_run_length() -> None:
 def test_monitor_stays_ok_on_reference_like_data() -> None:
     rng = np.random.default_rng(4)
     monitor = DriftMonitor(_reference(rng))
-    assert monitor.charts == ["brightness", "contrast", "sharpness", "saturation", "detail", "features"]
+    assert monitor.charts == [
+        "brightness",
+        "contrast",
+        "sharpness",
+        "saturation",
+        "detail",
+        "acutance",
+        "features",
+    ]
     levels = set()
     for index in range(2000):
         stats = _draw_stats(rng)
@@ -148,7 +164,14 @@ def test_monitor_stays_ok_on_reference_like_data() -> None:
 def test_monitor_alerts_on_contrast_drop_and_names_it(caplog: pytest.LogCaptureFixture) -> None:
     rng = np.random.default_rng(6)
     monitor = DriftMonitor(_reference(rng))
-    base = {"brightness": 120.0, "contrast": 60.0, "sharpness": 2000.0, "saturation": 0.01, "detail": 8.0}
+    base = {
+        "brightness": 120.0,
+        "contrast": 60.0,
+        "sharpness": 2000.0,
+        "saturation": 0.01,
+        "detail": 8.0,
+        "acutance": 0.6,
+    }
     for _ in range(50):
         assert monitor.update(base, rng.normal(1.0, 0.2, 16)).level == "ok"
     caplog.set_level("INFO", logger="defectdet.deploy.monitor")
@@ -203,7 +226,14 @@ def test_monitor_skips_binarised_saturation_and_validates() -> None:
 def test_monitor_is_thread_safe() -> None:
     rng = np.random.default_rng(9)
     monitor = DriftMonitor(_reference(rng))
-    base = {"brightness": 120.0, "contrast": 60.0, "sharpness": 2000.0, "saturation": 0.01, "detail": 8.0}
+    base = {
+        "brightness": 120.0,
+        "contrast": 60.0,
+        "sharpness": 2000.0,
+        "saturation": 0.01,
+        "detail": 8.0,
+        "acutance": 0.6,
+    }
 
     def feed() -> None:
         for _ in range(250):
