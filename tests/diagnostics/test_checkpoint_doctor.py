@@ -178,3 +178,34 @@ def test_cli_checkpoint_migrates_and_reports_json(tmp_path):
     import json
 
     assert json.loads(result.output)["counts"]["match"] == len(model.state_dict())
+
+
+def test_coincidental_equal_shapes_between_presets_are_not_proposed_as_renames(tmp_path):
+    path = tmp_path / "nano.pt"
+    torch.save(nano().state_dict(), path)
+    report = checkpoint_report(path, model="tiny", num_classes=3)
+    assert report.proposed_rules == [] and report.counts["shape"] > 100
+    error = next(f for f in report.findings if f.severity == "error")
+    assert "shape-mismatched" in error.message and "preset" in error.advice
+
+
+def test_checkpoint_saved_on_cuda_is_read_on_the_cpu_and_says_so(tmp_path):
+    """No GPU here: a higher-priority location tagger makes torch.save record 'cuda:0', as a GPU run would."""
+    import torch.serialization as serialization
+
+    def cuda_tag(storage):
+        return "cuda:0" if storage.device.type == "cpu" else None
+
+    entry = (0, cuda_tag, lambda storage, location: None)
+    serialization._package_registry.insert(0, entry)
+    try:
+        torch.save(Net().state_dict(), tmp_path / "gpu.pt")
+    finally:
+        serialization._package_registry.remove(entry)
+    if not torch.cuda.is_available():  # what the user meets without map_location
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(tmp_path / "gpu.pt", weights_only=True)
+    report = checkpoint_report(tmp_path / "gpu.pt", model=Net())
+    assert report.saved_devices == {"cuda:0": 9} and report.loads_strictly
+    assert {row.device for row in report.rows} == {"cuda:0"}
+    assert any("saved from cuda:0" in f.message for f in report.findings)
