@@ -82,7 +82,9 @@ def run_demo(
     )
 
     console.rule("5/5 export the bundle and run it without torch on the held-out boards")
-    metrics["deploy"] = deploy_and_predict(result.best_checkpoint or result.last_checkpoint, data_yaml, out, console)
+    metrics["deploy"] = deploy_and_predict(
+        result.best_checkpoint or result.last_checkpoint, data_yaml, out, console
+    )
     console.print(f"demo finished in {(time.perf_counter() - started) / 60:.1f} min")
     return metrics
 
@@ -110,8 +112,9 @@ def deploy_and_predict(checkpoint: Path, data_yaml: Path, out: Path, console: Co
     totals = []
     samples = load_dataset(data_yaml, "val").samples
     for index, sample in enumerate(samples):
-        image = predictor.load(sample.image_path)
-        template = predictor.load(sample.template_path) if predictor.metadata.template else None
+        image, template = predictor.load_pair(
+            sample.image_path, sample.template_path if predictor.metadata.template else None
+        )
         found = predictor.predict(image, template)
         totals.append(found.timings["total"])
         has_defect = len(sample.boxes) > 0

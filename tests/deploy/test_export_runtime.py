@@ -172,6 +172,20 @@ def test_predictor_accepts_paths_bytes_and_arrays_alike(bundle_path: Path, tiny_
     assert predictor.predict(image, template, conf=1.0).verdict == "clean"
 
 
+def test_the_runtime_registers_a_shifted_template(bundle_path: Path, tiny_dataset: Path) -> None:
+    predictor = Predictor(bundle_path)
+    assert predictor.metadata.registration  # trained with registration (the default), so it runs it
+    sample = load_dataset(tiny_dataset, "val").samples[0]
+    template = read_image(sample.template_path)
+    image = template  # a clean capture whose template was moved by (2, -1): the board moved by (-2, 1)
+    shifted = cv2.warpAffine(template, np.float32([[1, 0, 2.0], [0, 1, -1.0]]), template.shape[::-1],
+                             borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
+    result = predictor.predict(image, shifted)
+    motion = result.registration
+    assert motion is not None and motion["applied"]
+    assert abs(motion["dx"] + 2.0) < 0.3 and abs(motion["dy"] - 1.0) < 0.3, motion
+
+
 def test_a_deep_pair_gets_one_intensity_mapping(bundle_path: Path) -> None:
     """A 12-bit pair whose peaks straddle 2048: scaled apart, the clean background would differ by 2x."""
     template = np.full((64, 80), 2000, np.uint16)

@@ -266,14 +266,15 @@ def drift_reference(
     stats, features = [], []
     for sample in samples:
         try:
-            image = predictor.load(sample.image_path)
-            template = predictor.load(sample.template_path) if predictor.metadata.template else None
-            tensor, _, content = predictor.prepare(image, template)
+            image, template = predictor.load_pair(
+                sample.image_path, sample.template_path if predictor.metadata.template else None
+            )
+            prepared = predictor.prepare(image, template)
         except DefectDetError as error:
             logger.warning("drift reference: skipping %s: %s", sample.image_path, error)
             continue
-        stats.append(image_statistics(content))
-        features.append(predictor.run(tensor[None])[1][0])
+        stats.append(image_statistics(prepared.content))
+        features.append(predictor.run(prepared.tensor[None])[1][0])
     if not stats:
         return None
     return build_reference(stats, np.stack(features))

@@ -131,8 +131,9 @@ def iterate_predictions(
             if predictor.metadata.template and template_path is None:
                 where = f"in {templates}" if templates else "(pass --templates DIR)"
                 raise InputError(f"{path}: no template of the same name {where}")
-            image = predictor.load(path)
-            template = predictor.load(template_path) if predictor.metadata.template else None
+            image, template = predictor.load_pair(
+                path, template_path if predictor.metadata.template else None
+            )
             result = predictor.predict(image, template, conf=conf)
         except (DefectDetError, cv2.error, OSError) as error:
             yield path, None, None, str(error)

@@ -45,11 +45,9 @@ class _CalibrationReader:
             sample = self.samples[self.position]
             self.position += 1
             try:
-                image = self.predictor.load(sample.image_path)
-                template = (
-                    self.predictor.load(sample.template_path) if self.predictor.metadata.template else None
-                )
-                tensor, _, _ = self.predictor.prepare(image, template)
+                template_path = sample.template_path if self.predictor.metadata.template else None
+                image, template = self.predictor.load_pair(sample.image_path, template_path)
+                tensor = self.predictor.prepare(image, template).tensor
             except DefectDetError as error:
                 logger.warning("int8 calibration: skipping %s: %s", sample.image_path, error)
                 continue

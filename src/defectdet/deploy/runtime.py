@@ -7,6 +7,7 @@ what its checkpoint scored.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from defectdet.data.imageio import (
     to_uint8,
 )
 from defectdet.data.letterbox import LetterboxTransform, boxes_from_letterbox, letterbox_image
+from defectdet.data.registration import register_pair
 from defectdet.deploy.bundle import (
     FEATURES_OUTPUT,
     INPUT_NAME,
@@ -57,6 +59,17 @@ class Detection:
 
 
 @dataclass
+class Prepared:
+    """One image ready for the graph: ``tensor`` (C, S, S) float32, the letterbox transform, the letterboxed
+    tested image without padding (for the drift statistics) and the measured template registration."""
+
+    tensor: np.ndarray
+    transform: LetterboxTransform
+    content: np.ndarray
+    registration: dict[str, Any] | None = None
+
+
+@dataclass
 class PredictionResult:
     """What `Predictor.predict` answers for one image."""
 
@@ -67,7 +80,7 @@ class PredictionResult:
     timings: dict[str, float]  # milliseconds per stage and in total
     image_stats: dict[str, float] = field(default_factory=dict)
     features: np.ndarray | None = None  # (F,) pooled activations for the drift monitor
-    registration: dict[str, float] | None = None  # measured template shift when registration ran
+    registration: dict[str, Any] | None = None  # measured template motion when registration ran
 
     @property
     def defective(self) -> bool:
@@ -81,8 +94,21 @@ class PredictionResult:
             "detections": [detection.to_dict() for detection in self.detections],
             "timings_ms": {key: round(value, 3) for key, value in self.timings.items()},
             "image_stats": {key: round(float(value), 5) for key, value in self.image_stats.items()},
-            "registration": self.registration,
+            "registration": _json_safe(self.registration),
         }
+
+
+def _json_safe(values: dict[str, Any] | None) -> dict[str, Any] | None:
+    """NaN/Inf floats become None (strict JSON has no NaN); floats rounded to 4 decimals."""
+    if values is None:
+        return None
+    safe: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, float):
+            safe[key] = round(value, 4) if math.isfinite(value) else None
+        else:
+            safe[key] = value
+    return safe
 
 
 def physical_cores() -> int:
@@ -204,12 +230,11 @@ class Predictor:
                 raise InputError(f"{path}: cannot read ({error.strerror or error})") from None
         raise InputError(f"{name}: expected a path, bytes or a numpy array, got {type(source).__name__}")
 
-    def prepare(
-        self, image: np.ndarray, template: np.ndarray | None
-    ) -> tuple[np.ndarray, LetterboxTransform, np.ndarray]:
-        """Letterbox one decoded image (and its template) into the graph input ``(C, S, S)`` float32;
-        also returns the transform and the letterboxed tested image's content (for the drift statistics)."""
+    def prepare(self, image: np.ndarray, template: np.ndarray | None) -> Prepared:
+        """Register the template onto the image (when the bundle was trained so), letterbox both and stack
+        them into the graph input ``(C, S, S)`` float32."""
         meta = self.metadata
+        registration = None
         if meta.template:
             if template is None:
                 raise InputError(
@@ -220,6 +245,9 @@ class Predictor:
                     f"template is {template.shape[1]}x{template.shape[0]} but the image is "
                     f"{image.shape[1]}x{image.shape[0]}; a template must be a capture of the same board at the same size"
                 )
+            if meta.registration:
+                template, measured = register_pair(image, template)
+                registration = measured.to_dict()
         canvas, transform = letterbox_image(image, meta.input_size, meta.letterbox.pad_value)
         planes = [canvas]
         if meta.template:
@@ -227,7 +255,7 @@ class Predictor:
             planes.append(template_canvas)
         chw = [plane[None] if plane.ndim == 2 else plane.transpose(2, 0, 1) for plane in planes]
         tensor = np.multiply(np.concatenate(chw, 0), np.float32(meta.normalization.scale), dtype=np.float32)
-        return tensor, transform, _content(canvas, transform)
+        return Prepared(tensor, transform, _content(canvas, transform), registration)
 
     def run(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """The raw graph: ``(B, C, S, S)`` float32 -> predictions ``(B, A, 4 + K)``, features ``(B, F)`` or None."""
@@ -255,10 +283,11 @@ class Predictor:
         started = time.perf_counter()
         decoded, decoded_template = self.load_pair(image, template)
         decoded_at = time.perf_counter()
-        tensor, transform, content = self.prepare(decoded, decoded_template)
-        stats = image_statistics(content)
+        prepared = self.prepare(decoded, decoded_template)
+        transform = prepared.transform
+        stats = image_statistics(prepared.content)
         prepared_at = time.perf_counter()
-        predictions, features = self.run(tensor[None])
+        predictions, features = self.run(prepared.tensor[None])
         ran_at = time.perf_counter()
         found = postprocess(
             predictions,
@@ -292,6 +321,7 @@ class Predictor:
             },
             image_stats=stats,
             features=None if features is None else features[0],
+            registration=prepared.registration,
         )
 
 
