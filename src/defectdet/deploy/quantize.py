@@ -80,8 +80,8 @@ def quantize_onnx(
 ) -> Path:
     """Write the int8 QDQ model of ``bundle`` to ``out`` (metadata copied, precision "int8").
 
-    Depthwise convolutions stay float by default: onnxruntime 1.32 has no fast int8 depthwise kernel on x86,
-    and quantizing them made the nano bundle 13x slower than fp32 instead of 3x (bench/results/int8.json).
+    Depthwise convolutions stay float by default: onnxruntime 1.32 has no fast int8 depthwise kernel on x86;
+    bench/results/int8.json times both variants (`p50_ms_int8_all_convs` quantizes them too).
     """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
