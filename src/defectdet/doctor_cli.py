@@ -140,7 +140,7 @@ def loader(
     workers: str | None = typer.Option(
         None, help="Worker counts to time, e.g. 0,1,2 (default: from the cores)."
     ),
-    seconds: float = typer.Option(2.0, help="Seconds per loader setting."),
+    seconds: float = typer.Option(4.0, help="Seconds per loader setting (it stops earlier after --batches)."),
     batches: int = typer.Option(6, help="Batches per loader setting."),
     scan: int | None = typer.Option(None, help="Scan only the first N samples (default: all; 0: no scan)."),
     timeout: float = typer.Option(30.0, help="Seconds after which one sample counts as hung."),

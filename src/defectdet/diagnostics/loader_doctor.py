@@ -199,7 +199,7 @@ def loader_report(
     config: str | Path | None = None,
     batch_size: int | None = None,
     workers: Sequence[int] | None = None,
-    seconds_per_setting: float = 2.0,
+    seconds_per_setting: float = 4.0,
     batches_per_setting: int = 6,
     scan_limit: int | None = None,
     sample_timeout: float = 30.0,

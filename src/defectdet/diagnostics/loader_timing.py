@@ -23,7 +23,7 @@ class LoaderSetting:
     prefetch_factor: int | None
     first_batch_seconds: float | None = None
     restart_seconds: float | None = None  # first batch of the next epoch
-    images_per_second: float | None = None
+    images_per_second: float | None = None  # over the whole run, worker start-up included
     error: str = ""
 
 
@@ -91,15 +91,14 @@ def measure_setting(
         iterator = iter(loader)
         first = next(iterator)
         setting.first_batch_seconds = time.perf_counter() - start
-        images, steady_start = 0, time.perf_counter()
+        # whole-run throughput, worker start-up included: after a short wait, batches the workers prefetched
+        # during it arrive at once, so a rate counted from the first batch would flatter the workers
+        images = _batch_size_of(first)
         for batch in iterator:
             images += _batch_size_of(batch)
             if time.perf_counter() - start > seconds:
                 break
-        steady = time.perf_counter() - steady_start
-        setting.images_per_second = (
-            images / steady if images else _batch_size_of(first) / setting.first_batch_seconds
-        )
+        setting.images_per_second = images / (time.perf_counter() - start)
         del iterator
         start = time.perf_counter()
         next(iter(loader))

@@ -153,7 +153,7 @@ def render_loader(report: Any, console: Console) -> None:
         "prefetch",
         "first batch s",
         "next epoch s",
-        "img/s",
+        "img/s from start",
     ):
         table.add_column(column, justify="right")
     for setting in report.settings:
