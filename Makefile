@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test demo bench bench-peers lint clean
 
 install: $(STAMP)
 
@@ -27,6 +27,23 @@ bench: $(STAMP)
 	$(BIN)/python bench/loader.py
 	$(BIN)/python bench/latency.py
 	$(BIN)/python bench/train_deeppcb.py
+
+# Side by side with Ultralytics YOLO (issue 13; about an hour, not part of `make test`). Ultralytics is AGPL-3.0:
+# it lives only in .venv-peers, never in .venv. torch/torchvision are pinned in every pip call so that pip takes
+# the builds on this machine's disk and never upgrades torch; onnx/onnxslim/onnxruntime serve their ONNX export.
+PEERS_VENV := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+PEERS_TORCH := torch==2.14.1 torchvision==0.29.1
+
+$(PEERS_STAMP):
+	test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/pip install --quiet $(PEERS_TORCH)
+	$(PEERS_VENV)/bin/pip install --quiet $(PEERS_TORCH) ultralytics onnx onnxslim onnxruntime
+	touch $(PEERS_STAMP)
+
+bench-peers: $(STAMP) $(PEERS_STAMP)
+	$(BIN)/python bench/peers.py --peers-python $(PEERS_VENV)/bin/python
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -35,31 +35,20 @@ def time_to_reach(rows: list[dict[str, str]], key: str, threshold: float) -> flo
     return None
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--minutes", type=float, default=20.0)
-    parser.add_argument("--preset", default="nano")
-    parser.add_argument("--val-every", type=int, default=2, help="validate every N epochs")
-    parser.add_argument("--out", type=Path, default=Path("runs/bench_deeppcb"))
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    if not (args.data / "trainval.txt").is_file():
-        print(f"DeepPCB not found at {args.data} (needs trainval.txt); pass --data", file=sys.stderr)
-        return 2
-
+def train_and_summarize(
+    data: Path, minutes: float, preset: str, val_every: int, out: Path, seed: int = 0
+) -> dict:
+    """Train `preset` on DeepPCB's train split for `minutes`, validating on the held-out groups; returns
+    {config, result, wall_seconds, time_to, final, curve} (bench/peers.py calls this too)."""
     config = TrainConfig(
-        data=args.data,
+        data=data,
         train_split="train",
         val_split="val",
-        preset=args.preset,
-        time_minutes=args.minutes,
-        val_every=args.val_every,
-        out=args.out,
-        seed=args.seed,
+        preset=preset,
+        time_minutes=minutes,
+        val_every=val_every,
+        out=out,
+        seed=seed,
         progress=sys.stdout.isatty(),
     )
     started = time.perf_counter()
@@ -85,6 +74,35 @@ def main() -> int:
         for r in rows
         if r.get("mAP50") not in (None, "")
     ]
+    return {
+        "config": config,
+        "result": result,
+        "wall_seconds": wall_seconds,
+        "time_to": reached,
+        "final": final,
+        "curve": curve,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--minutes", type=float, default=20.0)
+    parser.add_argument("--preset", default="nano")
+    parser.add_argument("--val-every", type=int, default=2, help="validate every N epochs")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench_deeppcb"))
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if not (args.data / "trainval.txt").is_file():
+        print(f"DeepPCB not found at {args.data} (needs trainval.txt); pass --data", file=sys.stderr)
+        return 2
+
+    run = train_and_summarize(args.data, args.minutes, args.preset, args.val_every, args.out, args.seed)
+    config, result, wall_seconds = run["config"], run["result"], run["wall_seconds"]
+    reached, final, curve = run["time_to"], run["final"], run["curve"]
     print_table(
         f"DeepPCB, {args.preset}, {args.minutes:g} min budget, held-out board groups",
         ["figure", "value"],
