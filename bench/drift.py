@@ -257,6 +257,7 @@ def main() -> None:
             "flagged",
         ],
         rows,
+        console=Console(width=150),
     )
     monitor = DriftMonitor(meta.drift_reference)
     path = write_result(
