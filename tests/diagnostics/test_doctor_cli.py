@@ -1,12 +1,11 @@
 import json
-import os
-import subprocess
 import sys
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
-from defectdet.cli import app
+from defectdet.cli import app, main
 
 
 def test_doctor_without_a_command_reports_the_environment_as_json():
@@ -28,11 +27,11 @@ def test_doctor_tensor_flags_a_saved_transposed_view(tmp_path):
     assert "shares its storage with base" in result.output and "What to do" in result.output
 
 
-def test_user_errors_print_one_line_and_exit_2(tmp_path):
-    command = [sys.executable, "-m", "defectdet.cli", "doctor", "checkpoint", str(tmp_path / "missing.pt")]
-    environment = dict(os.environ, COLUMNS="400")  # rich would wrap a long path at 80 columns
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=environment)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        f"error: {tmp_path / 'missing.pt'}: checkpoint file not found"
-    ]
+def test_user_errors_print_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    missing = tmp_path / "missing.pt"
+    monkeypatch.setenv("COLUMNS", "400")  # rich would wrap a long path at 80 columns
+    monkeypatch.setattr(sys, "argv", ["defectdet", "doctor", "checkpoint", str(missing)])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: {missing}: checkpoint file not found"]
