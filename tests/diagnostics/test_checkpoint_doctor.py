@@ -209,3 +209,13 @@ def test_checkpoint_saved_on_cuda_is_read_on_the_cpu_and_says_so(tmp_path):
     assert report.saved_devices == {"cuda:0": 9} and report.loads_strictly
     assert {row.device for row in report.rows} == {"cuda:0"}
     assert any("saved from cuda:0" in f.message for f in report.findings)
+
+
+def test_pickled_models_in_a_dict_are_migrated_to_state_dicts(tmp_path):
+    path = tmp_path / "ultralytics_style.pt"
+    model = Net()
+    torch.save({"model": model, "ema": model, "epoch": 3}, path)
+    result = migrate_checkpoint(path, tmp_path / "fixed.pt", model=Net(), rules=[], unsafe=True)
+    assert result.loads_strictly
+    fixed = torch.load(tmp_path / "fixed.pt", weights_only=True)  # no pickled classes left
+    assert set(fixed["ema"]) == set(model.state_dict()) and fixed["epoch"] == 3

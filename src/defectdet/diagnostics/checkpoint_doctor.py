@@ -302,6 +302,11 @@ def _rename_container(
         return renamed  # a bare state_dict, or a pickled model: written as a bare state_dict
     container = dict(checkpoint.raw)
     container[checkpoint.weights_key] = renamed
+    for key, value in container.items():  # other pickled models (an EMA copy): written as state_dicts
+        if isinstance(value, nn.Module):
+            weights = value.state_dict()
+            same = set(weights) == set(checkpoint.state_dict)
+            container[key] = apply_rules(weights, rules, source=str(key)) if same else weights
     ema = container.get("ema")
     if isinstance(ema, Mapping) and isinstance(ema.get("module"), Mapping):
         if set(ema["module"]) == set(checkpoint.state_dict):
@@ -337,7 +342,7 @@ def migrate_checkpoint(
     if out.resolve() == Path(path).resolve():
         raise CheckpointError(f"{out}: --out must differ from the checkpoint it migrates")
     save_checkpoint(out, _rename_container(checkpoint, renamed, rules))
-    written = read_checkpoint(out)
+    written = read_checkpoint(out, unsafe=unsafe)  # other pickled entries (e.g. training options) stay
     report = _report(written, target, [])
     if target is not None and target.module is not None:
         try:
