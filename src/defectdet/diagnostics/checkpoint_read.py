@@ -150,6 +150,8 @@ def describe_contents(checkpoint: LoadedCheckpoint) -> dict[str, str]:
         count, size = _tensor_bytes(value)
         if value is None:
             summary = "None"
+        elif isinstance(value, list | tuple | dict) and not value:
+            summary = f"empty {type(value).__name__}"
         elif isinstance(value, int | float | str | bool):
             summary = repr(value) if len(repr(value)) < 60 else repr(value)[:57] + "..."
         elif key in ("optimizer", "optimizer_state_dict") and isinstance(value, Mapping):

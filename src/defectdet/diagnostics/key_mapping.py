@@ -181,6 +181,10 @@ def _rename_reason(source: str, target: str) -> str:
     ):
         where = ".".join(source_parts[:-1]) or "the top level"
         return f"shifted Sequential index under '{where}' ({source_parts[-1]} -> {target_parts[-1]})"
+    if not target:
+        return f"prefix '{source}.' on the checkpoint's keys"
+    if not source:
+        return f"the model's keys start with '{target}.'"
     return f"renamed prefix '{source}' -> '{target}'"
 
 

@@ -102,6 +102,14 @@ def render_checkpoint(report: Any, console: Console, show_all: bool = False, lim
             f"[red]{counts['unexpected']} unexpected[/], [red]{counts['shape']} shape-mismatched[/]"
         )
     rows = [row for row in report.rows if show_all or row.status != "match"]
+    after = report.counts_after_proposal
+    if not show_all and after is not None and not (after["missing"] or after["unexpected"] or after["shape"]):
+        limit = min(limit, 6)  # a pure renaming: a few examples of each side say it all
+        rows = (
+            [r for r in rows if r.status == "missing"][:3]
+            + [r for r in rows if r.status != "missing"][:3]
+            + [r for r in rows if r.status == "missing"][3:]
+        )
     if rows:
         table = Table(title="tensors" if show_all else "tensors that do not match", title_justify="left")
         table.add_column("key", overflow="fold", ratio=3)
