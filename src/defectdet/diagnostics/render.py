@@ -268,7 +268,7 @@ def render_tensors(inspections: list[Any], console: Console) -> None:
             item.dtype,
             item.device,
             "yes" if item.contiguous else ("channels_last" if item.channels_last else "[yellow]no[/]"),
-            f"{format_bytes(item.storage_bytes)} @ {item.storage_pointer:#x}+{item.storage_offset}",
+            f"{format_bytes(item.storage_bytes)} @ {item.storage_pointer:#x} offset {item.storage_offset}",
             "requires_grad" if item.requires_grad else "-",
             " <- ".join(item.grad_fn_chain[:5]) or "-",
         )

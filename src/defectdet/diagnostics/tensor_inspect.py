@@ -56,9 +56,10 @@ def _copy_findings(tensor: torch.Tensor, strides: list[int]) -> list[Finding]:
         try:
             tensor.view(-1)
         except RuntimeError:
+            channels_last = tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last)
             findings.append(
                 Finding(
-                    "warning",
+                    "info" if channels_last else "warning",  # NHWC on purpose: only flattening copies
                     "view",
                     f"not contiguous (strides {strides}): .view(-1) raises, .reshape(-1) / .flatten() "
                     f"silently copy {size}",
