@@ -208,15 +208,17 @@ def _refine_opencv(
 
 
 @functools.lru_cache(maxsize=8)
-def _centred_grid(width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
-    ys, xs = np.mgrid[_MARGIN : height - _MARGIN, _MARGIN : width - _MARGIN].astype(np.float32)
-    return (xs - (width - 1) / 2.0).ravel(), (ys - (height - 1) / 2.0).ravel()
+def _grid(width: int, height: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Centred x and y coordinates (flattened) and a 0/1 weight that drops a `_MARGIN` border."""
+    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
+    weight = np.zeros((height, width), np.float32)
+    weight[_MARGIN : height - _MARGIN, _MARGIN : width - _MARGIN] = 1.0
+    return (xs - (width - 1) / 2.0).ravel(), (ys - (height - 1) / 2.0).ravel(), weight
 
 
-def _standardise(values: np.ndarray, statistics_of: np.ndarray | None = None) -> np.ndarray:
-    """Zero mean, unit variance, with the mean and std of `statistics_of` (default: `values`)."""
-    mean, std = cv2.meanStdDev(values if statistics_of is None else statistics_of)
-    return (values - np.float32(mean[0, 0])) * np.float32(1.0 / (std[0, 0] + 1e-6))
+def _mean_std(values: np.ndarray) -> tuple[float, float]:
+    mean, std = cv2.meanStdDev(values)
+    return float(mean[0, 0]), float(std[0, 0]) + 1e-6
 
 
 def _euclidean(theta: float, tx: float, ty: float, width: int, height: int) -> np.ndarray:
@@ -233,40 +235,44 @@ def _refine_gauss_newton(
 ) -> tuple[np.ndarray | None, float]:
     """Maximise the ECC criterion (correlation of zero-mean, unit-variance images) over a rigid motion
     by inverse-compositional Gauss-Newton: the tested image's gradients, steepest-descent images and
-    Hessian are computed once; each iteration is one small warp and three dot products.
-    (`cv2.findTransformECC` recomputes warped gradients and the Hessian every iteration.)
+    Hessian are computed once; an iteration is one small warp, its mean/std and one matrix-vector product
+    (standardising the warped image is folded into that product). `cv2.findTransformECC` recomputes
+    warped gradients and the Hessian every iteration.
     """
     height, width = tested.shape
-    inner = (slice(_MARGIN, height - _MARGIN), slice(_MARGIN, width - _MARGIN))
-    fixed = _standardise(tested, tested[inner])
-    grad_x = cv2.Sobel(fixed, cv2.CV_32F, 1, 0, ksize=3, scale=0.125)[inner].ravel()
-    grad_y = cv2.Sobel(fixed, cv2.CV_32F, 0, 1, ksize=3, scale=0.125)[inner].ravel()
-    xs, ys = _centred_grid(width, height)
-    rows = [grad_x, grad_y]
+    mean, std = _mean_std(tested)
+    fixed = (tested - np.float32(mean)) * np.float32(1.0 / std)  # (H, W) standardised
+    xs, ys, weight = _grid(width, height)
+    grad_x = (cv2.Sobel(fixed, cv2.CV_32F, 1, 0, ksize=3, scale=0.125) * weight).ravel()
+    grad_y = (cv2.Sobel(fixed, cv2.CV_32F, 0, 1, ksize=3, scale=0.125) * weight).ravel()
+    steepest = np.empty((3 if rotation else 2, grad_x.size), np.float32)  # (P, N), border rows are 0
+    steepest[-2], steepest[-1] = grad_x, grad_y
     if rotation:
-        rows.insert(0, grad_y * xs - grad_x * ys)
-    steepest = np.stack(rows)  # (P, N)
-    hessian = steepest @ steepest.T  # (P, P)
-    if not np.isfinite(hessian).all() or np.linalg.cond(hessian) > 1e12:
-        return None, float("nan")
+        steepest[0] = grad_y * xs - grad_x * ys
+    hessian = (steepest @ steepest.T).astype(np.float64)  # (P, P)
+    determinant = np.linalg.det(hessian)
+    if not np.isfinite(hessian).all() or determinant <= 1e-12 * np.prod(np.diag(hessian)) or determinant <= 0:
+        return None, float("nan")  # no texture: the motion is not observable
     hessian_inverse = np.linalg.inv(hessian).astype(np.float32)
-    fixed_values = fixed[inner].ravel()
+    fixed_values = fixed.ravel()
+    steepest_fixed = steepest @ fixed_values  # (P,)
+    steepest_sums = steepest.sum(axis=1)  # (P,)
     reach = max(width, height) / 2.0
     theta = 0.0
-    # initial holds a pure translation: W(x) = x + t
-    tx, ty = float(initial[0, 2]), float(initial[1, 2])
-    warped_values = fixed_values
+    tx, ty = float(initial[0, 2]), float(initial[1, 2])  # initial holds a pure translation: W(x) = x + t
+    warped = reference
     for _ in range(_ITERATIONS):
-        warp = _euclidean(theta, tx, ty, width, height)
         warped = cv2.warpAffine(
             reference,
-            warp,
+            _euclidean(theta, tx, ty, width, height),
             (width, height),
             flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
             borderMode=cv2.BORDER_REPLICATE,
         )
-        warped_values = _standardise(warped[inner]).ravel()
-        update = hessian_inverse @ (steepest @ (warped_values - fixed_values))
+        warped_mean, warped_std = _mean_std(warped)
+        # steepest @ (standardised(warped) - fixed), without forming standardised(warped)
+        projected = (steepest @ warped.ravel() - warped_mean * steepest_sums) / warped_std - steepest_fixed
+        update = hessian_inverse @ projected
         d_theta = float(update[0]) if rotation else 0.0
         d_tx, d_ty = float(update[-2]), float(update[-1])
         if not (math.isfinite(d_theta) and math.isfinite(d_tx) and math.isfinite(d_ty)):
@@ -278,5 +284,6 @@ def _refine_gauss_newton(
         ty -= sin * d_tx + cos * d_ty
         if math.hypot(d_tx, d_ty) + abs(d_theta) * reach < _EPSILON:
             break
-    correlation = float(np.dot(warped_values, fixed_values)) / len(fixed_values)
+    warped_mean, warped_std = _mean_std(warped)
+    correlation = float(np.dot(warped.ravel(), fixed_values)) / (warped_std * fixed_values.size)
     return _euclidean(theta, tx, ty, width, height), correlation
