@@ -238,6 +238,7 @@ class Service:
             "timings_ms": {key: round(value, 3) for key, value in timings.items()},
             "drift": drift,
             "image_stats": {key: round(float(value), 5) for key, value in result.image_stats.items()},
+            "registration": result.registration,
         }
         self.results.appendleft(
             {
