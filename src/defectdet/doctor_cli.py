@@ -190,27 +190,18 @@ def nan(
 
     Example: defectdet doctor nan runs/train/last.pt data/synth/data.yaml --dtype float16
     """
-    import torch
-
-    from defectdet.diagnostics.nan_doctor import autocast_dtypes, nan_report
     from defectdet.diagnostics.render import render_nan
-    from defectdet.diagnostics.sources import nan_batches, training_model
-    from defectdet.errors import ConfigError
+    from defectdet.diagnostics.sources import checkpoint_nan_report
 
-    chosen = torch.device(
-        "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
-    )
-    model, state = training_model(checkpoint_path, use_ema=ema)
-    inputs = nan_batches(state, model, data, batches=batches, batch_size=batch, split=split)
-    dtypes = None
-    if dtype:
-        valid = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-        unknown = [name for name in dtype if name not in valid]
-        if unknown:
-            raise ConfigError(f"--dtype: unknown {unknown}; use float16, bfloat16 or float32")
-        dtypes = [torch.float32] + [valid[name] for name in dtype if name != "float32"]
-    report = nan_report(
-        model, inputs, dtypes=dtypes or autocast_dtypes(chosen), device=chosen, name=str(checkpoint_path)
+    report = checkpoint_nan_report(
+        checkpoint_path,
+        data,
+        batches=batches,
+        batch_size=batch,
+        split=split,
+        device=device,
+        dtypes=dtype,
+        use_ema=ema,
     )
     _finish(report, as_json, render_nan)
 

@@ -98,3 +98,18 @@ def test_cli_nan_on_a_training_checkpoint(tmp_path):
     assert all(p["forward_source"] is None and p["losses"] for p in report["passes"])
     layers = {layer["module"] for layer in report["passes"][0]["layers"]}
     assert "backbone" in layers and "head" in layers  # hooks on every module
+
+
+def test_bad_dtype_and_missing_cuda_are_user_errors(tmp_path):
+    import pytest
+
+    from defectdet.diagnostics import checkpoint_nan_report
+    from defectdet.diagnostics.sources import resolve_device
+    from defectdet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--dtype: unknown \['float8'\]"):
+        checkpoint_nan_report(tmp_path / "last.pt", tmp_path, dtypes=["float8"])
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            resolve_device("cuda")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")

@@ -26,6 +26,7 @@ _WHERE = {
     "loader_report": "defectdet.diagnostics.loader_doctor",
     "scan_samples": "defectdet.diagnostics.sample_scan",
     "nan_report": "defectdet.diagnostics.nan_doctor",
+    "checkpoint_nan_report": "defectdet.diagnostics.sources",
     "inspect": "defectdet.diagnostics.tensor_inspect",
     "inspect_file": "defectdet.diagnostics.tensor_inspect",
 }

@@ -72,3 +72,47 @@ def nan_batches(
         if len(images):
             result.append((images, targets))
     return result
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu; 'cuda' without a GPU is a ConfigError."""
+    from defectdet.errors import ConfigError
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        chosen = torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"--device: unknown device {device!r}; use auto, cpu or cuda") from None
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: torch sees no CUDA device on this machine")
+    return chosen
+
+
+def checkpoint_nan_report(
+    checkpoint_path: str | Path,
+    data: str | Path,
+    batches: int = 2,
+    batch_size: int = 2,
+    split: str | None = None,
+    device: str = "auto",
+    dtypes: list[str] | None = None,
+    use_ema: bool = False,
+) -> Any:
+    """`defectdet doctor nan CKPT DATA`: `nan_report` on the checkpoint's training model and the first batches of
+    `data`; `dtypes` are autocast dtypes to try besides float32 (default: bfloat16 on CPU, float16 on CUDA)."""
+    from defectdet.diagnostics.nan_doctor import autocast_dtypes, nan_report
+    from defectdet.errors import ConfigError
+
+    valid = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+    unknown = [name for name in dtypes or [] if name not in valid]
+    if unknown:
+        raise ConfigError(f"--dtype: unknown {unknown}; use float16, bfloat16 or float32")
+    chosen = resolve_device(device)
+    model, state = training_model(checkpoint_path, use_ema=use_ema)
+    inputs = nan_batches(state, model, data, batches=batches, batch_size=batch_size, split=split)
+    if dtypes:
+        order = [torch.float32] + [valid[name] for name in dtypes if name != "float32"]
+    else:
+        order = autocast_dtypes(chosen)
+    return nan_report(model, inputs, dtypes=order, device=chosen, name=str(checkpoint_path))
