@@ -123,6 +123,10 @@ def test_byte_and_pixel_limits() -> None:
         small = encode(board(7))  # 160 x 160: over the pixel limit, under the byte limit
         assert len(small) < 20_000
         _refusal(client.post("/v1/detect", files={"image": small}), 413, "pixels")
+        header = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x01\x86\xa0\x00\x01\x86\xa0\x08\x00\x00\x00\x00"
+        bomb = client.post("/v1/detect", files={"image": header + b"\x00" * 20})  # claims 100000 x 100000
+        _refusal(bomb, 413, "10,000,000,000")
+        assert "read_image" not in bomb.json()["error"]
         noise = np.random.default_rng(0).integers(0, 255, (200, 200), np.uint8)
         big = encode(noise)  # > 20 kB
         _refusal(client.post("/v1/detect", files={"image": big}), 413, "limit is 20,000")

@@ -361,7 +361,9 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
     @app.exception_handler(ImageReadError)
     async def image_error(request: Request, error: ImageReadError) -> JSONResponse:
         reason = str(error)
-        return _error(413 if "max_pixels" in reason else 422, reason)
+        if "max_pixels" not in reason:
+            return _error(422, reason)
+        return _error(413, reason.split("; pass a larger")[0].replace("(max_pixels)", "(serve --max-pixels)"))
 
     @app.exception_handler(DefectDetError)
     async def input_error(request: Request, error: DefectDetError) -> JSONResponse:
