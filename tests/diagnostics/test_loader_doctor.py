@@ -119,10 +119,12 @@ def test_model_step_bottleneck_and_shared_memory_estimate():
     assert shm.severity == "error" and "bus error" in shm.message and "--shm-size" in shm.advice
 
 
-def test_loader_report_on_a_dataset_folder(tmp_path):
+def test_loader_report_on_a_dataset_folder_names_a_truncated_image(tmp_path):
     from defectdet.data.synth import synthesize_dataset
 
     data = synthesize_dataset(tmp_path / "synth", boards=4, seed=0, min_size=96, max_size=128)
+    broken = sorted((tmp_path / "synth" / "images" / "train").iterdir())[1]
+    broken.write_bytes(broken.read_bytes()[:200])  # a truncated PNG
     report = loader_report(
         data,
         preset="nano",
@@ -133,6 +135,9 @@ def test_loader_report_on_a_dataset_folder(tmp_path):
         overrides={"imgsz": 64, "crop_size": None},
         time_model=False,
     )
-    assert report.scan.scanned == report.samples > 0 and report.scan.problems == []
+    assert report.scan.scanned == report.samples > 1
+    (problem,) = report.scan.problems
+    assert (problem.kind, problem.index, problem.file) == ("unreadable", 1, str(broken))
+    assert "cannot decode image" in problem.message  # the reason the dataset logged, from the worker process
     assert report.best is not None and report.best.images_per_second > 0 and report.model_step is None
     assert report.seeding.status == "ok"  # DetectionDataset reseeds per worker through seed_worker

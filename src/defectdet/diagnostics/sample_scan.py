@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
+import logging
 import multiprocessing
 import signal
 import tempfile
@@ -97,6 +98,17 @@ def sample_file(dataset: Any, index: int, item: Any = None) -> str | None:
     return None
 
 
+class _LastWarning(logging.Handler):
+    """Keeps the last warning logged while one sample is read (e.g. why an image was skipped)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.last: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.last = record.getMessage()
+
+
 def _child(
     connection: Any,
     dataset: Any,
@@ -107,6 +119,10 @@ def _child(
 ) -> None:
     if crash_log is not None:
         faulthandler.enable(crash_log)  # a native crash writes the Python stack where it happened
+    warnings = _LastWarning()
+    logging.getLogger().handlers = [
+        warnings
+    ]  # this child only: the dataset's warnings become the scan's notes
     batch: list[tuple[int, Any]] = []
 
     def collate() -> None:
@@ -120,6 +136,7 @@ def _child(
 
     for index in indices:
         connection.send(("start", index))
+        warnings.last = None
         try:
             item = dataset[index]
         except Exception as error:
@@ -128,7 +145,8 @@ def _child(
                 ("error", index, f"{type(error).__name__}: {error} ({where.filename}:{where.lineno})")
             )
             continue
-        connection.send(("done", index, batch_signature(item), sample_file(dataset, index, item)))
+        note = warnings.last if item is None else None
+        connection.send(("done", index, batch_signature(item), sample_file(dataset, index, item), note))
         batch.append((index, item))
         if len(batch) == batch_size:
             collate()
@@ -170,6 +188,7 @@ def scan_samples(
     pending = list(range(len(dataset)) if indices is None else indices)
     signatures: dict[int, str] = {}
     files: dict[int, str | None] = {}
+    notes: dict[int, str] = {}
     problems: list[SampleProblem] = []
     failures, start, stopped = 0, time.perf_counter(), ""
     while pending:
@@ -212,6 +231,8 @@ def scan_samples(
                 current = message[1]
             elif message[0] == "done":
                 signatures[message[1]], files[message[1]], current = message[2], message[3], None
+                if message[4]:
+                    notes[message[1]] = message[4]
             elif message[0] == "error":
                 problems.append(
                     SampleProblem("error", message[1], sample_file(dataset, message[1]), message[2])
@@ -233,17 +254,25 @@ def scan_samples(
         if failures >= max_failures:
             stopped = f"stopped after {failures} dead or hung processes; {len(pending)} sample(s) not scanned"
             break
-    problems += shape_outliers(signatures, files)
+    problems += shape_outliers(signatures, files, notes)
     _explain_collate(problems, signatures, files)
     return ScanResult(len(signatures), signatures, problems, time.perf_counter() - start, stopped)
 
 
-def shape_outliers(signatures: dict[int, str], files: dict[int, str | None]) -> list[SampleProblem]:
-    """Samples whose structure/shape differs from the most common one (None items are unreadable images)."""
+def shape_outliers(
+    signatures: dict[int, str], files: dict[int, str | None], notes: dict[int, str] | None = None
+) -> list[SampleProblem]:
+    """Samples whose structure/shape differs from the most common one (None items are unreadable images;
+    `notes` holds the warning the dataset logged for them)."""
     readable = {index: sig for index, sig in signatures.items() if sig != "None"}
+    notes = notes or {}
     problems = [
         SampleProblem(
-            "unreadable", index, files.get(index), "returned None (unreadable image): skipped in batches"
+            "unreadable",
+            index,
+            files.get(index),
+            "returned None (unreadable image): skipped in batches"
+            + (f"; the dataset logged: {notes[index]}" if index in notes else ""),
         )
         for index, sig in signatures.items()
         if sig == "None"
