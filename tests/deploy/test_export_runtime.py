@@ -293,3 +293,18 @@ def test_torchscript_and_pt2_match_the_bundle(
         exported, _ = program.module()(torch.from_numpy(np.repeat(batch, 2, axis=0)))
     assert np.abs(traced.numpy() - expected).max() < 1e-4
     assert np.abs(exported.numpy()[:1] - expected).max() < 1e-4
+
+
+def test_templates_are_matched_by_name_or_by_deeppcb_pairing(tmp_path: Path) -> None:
+    from defectdet.deploy.predict import find_template
+
+    boards, golden = tmp_path / "boards", tmp_path / "golden"
+    boards.mkdir(), golden.mkdir()
+    for path in (boards / "a.png", golden / "a.png", golden / "b.jpg", boards / "b.png",
+                 boards / "7_test.jpg", boards / "7_temp.jpg", boards / "9_test.jpg"):  # fmt: skip
+        path.write_bytes(b"x")
+    assert find_template(boards / "a.png", golden) == golden / "a.png"
+    assert find_template(boards / "b.png", golden) == golden / "b.jpg"  # same stem, other suffix
+    assert find_template(boards / "7_test.jpg", boards) == boards / "7_temp.jpg"  # DeepPCB, one folder
+    assert find_template(boards / "9_test.jpg", boards) is None
+    assert find_template(boards / "a.png", None) is None

@@ -64,16 +64,20 @@ def list_sources(source: str | Path) -> list[Path]:
 
 
 def find_template(image: Path, templates: Path | None) -> Path | None:
-    """The template of ``image``: the file of the same name in ``templates``, or the same stem with any
-    image suffix."""
+    """The template of ``image`` in ``templates``: the file of the same name, else the same stem with any
+    image suffix, else DeepPCB's pairing (``ID_test.jpg`` -> ``ID_temp.jpg``, so one folder can hold both)."""
     if templates is None:
         return None
+    stems = [image.stem]
+    if image.stem.endswith("_test"):
+        stems.append(image.stem[: -len("_test")] + "_temp")
     exact = templates / image.name
-    if exact.is_file():
+    if exact.is_file() and exact.resolve() != image.resolve():
         return exact
-    for candidate in sorted(templates.glob(f"{glob.escape(image.stem)}.*")):
-        if candidate.suffix.lower() in IMAGE_SUFFIXES:
-            return candidate
+    for stem in stems:
+        for candidate in sorted(templates.glob(f"{glob.escape(stem)}.*")):
+            if candidate.suffix.lower() in IMAGE_SUFFIXES and candidate.resolve() != image.resolve():
+                return candidate
     return None
 
 
