@@ -209,6 +209,8 @@ def test_monitor_feature_chart_alerts_on_activation_shift() -> None:
         fed += 1
     assert state.level == "alert" and state.statistic == "features" and fed <= 10
     assert len(monitor.history()) == fed
+    as_json = json.loads(json.dumps(state.to_dict(), allow_nan=False))  # strict JSON: the open side is null
+    assert as_json["band"][0] is None and as_json["charts"]["features"]["alert_band"][0] is None
 
 
 def test_monitor_skips_binarised_saturation_and_validates() -> None:

@@ -245,11 +245,11 @@ class ChartState:
         return {
             "name": self.name,
             "value": self.value,
-            "last": self.last,
+            "last": self.last if math.isfinite(self.last) else None,
             "z": self.z,
             "level": self.level,
-            "warn_band": list(self.warn_band),
-            "alert_band": list(self.alert_band),
+            "warn_band": _json_band(self.warn_band),
+            "alert_band": _json_band(self.alert_band),
         }
 
 
@@ -270,7 +270,7 @@ class DriftState:
             "level": self.level,
             "statistic": self.statistic,
             "value": self.value,
-            "band": list(self.band) if self.band is not None else None,
+            "band": _json_band(self.band),
             "images": self.images,
             "message": self.message,
             "charts": {name: chart.to_dict() for name, chart in self.charts.items()},
@@ -531,6 +531,11 @@ class DriftMonitor:
                 logger.info("drift %s -> ok: monitor reset", self._level)
             self._level = "ok"
             self._images = 0
+
+
+def _json_band(band: tuple[float, float] | None) -> list[float | None] | None:
+    """A band for JSON: an open side (one-sided chart) is null."""
+    return None if band is None else [value if math.isfinite(value) else None for value in band]
 
 
 def _fmt(value: float) -> str:
