@@ -31,11 +31,11 @@ def worst_severity(findings: list[Finding]) -> str:
 
 
 def advice_lines(findings: list[Finding]) -> list[str]:
-    """The advice of every warning and error, most serious first, without repeats."""
+    """The advice of every finding that is not ok, most serious first, without repeats."""
     ordered = sorted(findings, key=lambda finding: -SEVERITIES.index(finding.severity))
     lines: list[str] = []
     for finding in ordered:
-        if finding.advice and finding.severity in ("warning", "error") and finding.advice not in lines:
+        if finding.advice and finding.severity != "ok" and finding.advice not in lines:
             lines.append(finding.advice)
     return lines
 
