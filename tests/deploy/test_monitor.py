@@ -208,6 +208,7 @@ def test_monitor_feature_chart_alerts_on_activation_shift() -> None:
         state = monitor.update({"brightness": 120.0}, rng.normal(1.6, 0.2, 16))
         fed += 1
     assert state.level == "alert" and state.statistic == "features" and fed <= 10
+    assert "features" in state.message and "above" in state.message
     assert len(monitor.history()) == fed
     as_json = json.loads(json.dumps(state.to_dict(), allow_nan=False))  # strict JSON: the open side is null
     assert as_json["band"][0] is None and as_json["charts"]["features"]["alert_band"][0] is None

@@ -492,9 +492,12 @@ class DriftMonitor:
             message = f"ok: all {len(charts)} charts inside their bands over {self._images} images"
         else:
             band = worst.band(worst.alert_limit if level == "alert" else worst.warn_limit)
+            where = (
+                f"outside [{_fmt(band[0])}, {_fmt(band[1])}]" if worst.two_sided else f"above {_fmt(band[1])}"
+            )
             message = (
-                f"{level}: {worst.name} {_fmt(worst.standardizer.inverse(worst.ewma))} "
-                f"outside [{_fmt(band[0])}, {_fmt(band[1])}] (EWMA, lambda {self.lam:g})"
+                f"{level}: {worst.name} {_fmt(worst.standardizer.inverse(worst.ewma))} {where} "
+                f"(EWMA, lambda {self.lam:g})"
             )
         band = worst.band(worst.warn_limit if level != "alert" else worst.alert_limit)
         return DriftState(
