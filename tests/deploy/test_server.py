@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -292,3 +293,12 @@ def test_serve_command_runs_uvicorn_with_the_limits(
     assert options["limit_concurrency"] > settings.max_concurrency + settings.max_queue
     refused = CliRunner().invoke(cli, ["serve", str(bundle_path), "--max-concurrency", "0"])
     assert refused.exit_code == 2 and "max_concurrency" in refused.output
+
+
+def test_answer_json_handles_numpy_and_non_finite_values() -> None:
+    from defectdet.deploy.server import _FastJSON
+
+    body = json.loads(
+        _FastJSON({"a": np.float32(0.5), "b": [np.int64(3)], "c": float("nan"), "d": np.ones(2)}).body
+    )
+    assert body == {"a": 0.5, "b": [3], "c": None, "d": [1.0, 1.0]}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import json
 import logging
 import math
 import threading
@@ -325,6 +326,38 @@ def _check_pixels(data: bytes, name: str, limit: int) -> None:
         )
 
 
+class _FastJSON(Response):
+    """json.dumps straight away (FastAPI's jsonable_encoder cost ~0.5 ms per answer on the event loop);
+    numpy scalars become Python numbers, a non-finite float becomes null."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        try:
+            text = json.dumps(content, default=_native, allow_nan=False, separators=(",", ":"))
+        except ValueError:  # a NaN or an infinity somewhere: null it
+            text = json.dumps(_finite(content), default=_native, separators=(",", ":"))
+        return text.encode("utf-8")
+
+
+def _native(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
 def _error(status: int, reason: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": " ".join(str(reason).split()), "status": status}, status, headers=headers)
 
@@ -380,9 +413,9 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
         return _error(error.status_code, str(error.detail), getattr(error, "headers", None))
 
     @app.post("/v1/detect", openapi_extra=DETECT_BODY_SCHEMA, summary="Detect defects in one image")
-    async def detect(request: Request) -> dict[str, Any]:
+    async def detect(request: Request) -> Response:
         """multipart/form-data: `image` (file), `template` (file, template bundles), `conf` (number)."""
-        return await service.detect(request)
+        return _FastJSON(await service.detect(request))
 
     @app.get("/healthz", summary="The process is alive")
     async def healthz() -> dict[str, Any]:
