@@ -86,9 +86,11 @@ def test_drawn_box_lands_where_boxes_to_letterbox_says(
     width: int, height: int, size: int, data: st.DataObject
 ) -> None:
     transform = compute_letterbox(width, height, size)
-    # a box at least 2 canvas pixels on each side, so it survives the resize
-    min_w = min(width, int(np.ceil(2 / transform.scale_x)))
-    min_h = min(height, int(np.ceil(2 / transform.scale_y)))
+    # a box of at least 2 canvas pixels and 2 image pixels on each side: then some resized pixel lies wholly
+    # inside it (area averaging) or samples between two of its pixels (bilinear), so the box's extent
+    # is set by full-intensity pixels, not by a thin line's attenuated corners
+    min_w = min(width, max(2, int(np.ceil(2 / transform.scale_x))))
+    min_h = min(height, max(2, int(np.ceil(2 / transform.scale_y))))
     x1 = data.draw(st.integers(0, width - min_w), label="x1")
     y1 = data.draw(st.integers(0, height - min_h), label="y1")
     x2 = data.draw(st.integers(x1 + min_w, width), label="x2")
