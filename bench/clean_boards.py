@@ -1,8 +1,10 @@
 """Clean-board false-call rate and escape rate at a threshold chosen on other boards.
 
 Usage: ``python bench/clean_boards.py [--checkpoint runs/deeppcb_nano/best.pt] [--data ../shared/datasets/deeppcb]
-[--synth-checkpoint runs/synth_nano/best.pt --synth-data runs/synth_boards/data.yaml] [--name clean_boards]``
-Writes ``bench/results/<name>.json``.
+[--label deeppcb] [--name clean_boards_deeppcb]``; synthetic boards: ``defectdet synth runs/synth_small --boards 240
+--seed 7 --min-size 320 --max-size 384``, ``defectdet train runs/synth_small/data.yaml --preset nano --time 10
+--out runs/synth_nano``, then ``--checkpoint runs/synth_nano/best.pt --data runs/synth_small/data.yaml --label synth
+--name clean_boards_synth``. Writes ``bench/results/<name>.json``.
 
 For each dataset the held-out split (`--split`, default val) is cut in two folds: DeepPCB by board group
 (77000 / 92000), other data by alternating images. Cross-fitting: the threshold is the highest one whose
@@ -173,13 +175,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, default=Path("runs/deeppcb_nano/best.pt"))
     parser.add_argument("--data", type=Path, default=Path("../shared/datasets/deeppcb"))
-    parser.add_argument("--synth-checkpoint", type=Path, default=None)
-    parser.add_argument("--synth-data", type=Path, default=None)
+    parser.add_argument("--label", default="deeppcb", help="dataset name in the rows")
     parser.add_argument("--split", default="val")
     parser.add_argument("--imgsz", type=int, default=None)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--name", default="clean_boards")
+    parser.add_argument("--name", default="clean_boards_deeppcb")
     parser.add_argument("--note", default="")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -188,10 +189,7 @@ def main() -> None:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as work:
         runner = Runner(args.checkpoint, args.imgsz)
-        rows += bench_dataset("deeppcb", runner, args.data, args.split, Path(work), args.seed)
-        if args.synth_checkpoint is not None and args.synth_data is not None:
-            synth_runner = Runner(args.synth_checkpoint, args.imgsz)
-            rows += bench_dataset("synth", synth_runner, args.synth_data, args.split, Path(work), args.seed)
+        rows += bench_dataset(args.label, runner, args.data, args.split, Path(work), args.seed)
     payload = {
         "description": "board-level false-call rate (recaptured clean templates) and escape rate (defective "
         "boards) at a threshold chosen on the other fold (highest with escape <= 1 % there), pooled over two folds",
