@@ -328,8 +328,7 @@ class Predictor:
 def _content(canvas: np.ndarray, transform: LetterboxTransform) -> np.ndarray:
     """The resized image inside the letterbox canvas, without the padding."""
     x0, y0 = int(transform.pad_x), int(transform.pad_y)
-    size = transform.size
-    return canvas[y0 : size - y0, x0 : size - x0] if (x0 or y0) else canvas
+    return canvas[y0 : y0 + transform.resized_height, x0 : x0 + transform.resized_width]
 
 
 def _array_to_layout(array: np.ndarray, channels: int, name: str, bit_depth: int | None = None) -> np.ndarray:
