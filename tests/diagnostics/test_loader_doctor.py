@@ -141,3 +141,20 @@ def test_loader_report_on_a_dataset_folder_names_a_truncated_image(tmp_path):
     assert "cannot decode image" in problem.message  # the reason the dataset logged, from the worker process
     assert report.best is not None and report.best.images_per_second > 0 and report.model_step is None
     assert report.seeding.status == "ok"  # DetectionDataset reseeds per worker through seed_worker
+
+
+def test_a_model_that_does_not_fit_the_batch_is_reported_not_raised():
+    report = loader_report(
+        Boards(),
+        batch_size=4,
+        workers=[0],
+        seconds_per_setting=0.1,
+        batches_per_setting=1,
+        scan_limit=0,
+        collate_fn=lambda items: torch.stack([item[0] for item in items]),
+        model=nn.Linear(3, 1),
+        explore=False,
+    )
+    assert report.model_step is None
+    failure = next(f for f in report.findings if f.topic == "model")
+    assert failure.severity == "error" and "RuntimeError" in failure.message

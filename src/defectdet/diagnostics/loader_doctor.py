@@ -23,6 +23,7 @@ from defectdet.diagnostics.loader_timing import (
     LoaderSetting,
     ModelStep,
     SeedingCheck,
+    batch_length,
     batch_nbytes,
     candidate_workers,
     check_worker_seeding,
@@ -193,6 +194,21 @@ def _resolve_dataset(
     return train_data.train, train_data.collate_fn, train_config.batch, str(data), (train_config, train_data)
 
 
+def _training_model(train_config: Any, train_data: Any) -> nn.Module:
+    """The model `defectdet train` would build for this config and data (channels_last, as it trains)."""
+    from defectdet.engine.autoconfig import model_overrides
+    from defectdet.model import build_model
+
+    model = build_model(
+        train_config.preset,
+        len(train_data.class_names),
+        train_data.in_channels,
+        train_data.template,
+        **model_overrides(train_config),
+    )
+    return model.to(memory_format=torch.channels_last)
+
+
 def loader_report(
     data: str | Path | Dataset,
     preset: str | None = None,
@@ -247,22 +263,19 @@ def loader_report(
     )
     working = [setting for setting in settings if setting.images_per_second]
     best = max(working, key=lambda setting: setting.images_per_second or 0) if working else None
-    step = None
+    step, step_error = None, ""
     if first_batch is not None and time_model:
         if model is None and training is not None:
-            from defectdet.model import build_model
-
-            train_config, train_data = training
-            model = build_model(
-                train_config.preset, len(train_data.class_names), train_data.in_channels, train_data.template
-            )
-            model = model.to(memory_format=torch.channels_last)
+            model = _training_model(*training)
         if model is not None:
-            seconds = measure_model_step(model, first_batch, seconds=model_seconds)
-            size = int(first_batch[0].shape[0]) if isinstance(first_batch, list | tuple) else batch_size
-            step = ModelStep(
-                training[0].preset if training else type(model).__name__, size, seconds, size / seconds
-            )
+            try:
+                seconds = measure_model_step(model, first_batch, seconds=model_seconds)
+            except (RuntimeError, ValueError, TypeError, KeyError) as error:
+                step_error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            else:
+                size = batch_length(first_batch)
+                name = training[0].preset if training else type(model).__name__
+                step = ModelStep(name, size, seconds, size / seconds)
     seeding = (
         check_worker_seeding(dataset, good[0], worker_init_fn, timeout=sample_timeout * 2)
         if good
@@ -281,8 +294,21 @@ def loader_report(
         seeding,
         [],
     )
+    step_findings = (
+        [
+            Finding(
+                "error",
+                "model",
+                f"the training step on a loader batch failed: {step_error}",
+                "check the model fits the batch",
+            )
+        ]
+        if step_error
+        else []
+    )
     report.findings = (
         (_problem_findings(scan) if scan else [])
+        + step_findings
         + _timing_findings(report)
         + _memory_findings(report)
         + _seeding_finding(seeding)

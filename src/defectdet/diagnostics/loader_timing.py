@@ -41,13 +41,13 @@ class ModelStep:
     images_per_second: float
 
 
-def _batch_size_of(batch: Any) -> int:
+def batch_length(batch: Any) -> int:
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
     if isinstance(batch, list | tuple) and batch:
-        return _batch_size_of(batch[0])
+        return batch_length(batch[0])
     if isinstance(batch, dict) and batch:
-        return _batch_size_of(next(iter(batch.values())))
+        return batch_length(next(iter(batch.values())))
     return 1
 
 
@@ -93,9 +93,9 @@ def measure_setting(
         setting.first_batch_seconds = time.perf_counter() - start
         # whole-run throughput, worker start-up included: after a short wait, batches the workers prefetched
         # during it arrive at once, so a rate counted from the first batch would flatter the workers
-        images = _batch_size_of(first)
+        images = batch_length(first)
         for batch in iterator:
-            images += _batch_size_of(batch)
+            images += batch_length(batch)
             if time.perf_counter() - start > seconds:
                 break
         setting.images_per_second = images / (time.perf_counter() - start)
