@@ -331,8 +331,8 @@ def choose_settings(
         Choice(
             "regression ranges",
             "none",
-            "none to tune: the task-aligned assigner picks anchors on every level by score x IoU; "
-            "distances are softplus x stride, unbounded",
+            "task-aligned assignment over every level (score x IoU) and unbounded softplus x stride "
+            "distances leave no size ranges to tune",
             "fixed",
         )
     )
