@@ -302,3 +302,36 @@ def test_answer_json_handles_numpy_and_non_finite_values() -> None:
         _FastJSON({"a": np.float32(0.5), "b": [np.int64(3)], "c": float("nan"), "d": np.ones(2)}).body
     )
     assert body == {"a": 0.5, "b": [3], "c": None, "d": [1.0, 1.0]}
+
+
+def test_service_runs_with_torch_unimportable(bundle_path: Path, tiny_dataset: Path) -> None:
+    import subprocess
+    import sys
+
+    from defectdet.data.formats import load_dataset
+
+    sample = load_dataset(tiny_dataset, "val").samples[0]
+    script = f"""
+import sys, time
+class BlockTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is blocked in this test")
+sys.meta_path.insert(0, BlockTorch())
+from fastapi.testclient import TestClient
+from defectdet.deploy.server import create_app
+with TestClient(create_app({str(bundle_path)!r})) as client:
+    while client.get("/readyz").status_code != 200:
+        time.sleep(0.05)
+    files = {{"image": open({str(sample.image_path)!r}, "rb").read(), "template": open({str(sample.template_path)!r}, "rb").read()}}
+    response = client.post("/v1/detect", files=files)
+    assert response.status_code == 200, response.text
+    assert "defectdet_verdicts_total" in client.get("/metrics").text
+assert "torch" not in sys.modules
+print(response.json()["verdict"])
+"""
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] in ("clean", "defective")
