@@ -99,8 +99,11 @@ def checkpoint(
 
     options = {"num_classes": num_classes, "in_channels": in_channels, "template": template}
     report = checkpoint_report(path, model=model, rules=mapping, unsafe=unsafe, **options)
-    if save_map is not None and report.proposed_rules:
-        save_rules(report.proposed_rules, save_map)
+    if save_map is not None:
+        if report.proposed_rules:
+            save_rules(report.proposed_rules, save_map)
+        note = f"saved the proposed mapping to {save_map}" if report.proposed_rules else "no mapping proposed"
+        typer.echo(note, err=True)  # stderr: --json output stays parseable
     if out is None:
         _finish(report, as_json, render_checkpoint, show_all=show_all)
         return

@@ -164,10 +164,13 @@ def test_cli_checkpoint_migrates_and_reports_json(tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["doctor", "checkpoint", str(path), "--model", "nano", "--num-classes", "3"])
     assert result.exit_code == 1 and "What to do" in result.output and "module" in result.output
-    out = tmp_path / "fixed.pt"
+    out, rules = tmp_path / "fixed.pt", tmp_path / "rules.yaml"
     result = runner.invoke(
-        app, ["doctor", "checkpoint", str(path), "--model", "nano", "--num-classes", "3", "--out", str(out)]
+        app,
+        ["doctor", "checkpoint", str(path), "--model", "nano", "--num-classes", "3", "--out", str(out)]
+        + ["--save-map", str(rules)],
     )
+    assert yaml.safe_load(rules.read_text()) == [{"pattern": r"^module\.", "replace": ""}]
     assert result.exit_code == 0, result.output
     assert "migrated" in result.output and "strict=True" in result.output
     assert_loads_strictly(out, model)
