@@ -335,3 +335,31 @@ print(response.json()["verdict"])
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] in ("clean", "defective")
+
+
+def test_a_client_that_hangs_up_keeps_its_place_until_the_work_ends() -> None:
+    predictor = FakePredictor()
+    app = create_app(predictor, ServeSettings(max_concurrency=1, max_queue=1))
+    service = app.state.service
+    service.start()
+    assert service.ready.wait(10)
+
+    async def scenario() -> list[int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            predictor.gate.clear()
+            running = asyncio.create_task(client.post("/v1/detect", files={"image": encode(board(1))}))
+            while service.admitted < 1:
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.05)  # the worker holds it now
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+            held = service.admitted  # still counted: its inference is still running
+            predictor.gate.set()
+            for _ in range(400):
+                if service.admitted == 0:
+                    break
+                await asyncio.sleep(0.005)
+            return [held, service.admitted]
+
+    assert asyncio.run(scenario()) == [1, 0]

@@ -38,7 +38,7 @@ from defectdet.deploy.metrics import ServiceMetrics
 from defectdet.deploy.monitor import DriftMonitor
 from defectdet.deploy.runtime import PredictionResult, Predictor
 from defectdet.deploy.upload import UploadError, read_form
-from defectdet.errors import DefectDetError, ImageReadError, InputError
+from defectdet.errors import DefectDetError, ImageReadError
 
 logger = logging.getLogger(__name__)
 
@@ -163,12 +163,6 @@ class Service:
     ) -> tuple[PredictionResult, dict]:
         """Decode, predict and update the monitor (runs in a worker thread)."""
         meta = self.metadata
-        if meta.template and template is None:
-            raise InputError(
-                "this bundle compares each image to its defect-free template: send the 'template' field"
-            )
-        if not meta.template and template is not None:
-            raise InputError("this bundle takes no template: drop the 'template' field")
         started = time.perf_counter()
         limit = self.settings.max_pixels
         _check_pixels(image, "image", limit)
@@ -198,6 +192,7 @@ class Service:
 
     async def detect(self, request: Request) -> dict[str, Any]:
         self.admit()
+        submitted = False
         try:
             arrived = time.perf_counter()
             form = await read_form(
@@ -214,14 +209,24 @@ class Service:
                 raise UploadError(422, "missing form field 'image' (the image file to inspect)")
             conf = _parse_conf(form["conf"].data) if "conf" in form else None
             template = bytes(form["template"].data) if "template" in form else None
+            if self.metadata.template and template is None:
+                raise UploadError(
+                    422,
+                    "this bundle compares each image to its defect-free template: send the 'template' field",
+                )
+            if not self.metadata.template and template is not None:
+                raise UploadError(422, "this bundle takes no template: drop the 'template' field")
             received = time.perf_counter()
-            loop = asyncio.get_running_loop()
-            result, drift, queued = await loop.run_in_executor(
-                self.executor, self._timed_infer, bytes(form["image"].data), template, conf
-            )
+            job = self.executor.submit(self._timed_infer, bytes(form["image"].data), template, conf)
+            submitted = True
+            # the place is given back when the work ends, not when this coroutine does: a client that
+            # hangs up cannot leave work behind that the queue limit no longer counts
+            job.add_done_callback(_release_on(asyncio.get_running_loop(), self.leave))
+            result, drift, queued = await asyncio.wrap_future(job)
             finished = time.perf_counter()
         finally:
-            self.leave()
+            if not submitted:
+                self.leave()
         timings = {
             "receive": (received - arrived) * 1e3,
             "queue": (queued - received) * 1e3,
@@ -277,6 +282,18 @@ _NO_DRIFT: dict[str, Any] = {
     "message": "the bundle carries no drift reference (metadata.drift_reference is null)",
     "charts": {},
 }
+
+
+def _release_on(loop: asyncio.AbstractEventLoop, release: Any) -> Any:
+    """A future callback (any thread) that runs `release` on the event loop's thread."""
+
+    def callback(_: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(release)
+        except RuntimeError:  # the loop is closed: the app is shutting down
+            pass
+
+    return callback
 
 
 def _bundle_version(predictor: Predictor) -> str:
