@@ -363,3 +363,24 @@ def test_a_client_that_hangs_up_keeps_its_place_until_the_work_ends() -> None:
             return [held, service.admitted]
 
     assert asyncio.run(scenario()) == [1, 0]
+
+
+def test_a_trickling_upload_times_out_with_408() -> None:
+    app = create_app(FakePredictor(), ServeSettings(body_timeout_s=0.3))
+    service = app.state.service
+    service.start()
+    assert service.ready.wait(10)
+
+    async def slow() -> AsyncIterator[bytes]:
+        yield b'--b\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n\r\n'
+        await asyncio.sleep(2)
+        yield b"never read"
+
+    async def scenario() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            headers = {"content-type": "multipart/form-data; boundary=b"}
+            return await client.post("/v1/detect", content=slow(), headers=headers)
+
+    started = time.perf_counter()
+    _refusal(asyncio.run(scenario()), 408, "longer than 0.3 s")
+    assert time.perf_counter() - started < 1.5 and service.admitted == 0

@@ -79,6 +79,7 @@ class ServeSettings:
     max_pixels: int = 25_000_000
     threads: int | None = None  # onnxruntime intra-op threads when the app loads the bundle itself
     retry_after_s: int = 1
+    body_timeout_s: float = 30.0  # a client that trickles its upload longer than this gets 408
     history: int = 50  # results kept for the page
 
     def __post_init__(self) -> None:
@@ -195,16 +196,23 @@ class Service:
         submitted = False
         try:
             arrived = time.perf_counter()
-            form = await read_form(
+            fields = {
+                "image": self.settings.max_bytes,
+                "template": self.settings.max_bytes,
+                "conf": CONF_FIELD_BYTES,
+            }
+            reading = read_form(
                 {key.lower(): value for key, value in request.headers.items()},
                 _stream(request),
                 self.settings.max_bytes,
-                {
-                    "image": self.settings.max_bytes,
-                    "template": self.settings.max_bytes,
-                    "conf": CONF_FIELD_BYTES,
-                },
+                fields,
             )
+            try:
+                form = await asyncio.wait_for(reading, self.settings.body_timeout_s)
+            except asyncio.TimeoutError:
+                raise UploadError(
+                    408, f"the upload took longer than {self.settings.body_timeout_s:g} s"
+                ) from None
             if "image" not in form:
                 raise UploadError(422, "missing form field 'image' (the image file to inspect)")
             conf = _parse_conf(form["conf"].data) if "conf" in form else None
