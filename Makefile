@@ -27,6 +27,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/loader.py
 	$(BIN)/python bench/latency.py
 	$(BIN)/python bench/train_deeppcb.py
+	$(BIN)/defectdet export runs/bench_deeppcb/best.pt --out runs/bench_deeppcb/model.onnx
+	$(BIN)/python bench/drift.py --bundle runs/bench_deeppcb/model.onnx
+	$(BIN)/python bench/serve_load.py --bundle runs/bench_deeppcb/model.onnx
 
 # Side by side with Ultralytics YOLO (issue 13; about an hour, not part of `make test`). Ultralytics is AGPL-3.0:
 # it lives only in .venv-peers, never in .venv. torch/torchvision are pinned in every pip call so that pip takes
