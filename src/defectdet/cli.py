@@ -215,6 +215,19 @@ def train(
         console.print(f"best: {summary}")
 
 
+def _recapture_config(nuisance: bool, shift: float | None, rotation: float | None):
+    """The clean-board recapture settings of `val`'s options (data.recapture.RecaptureConfig)."""
+    from defectdet.data.recapture import RecaptureConfig
+
+    config = RecaptureConfig() if nuisance else RecaptureConfig.none()
+    if shift is not None or rotation is not None:
+        config = config.with_motion(
+            shift if shift is not None else config.shift_px[1],
+            rotation if rotation is not None else config.rotation_deg[1],
+        )
+    return config
+
+
 @app.command()
 def val(
     checkpoint: Path = typer.Argument(
@@ -226,9 +239,31 @@ def val(
     out: Path | None = typer.Option(None, help="Output folder (default: runs/val/<checkpoint stem>)."),
     conf: float | None = typer.Option(None, help="Operating threshold (default: the best-F1 threshold)."),
     target_recall: float = typer.Option(0.99, help="Also report the threshold that reaches this recall."),
+    conf_from: str | None = typer.Option(
+        None,
+        "--conf-from",
+        help="Choose the operating threshold on this other split of DATA (the highest one whose board escape "
+        "rate there is <= --target-escape) and report the rates on --split; 'bundle': the bundle's stored threshold.",
+    ),
+    target_escape: float = typer.Option(0.01, help="Escape-rate target for --conf-from."),
     clean_templates: bool = typer.Option(
         False,
-        help="Add each template image as a clean board, to measure the false-call rate on real clean boards.",
+        help="Add a clean board per template: a recapture of it (exposure, gamma, noise, JPEG, 0.25-2 px shift, "
+        "<= 0.25 deg rotation) for the false-call rate.",
+    ),
+    clean_nuisance: bool = typer.Option(
+        True,
+        "--clean-nuisance/--no-clean-nuisance",
+        help="--no-clean-nuisance: the clean board is the template itself (an exactly zero difference).",
+    ),
+    clean_shift: float | None = typer.Option(
+        None, help="Clean boards: a fixed shift in pixels instead of the range."
+    ),
+    clean_rotation: float | None = typer.Option(None, help="Clean boards: a fixed |rotation| in degrees."),
+    register: bool | None = typer.Option(
+        None,
+        "--register/--no-register",
+        help="Align each template to its tested image before the model (default: as trained, on).",
     ),
     batch: int = typer.Option(8, help="Batch size."),
     format: str | None = typer.Option(None, "--format", help="Dataset format (default: detected)."),
@@ -236,6 +271,7 @@ def val(
     """Evaluate a checkpoint: COCO mAP, the DeepPCB protocol, operating point, plots and report.html.
 
     Example: defectdet val runs/train/best.pt ../shared/datasets/deeppcb --split val --clean-templates
+    --conf-from train
     """
     from defectdet.engine.validate import validate
 
@@ -247,7 +283,11 @@ def val(
         out=out,
         conf_threshold=conf,
         target_recall=target_recall,
+        conf_from=conf_from,
+        target_escape=target_escape,
         clean_templates=clean_templates,
+        clean_nuisance=_recapture_config(clean_nuisance, clean_shift, clean_rotation),
+        register_pairs=register,
         batch=batch,
         format=format,
         console=console,

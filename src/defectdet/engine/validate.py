@@ -1,30 +1,39 @@
-"""`validate(checkpoint, data)`: score a trained checkpoint on a dataset split, timing every stage.
+"""`validate(checkpoint_or_bundle, data)`: score a trained model on a dataset split, timing every stage.
 
-Unlike the per-epoch evaluation inside training, this path reads each image itself so it can report
-where the time goes (decode, preprocess, model, postprocess), and it compares against the ground
-truth in original pixels straight from the label files (no letterbox round trip).
+Prediction is `engine.predict.predict_records`, the same function the trainer's per-epoch evaluation calls:
+each image is read here (so the report can say where the time goes: decode, register, preprocess, model,
+postprocess) and compared against the ground truth in original pixels straight from the label files.
+The operating threshold is given, chosen on another split, or taken from the bundle, and the report says
+which (`metrics["threshold"]`); clean boards are realistic recaptures of the templates (`data.recapture`).
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import cv2
-import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
 
-from defectdet.data.dataset import to_input_tensor
-from defectdet.data.imageio import read_image, read_pair
-from defectdet.data.letterbox import LetterboxTransform, boxes_from_letterbox, letterbox_image
-from defectdet.data.sample import DatasetSplit, Sample
+from defectdet.data.recapture import RecaptureConfig, make_clean_boards
+from defectdet.data.sample import DatasetSplit
 from defectdet.diagnostics.state_dict import load_state_dict_checked
 from defectdet.engine.checkpoint import load_checkpoint
-from defectdet.errors import CheckpointError, ConfigError, ImageReadError
+from defectdet.engine.predict import DEFAULT_EVAL_BATCH, predict_records, registration_summary
+from defectdet.errors import CheckpointError, ConfigError
+from defectdet.evaluation.threshold import (
+    DEFAULT_TARGET_ESCAPE,
+    ThresholdChoice,
+    board_rates,
+    threshold_for_escape,
+)
+from defectdet.evaluation.types import ImageRecord
+from defectdet.model.postprocess import PostprocessSettings
 
 logger = logging.getLogger(__name__)
 
@@ -54,110 +63,26 @@ def load_detector(
     return model, checkpoint
 
 
-def add_clean_templates(split: DatasetSplit) -> DatasetSplit:
-    """Append each template as a clean board (tested = template, no boxes) for the false-call rate."""
-    clean = [
-        Sample(
-            image_path=sample.template_path,
-            boxes=np.zeros((0, 4), np.float32),
-            classes=np.zeros((0,), np.int64),
-            template_path=sample.template_path,
-            source=str(sample.template_path),
-            image_id=f"{sample.image_id}_temp",
-        )
-        for sample in split.samples
-        if sample.template_path is not None
-    ]
-    if not clean:
-        raise ConfigError(
-            f"--clean-templates: the {split.split!r} split of {split.root} has no template images"
-        )
-    return DatasetSplit(
-        samples=[*split.samples, *clean],
-        class_names=split.class_names,
-        format=split.format,
-        split=split.split,
-        root=split.root,
-        problems=split.problems,
-    )
+def _resolve_register(
+    register_pairs: bool | None, config: dict[str, Any], bundle_registration: bool | None
+) -> bool:
+    """Explicit choice > the bundle's `registration` > the training config's `register_pairs` > on."""
+    if register_pairs is not None:
+        return register_pairs
+    if bundle_registration is not None:
+        return bool(bundle_registration)
+    return bool(config.get("register_pairs", True))
 
 
-def _batches(samples: Sequence[Sample], size: int) -> Iterator[Sequence[Sample]]:
-    for start in range(0, len(samples), size):
-        yield samples[start : start + size]
-
-
-def predict_records(
-    model: torch.nn.Module,
-    samples: Sequence[Sample],
-    *,
-    imgsz: int,
-    channels: int,
-    use_template: bool,
-    batch_size: int = 8,
-    score_threshold: float = 0.001,
-    iou_threshold: float = 0.6,
-    max_detections: int = 300,
-    timer: Any = None,
-    progress: bool = True,
-) -> tuple[list, list[str]]:
-    """Predict every sample; returns (ImageRecords in original pixels, paths skipped as unreadable)."""
-    from rich.progress import Progress
-
-    from defectdet.evaluation.timing import StageTimer
-    from defectdet.evaluation.types import ImageRecord
-    from defectdet.model.postprocess import postprocess
-
-    timer = timer or StageTimer()
-    records: list = []
-    skipped: list[str] = []
-    with Progress(disable=not progress, transient=True) as bar, torch.inference_mode():
-        task = bar.add_task("evaluating", total=len(samples))
-        for chunk in _batches(samples, batch_size):
-            tensors: list[torch.Tensor] = []
-            kept: list[tuple[Sample, LetterboxTransform]] = []
-            for sample in chunk:
-                try:
-                    with timer.stage("decode"):
-                        if use_template:  # one intensity mapping for the pair
-                            image, template = read_pair(sample.image_path, sample.template_path, channels)
-                        else:
-                            image, template = read_image(sample.image_path, channels=channels), None
-                except (ImageReadError, cv2.error, OSError) as error:
-                    logger.warning("skipping %s: %s", sample.image_path, error)
-                    skipped.append(str(sample.image_path))
-                    continue
-                with timer.stage("preprocess"):
-                    canvas, transform = letterbox_image(image, imgsz)
-                    if template is not None:
-                        if template.shape[:2] != image.shape[:2]:
-                            template = cv2.resize(template, (image.shape[1], image.shape[0]))
-                        template, _ = letterbox_image(template, imgsz)
-                    tensors.append(to_input_tensor(canvas, template))
-                kept.append((sample, transform))
-            bar.advance(task, len(chunk))
-            if not tensors:
-                continue
-            with timer.stage("model"):
-                predictions = model(torch.stack(tensors)).float().numpy()  # (B, A, 4 + K)
-            with timer.stage("postprocess"):
-                detections = postprocess(predictions, score_threshold, iou_threshold, max_detections)
-                for (sample, transform), found in zip(kept, detections, strict=True):
-                    records.append(
-                        ImageRecord(
-                            image_id=sample.image_id,
-                            width=transform.original_width,
-                            height=transform.original_height,
-                            gt_boxes=sample.boxes,
-                            gt_classes=sample.classes,
-                            det_boxes=boxes_from_letterbox(found.boxes, transform),
-                            det_scores=found.scores,
-                            det_classes=found.classes,
-                            image_path=str(sample.image_path),
-                        )
-                    )
-            timer.add_images(len(kept))
-    return records, skipped
+def write_registrations(records: Sequence[ImageRecord], path: Path) -> None:
+    """One row per registered pair: image_id, dx, dy, angle_deg, response, correlation, applied, ms."""
+    fields = ("dx", "dy", "angle_deg", "response", "correlation", "applied", "ms")
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(("image_id", *fields))
+        for record in records:
+            if record.registration is not None:
+                writer.writerow((record.image_id, *(record.registration[name] for name in fields)))
 
 
 def validate(
@@ -168,29 +93,54 @@ def validate(
     protocol: str = "both",
     out: str | Path | None = None,
     conf_threshold: float | None = None,
+    conf_from: str | None = None,
+    target_escape: float = DEFAULT_TARGET_ESCAPE,
     target_recall: float = 0.99,
     clean_templates: bool = False,
-    batch: int = 8,
+    clean_nuisance: RecaptureConfig | None = None,
+    register_pairs: bool | None = None,
+    seed: int = 0,
+    batch: int = DEFAULT_EVAL_BATCH,
     format: str | None = None,
     imgsz: int | None = None,
     threads: int | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
-    """Evaluate `checkpoint` on `split` of `data`; writes metrics.json, plots and report.html into `out`.
+    """Evaluate `checkpoint` (or a bundle) on `split` of `data`; writes metrics.json, plots and report.html into `out`.
 
-    Images are read in this process (no loader workers) so the per-stage timings are real.
+    Prediction is `engine.predict.predict_records`, the path the trainer's evaluation runs. Images are read in
+    this process (no loader workers) so the per-stage timings are real.
+
+    - Operating threshold: `conf_threshold` when given; else with `conf_from` (another split of `data`) the highest
+      threshold whose board escape rate there is <= `target_escape`; `conf_from="bundle"`: a bundle's stored
+      `thresholds.score`; else the best-F1 threshold of the reported records themselves (optimistic; the report
+      says so).
+      `metrics["threshold"]` records the value, rule and source.
+    - `clean_templates`: add a clean board per template, a recapture with `clean_nuisance` (default
+      `RecaptureConfig()`; `RecaptureConfig.none()` feeds the template as its own tested image).
+    - `register_pairs`: align each template to its tested image (None: as the model was trained, default on).
     """
     from defectdet.data.formats import load_dataset
-    from defectdet.evaluation.report import evaluate_records
+    from defectdet.evaluation.report import evaluate_records, to_jsonable
     from defectdet.evaluation.timing import StageTimer
 
     if protocol not in PROTOCOLS:
         raise ConfigError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    if conf_threshold is not None and conf_from is not None:
+        raise ConfigError("give either --conf or --conf-from, not both")
+    if conf_from is not None and conf_from == split:
+        raise ConfigError(
+            f"--conf-from {conf_from!r} is the split being reported: choose the threshold on another split"
+        )
     if threads:
         torch.set_num_threads(threads)
     from defectdet.engine.bundle_model import is_bundle, load_bundle_model
 
-    model, state = load_bundle_model(checkpoint, threads) if is_bundle(checkpoint) else load_detector(checkpoint)
+    bundle = is_bundle(checkpoint)
+    model, state = load_bundle_model(checkpoint, threads) if bundle else load_detector(checkpoint)
+    metadata = getattr(model, "metadata", None)
+    if conf_from == "bundle" and metadata is None:
+        raise ConfigError(f"--conf-from bundle: {checkpoint} is a checkpoint, not a bundle (.onnx)")
     config = state.get("config") or {}
     dataset = load_dataset(data, split, format=format)
     class_names = list(state.get("class_names") or dataset.class_names)
@@ -200,43 +150,56 @@ def validate(
             f"has {len(dataset.class_names)} {dataset.class_names}"
         )
     use_template = bool(model.template)
-    if use_template and not all(s.template_path is not None for s in dataset.samples):
-        missing = next(s for s in dataset.samples if s.template_path is None)
-        raise ConfigError(
-            f"{checkpoint} was trained with templates but {missing.image_path} has none; "
-            "give the split templates (data.yaml `templates:`) or use a model trained without them"
-        )
-    if clean_templates:
-        dataset = add_clean_templates(dataset)
+    _check_templates(dataset, use_template, checkpoint)
     channels = model.in_channels // (2 if use_template else 1)
-    size = imgsz or int(config.get("imgsz", 640))
+    size = imgsz or int(config.get("imgsz") or 640)
+    register = _resolve_register(
+        register_pairs, config, None if metadata is None else getattr(metadata, "registration", None)
+    )
     out_dir = Path(out) if out else Path("runs/val") / Path(checkpoint).stem
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    timer = StageTimer()
-    records, skipped = predict_records(
-        model,
-        dataset.samples,
-        imgsz=size,
-        channels=channels,
-        use_template=use_template,
-        batch_size=batch,
-        score_threshold=float(config.get("score_threshold", 0.001)),
-        iou_threshold=float(config.get("nms_iou_threshold", 0.6)),
-        max_detections=int(config.get("max_detections", 300)),
-        timer=timer,
-        progress=console is not None,
+    def predict(samples, timer=None, progress=False) -> tuple[list[ImageRecord], list[str]]:
+        return predict_records(
+            model,
+            samples,
+            imgsz=size,
+            channels=channels,
+            use_template=use_template,
+            register_pairs=register,
+            postprocess_settings=PostprocessSettings.from_config(config),
+            batch_size=batch,
+            timer=timer,
+            progress=progress,
+        )
+
+    choice = _threshold_choice(
+        conf_threshold, conf_from, target_escape, data, format, metadata, checkpoint, use_template, predict
     )
+    samples = list(dataset.samples)
+    recapture = clean_nuisance if clean_nuisance is not None else RecaptureConfig()
+    if clean_templates:
+        samples += make_clean_boards(
+            dataset, out_dir / "clean_boards", recapture, channels=channels, seed=seed
+        )
+
+    timer = StageTimer()
+    records, skipped = predict(samples, timer=timer, progress=console is not None)
     if not records:
         raise ConfigError(f"no image of {data} split {split!r} could be read ({len(skipped)} skipped)")
     deeppcb_dir = out_dir / "deeppcb_results" if protocol in ("deeppcb", "both") else None
+    threshold_note = (
+        f"{choice.threshold:.4g} ({choice.rule}: {choice.source})"
+        if choice is not None
+        else "best F1 of these very records (optimistic: give --conf-from SPLIT or --conf)"
+    )
     metrics = evaluate_records(
         records,
         class_names,
         out_dir,
         protocol,
         target_recall=target_recall,
-        conf_threshold=conf_threshold,
+        conf_threshold=None if choice is None else choice.threshold,
         timing=timer.summary(),
         deeppcb_results_dir=deeppcb_dir,
         title=f"defectdet val: {Path(checkpoint).name} on {Path(data).name} [{split}]",
@@ -247,15 +210,88 @@ def validate(
             "imgsz": size,
             "batch": batch,
             "threads": torch.get_num_threads(),
-            "clean_templates": clean_templates,
+            "operating threshold": threshold_note,
+            "pair registration": register and use_template,
+            "clean boards": _clean_note(clean_templates, recapture, seed),
             "skipped_images": len(skipped),
         },
     )
+    threshold = float(metrics["headline"]["conf_threshold"])
+    metrics["threshold"] = (
+        choice.to_dict()
+        if choice is not None
+        else ThresholdChoice(threshold, "best_f1", "the reported records themselves (optimistic)").to_dict()
+    )
+    metrics["headline"]["threshold_source"] = threshold_note
+    metrics["boards"] = board_rates(records, threshold)
+    metrics["registration"] = registration_summary(records)
+    if metrics["registration"] is not None:
+        write_registrations(records, out_dir / "registration.csv")
+    metrics["clean_boards"] = (
+        {
+            "count": len(samples) - len(dataset.samples),
+            "nuisances": recapture.model_dump(mode="json"),
+            "seed": seed,
+        }
+        if clean_templates
+        else None
+    )
+    metrics = to_jsonable(metrics)
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
     metrics["report"] = str(out_dir / "report.html")
     metrics["skipped_images"] = skipped
     if console is not None:
         console.print(summary_table(metrics))
     return metrics
+
+
+def _check_templates(dataset: DatasetSplit, use_template: bool, checkpoint: str | Path) -> None:
+    if use_template and not all(s.template_path is not None for s in dataset.samples):
+        missing = next(s for s in dataset.samples if s.template_path is None)
+        raise ConfigError(
+            f"{checkpoint} was trained with templates but {missing.image_path} has none; "
+            "give the split templates (data.yaml `templates:`) or use a model trained without them"
+        )
+
+
+def _threshold_choice(
+    conf_threshold: float | None,
+    conf_from: str | None,
+    target_escape: float,
+    data: str | Path,
+    format: str | None,
+    metadata: Any,
+    checkpoint: str | Path,
+    use_template: bool,
+    predict: Any,
+) -> ThresholdChoice | None:
+    """The operating threshold from --conf, --conf-from SPLIT / bundle, or None (best F1 on the records)."""
+    from defectdet.data.formats import load_dataset
+
+    if conf_threshold is not None:
+        return ThresholdChoice(float(conf_threshold), "given", "--conf")
+    if conf_from is None:
+        return None
+    if conf_from == "bundle":
+        stored = metadata.thresholds
+        return ThresholdChoice(
+            float(stored.score), "bundle", f"{checkpoint} thresholds.score ({stored.score_source})"
+        )
+    calibration = load_dataset(data, conf_from, format=format)
+    _check_templates(calibration, use_template, checkpoint)
+    records, _ = predict(list(calibration.samples))
+    try:
+        return threshold_for_escape(records, target_escape, source=f"split {conf_from!r} of {data}")
+    except ValueError as error:
+        raise ConfigError(f"--conf-from {conf_from}: {error}") from None
+
+
+def _clean_note(clean_templates: bool, recapture: RecaptureConfig, seed: int) -> str:
+    if not clean_templates:
+        return "none"
+    if recapture == RecaptureConfig.none():
+        return "templates as their own tested images (no nuisance)"
+    return f"recaptured templates, seed {seed}: {recapture.model_dump(mode='json')}"
 
 
 def summary_table(metrics: dict[str, Any]) -> Table:
