@@ -1,22 +1,28 @@
-"""Training-time evaluation and `val` are one inference path: `val best.pt` reproduces what the trainer logged."""
+"""Training-time evaluation and `val` are one inference path: `val best.pt` reproduces what the trainer logged.
+Also: `val`'s clean boards, its threshold from another split, and the per-image registration report."""
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
 
 from defectdet.data.formats import load_dataset
+from defectdet.data.recapture import RecaptureConfig
 from defectdet.data.synth import synthesize_dataset
 from defectdet.engine.checkpoint import load_checkpoint
 from defectdet.engine.config import TrainConfig
 from defectdet.engine.trainer import train
 from defectdet.engine.validate import validate
+from defectdet.errors import ConfigError
 
 
-def test_val_reproduces_the_metrics_logged_for_best_checkpoint(tmp_path) -> None:
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("one_path")
     data_yaml = synthesize_dataset(
-        tmp_path / "data", boards=10, seed=3, min_size=128, max_size=160, progress=False
+        root / "data", boards=10, seed=3, min_size=128, max_size=160, progress=False
     )
     config = TrainConfig(
         data=data_yaml,
@@ -26,20 +32,66 @@ def test_val_reproduces_the_metrics_logged_for_best_checkpoint(tmp_path) -> None
         batch=4,
         workers=0,
         device="cpu",
-        out=tmp_path / "run",
+        out=root / "run",
         progress=False,
         warmup_steps=1,
         protocol="coco",
     )
-    result = train(config)
+    return root, data_yaml, train(config)
+
+
+def test_val_reproduces_the_metrics_logged_for_best_checkpoint(trained) -> None:
+    root, data_yaml, result = trained
     assert result.best_checkpoint is not None
     logged = load_checkpoint(result.best_checkpoint)["best_metrics"]
     assert 0.0 <= logged["mAP50"] <= 1.0 and 0.0 <= logged["mAP50_95"] <= logged["mAP50"]
     summary = json.loads((result.run_dir / "metrics.json").read_text())
     assert summary["best"]["mAP50"] == logged["mAP50"]
 
-    metrics = validate(result.best_checkpoint, data_yaml, split="val", protocol="coco", out=tmp_path / "val")
+    metrics = validate(result.best_checkpoint, data_yaml, split="val", protocol="coco", out=root / "val")
     assert metrics["headline"]["mAP50"] == pytest.approx(logged["mAP50"], abs=1e-9)
     assert metrics["headline"]["mAP50_95"] == pytest.approx(logged["mAP50_95"], abs=1e-9)
     # the templates were registered to their tested images (on by default), and that is reported
     assert metrics["registration"]["pairs"] == len(load_dataset(data_yaml, "val").samples)
+    assert metrics["threshold"]["rule"] == "best_f1" and "optimistic" in metrics["threshold"]["source"]
+
+
+def test_clean_boards_and_threshold_from_another_split(trained) -> None:
+    root, data_yaml, result = trained
+    val_images = len(load_dataset(data_yaml, "val").samples)
+    out = root / "clean"
+    metrics = validate(
+        result.best_checkpoint,
+        data_yaml,
+        split="val",
+        protocol="coco",
+        out=out,
+        clean_templates=True,
+        conf_from="train",
+    )
+    choice = metrics["threshold"]
+    assert choice["rule"] == "escape" and "'train'" in choice["source"] and choice["target_escape"] == 0.01
+    assert metrics["headline"]["conf_threshold"] == pytest.approx(choice["threshold"])
+    boards = metrics["boards"]
+    assert boards["clean_boards"] == val_images == metrics["clean_boards"]["count"]
+    assert boards["defective_boards"] + boards["clean_boards"] == metrics["num_images"]
+    assert 0 <= boards["false_calls"] <= boards["clean_boards"]
+    assert (out / "clean_boards" / "clean_boards.json").is_file()
+    rows = list(csv.DictReader((out / "registration.csv").open()))
+    assert len(rows) == 2 * val_images and all(abs(float(row["dx"])) <= 8 for row in rows)
+
+    given = validate(
+        result.best_checkpoint,
+        data_yaml,
+        split="val",
+        protocol="coco",
+        out=root / "given",
+        clean_templates=True,
+        clean_nuisance=RecaptureConfig.none(),
+        conf_threshold=0.5,
+        register_pairs=False,
+    )
+    assert given["threshold"]["rule"] == "given" and given["headline"]["conf_threshold"] == 0.5
+    assert given["registration"] is None
+    with pytest.raises(ConfigError, match="another split"):
+        validate(result.best_checkpoint, data_yaml, split="val", conf_from="val", out=root / "bad")
