@@ -384,3 +384,16 @@ def test_a_trickling_upload_times_out_with_408() -> None:
     started = time.perf_counter()
     _refusal(asyncio.run(scenario()), 408, "longer than 0.3 s")
     assert time.perf_counter() - started < 1.5 and service.admitted == 0
+
+
+def test_real_bundle_takes_degenerate_but_valid_images(bundle_path: Path) -> None:
+    shapes = [np.zeros((1, 1), np.uint8), np.zeros((1, 700), np.uint8), np.full((700, 2), 255, np.uint8)]
+    shapes.append(np.full((40, 60), 3000, np.uint16))  # 12-bit data in a 16-bit PNG
+    shapes.append(np.zeros((30, 30, 4), np.uint8))  # RGBA
+    with TestClient(create_app(bundle_path), raise_server_exceptions=False) as client:
+        _wait_ready(client, timeout=60)
+        for array in shapes:
+            png = encode(array)
+            response = client.post("/v1/detect", files={"image": png, "template": png})
+            assert response.status_code == 200, (array.shape, response.text)
+            assert response.json()["image_size"] == [array.shape[1], array.shape[0]]
