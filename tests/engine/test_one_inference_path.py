@@ -95,3 +95,34 @@ def test_clean_boards_and_threshold_from_another_split(trained) -> None:
     assert given["registration"] is None
     with pytest.raises(ConfigError, match="another split"):
         validate(result.best_checkpoint, data_yaml, split="val", conf_from="val", out=root / "bad")
+
+
+def test_clean_boards_for_a_model_without_templates(trained, tmp_path) -> None:
+    """Without templates the clean boards are still recaptures of the templates, fed alone (no registration)."""
+    root, data_yaml, _ = trained
+    config = TrainConfig(
+        data=data_yaml,
+        imgsz=128,
+        crop_size=0,
+        epochs=1,
+        batch=4,
+        workers=0,
+        device="cpu",
+        out=tmp_path / "plain",
+        progress=False,
+        warmup_steps=1,
+        protocol="coco",
+        template=False,
+    )
+    result = train(config)
+    metrics = validate(
+        result.last_checkpoint,
+        data_yaml,
+        split="val",
+        protocol="coco",
+        out=tmp_path / "val",
+        clean_templates=True,
+    )
+    val_images = len(load_dataset(data_yaml, "val").samples)
+    assert metrics["registration"] is None and metrics["boards"]["clean_boards"] == val_images
+    assert metrics["num_images"] == 2 * val_images
