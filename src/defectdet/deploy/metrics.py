@@ -29,6 +29,8 @@ ROUTES = frozenset(
         "/v1/drift/reset",
         "/v1/results",
         "/metrics",
+        "/docs",
+        "/openapi.json",
     }
 )
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
