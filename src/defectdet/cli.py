@@ -388,11 +388,21 @@ def serve(
     bundle: Path = typer.Argument(..., help="A bundle written by `defectdet export` (.onnx)."),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0: all interfaces)."),
     port: int = typer.Option(8000, help="TCP port."),
-    max_concurrency: int | None = typer.Option(None, help="Inferences at once, in worker threads (default 2)."),
-    max_queue: int | None = typer.Option(None, help="Requests that may wait; beyond, 503 + Retry-After (default 8)."),
-    max_bytes: int | None = typer.Option(None, help="Largest request body in bytes, checked while reading: 413 (default 20 MiB)."),
-    max_pixels: int | None = typer.Option(None, help="Largest image in pixels, from its header: 413 (default 25,000,000)."),
-    threads: int | None = typer.Option(None, help="onnxruntime threads per inference (default: cores / concurrency)."),
+    max_concurrency: int | None = typer.Option(
+        None, help="Inferences at once, in worker threads (default 2)."
+    ),
+    max_queue: int | None = typer.Option(
+        None, help="Requests that may wait; beyond, 503 + Retry-After (default 8)."
+    ),
+    max_bytes: int | None = typer.Option(
+        None, help="Largest request body in bytes, checked while reading: 413 (default 20 MiB)."
+    ),
+    max_pixels: int | None = typer.Option(
+        None, help="Largest image in pixels, from its header: 413 (default 25,000,000)."
+    ),
+    threads: int | None = typer.Option(
+        None, help="onnxruntime threads per inference (default: cores / concurrency)."
+    ),
 ) -> None:
     """Serve a bundle over HTTP: POST /v1/detect, GET /readyz /metrics /v1/model /docs, and a page at /.
 
