@@ -209,3 +209,28 @@ def test_items_depend_on_seed_epoch_and_index_only(tmp_path: Path) -> None:
     assert not all(
         torch.equal(a, b) for a, b in zip(in_process, augmented_items(first, workers=0, epoch=2), strict=True)
     )
+
+
+def test_the_decoded_image_cache_changes_nothing_but_the_work(split: DatasetSplit) -> None:
+    def dataset(cache_bytes: int) -> DetectionDataset:
+        return DetectionDataset(
+            split,
+            imgsz=96,
+            use_template=True,
+            augment=AugmentConfig(),
+            train=True,
+            crop_size=64,
+            cache_bytes=cache_bytes,
+        )
+
+    cached, plain = dataset(10 * 2**20), dataset(0)
+    for epoch in (0, 1):  # the second epoch reads from the cache
+        for index in range(len(split.samples)):
+            ours, theirs = cached[SampleIndex(index, epoch)], plain[SampleIndex(index, epoch)]
+            assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+    assert cached.cache_info == {"samples": 3, "bytes": 3 * 2 * 96 * 96, "budget_bytes": 10 * 2**20}
+    assert plain.cache_info["samples"] == 0
+    small = dataset(2 * 96 * 96 + 10)  # room for one pair only
+    for index in range(3):
+        small[SampleIndex(index, 0)]
+    assert small.cache_info["samples"] == 1 and small.cache_info["bytes"] <= small.cache_bytes

@@ -67,6 +67,7 @@ class DetectionDataset(Dataset):
         seed: int = 0,
         image_dtype: torch.dtype = torch.float32,
         register_pairs: bool = True,
+        cache_bytes: int = 0,
     ) -> None:
         if channels not in (1, 3):
             raise ValueError(f"channels must be 1 (gray) or 3 (RGB), got {channels}")
@@ -95,6 +96,17 @@ class DetectionDataset(Dataset):
         self._warned_template_resize = False
         self._unkeyed = np.random.default_rng(seed)  # draws for plain int indices
         self._rng = np.random.default_rng(seed)
+        # decoded, registered and letterboxed pairs (everything before the random draws), up to a budget
+        self.cache_bytes = max(0, int(cache_bytes))
+        self._cache: dict[int, tuple] = {}
+        self._cache_used = 0
+        self._cache_full_logged = False
+        if self.cache_bytes:
+            per_sample = imgsz * imgsz * channels * (2 if self.use_template else 1)
+            logger.info(
+                "decoded-image cache: up to %.0f MB per loading process, about %d of %d samples",
+                self.cache_bytes / 2**20, min(len(self.samples), self.cache_bytes // per_sample), len(self.samples),
+            )  # fmt: skip
 
     def _resolve_use_template(self, use_template: bool | None) -> bool:
         missing = [sample for sample in self.samples if sample.template_path is None]
@@ -156,26 +168,13 @@ class DetectionDataset(Dataset):
         sample = self.samples[index]
         if self.is_random:
             self._start_draws(index, epoch)
-        template = None
-        registration = None
-        if self.use_template:
-            assert sample.template_path is not None
-            pair = self._read_pair(sample)
-            if pair is None:
-                return None
-            image, template = pair
-            template = self._match_size(template, image, sample)
-            if self.register_pairs:
-                template, registration = register_pair(image, template)
-        else:
-            image = self._read(sample.image_path)
-            if image is None:
-                return None
-
-        height, width = image.shape[:2]
-        image, transform = letterbox_image(image, self.imgsz)
-        if template is not None:
-            template, _ = letterbox_image(template, self.imgsz)
+        prepared = self._cache.get(index) or self._prepare(index, sample)
+        if prepared is None:
+            return None
+        image, template, transform, registration, (width, height) = prepared
+        if self.augmenter.active:  # the augmenter may write into its inputs: keep the cached arrays intact
+            image = image.copy()
+            template = None if template is None else template.copy()
         boxes = boxes_to_letterbox(sample.boxes, transform)
         classes = sample.classes
 
@@ -208,6 +207,46 @@ class DetectionDataset(Dataset):
             "registration": None if registration is None else registration.to_dict(),
         }
         return tensor, target, meta
+
+    def _prepare(self, index: int, sample: Sample) -> tuple | None:
+        """Decode (one intensity mapping per pair), register and letterbox one sample: the deterministic part
+        of an item, kept in the cache while it fits in ``cache_bytes``."""
+        template = None
+        registration = None
+        if self.use_template:
+            assert sample.template_path is not None
+            pair = self._read_pair(sample)
+            if pair is None:
+                return None
+            image, template = pair
+            template = self._match_size(template, image, sample)
+            if self.register_pairs:
+                template, registration = register_pair(image, template)
+        else:
+            image = self._read(sample.image_path)
+            if image is None:
+                return None
+        height, width = image.shape[:2]
+        image, transform = letterbox_image(image, self.imgsz)
+        if template is not None:
+            template, _ = letterbox_image(template, self.imgsz)
+        prepared = (image, template, transform, registration, (width, height))
+        size = image.nbytes + (0 if template is None else template.nbytes)
+        if self._cache_used + size <= self.cache_bytes:
+            self._cache[index] = prepared
+            self._cache_used += size
+        elif self.cache_bytes and not self._cache_full_logged:
+            self._cache_full_logged = True
+            logger.info(
+                "decoded-image cache full at %.0f MB (%d of %d samples); the rest are decoded every time",
+                self._cache_used / 2**20, len(self._cache), len(self.samples),
+            )  # fmt: skip
+        return prepared
+
+    @property
+    def cache_info(self) -> dict[str, int]:
+        """Samples and bytes held by the decoded-image cache of this process."""
+        return {"samples": len(self._cache), "bytes": self._cache_used, "budget_bytes": self.cache_bytes}
 
     def _read(self, path: Path) -> np.ndarray | None:
         try:

@@ -17,7 +17,8 @@ from defectdet.errors import ConfigError
 from defectdet.model.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_THRESHOLD
 
 DEFAULT_EPOCHS = 50
-DEFAULT_LEARNING_RATES = {"adamw": 0.008, "sgd": 0.01}  # AdamW: what bench/results/train_deeppcb_*.json ran with
+# AdamW: what bench/results/train_deeppcb_*.json ran with
+DEFAULT_LEARNING_RATES = {"adamw": 0.008, "sgd": 0.01}
 DEFAULT_WEIGHT_DECAY = {"adamw": 0.05, "sgd": 0.0005}
 
 
@@ -40,6 +41,9 @@ class TrainConfig(BaseModel):
     class_balance: Literal["off", "repeat"] | None = None  # 'repeat': repeat images of rare classes
     batch: int | None = Field(None, ge=1)  # None: ~16 x 320^2 pixels per step (engine.autoconfig)
     workers: int | None = Field(None, ge=0)
+    # decoded + registered + letterboxed training pairs kept in RAM (MB per loading process); None: a quarter
+    # of the available memory, at most 4096; 0: off
+    cache_mb: int | None = Field(None, ge=0)
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
 
     # model

@@ -105,6 +105,25 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
         torch.backends.cudnn.benchmark = True
 
 
+def cache_budget_bytes(cache_mb: int | None, workers: int | None) -> int:
+    """The decoded-image cache budget of each loading process: ``cache_mb`` given, else a quarter of the
+    available memory (at most 4 GiB), shared between the loader workers (each holds its own copy)."""
+    if cache_mb is not None:
+        return cache_mb * 2**20
+    available = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+    if workers is None:
+        from defectdet.engine.loader import default_workers
+
+        workers = default_workers()
+    return min(available // 4, 4 * 2**30) // max(1, workers)
+
+
 def build_train_data(config: TrainConfig) -> TrainData:
     """Load the dataset splits named in `config`, choose its auto (None) settings from the training
     split (`engine.autoconfig`) and wrap the splits in DetectionDatasets.
@@ -152,6 +171,7 @@ def build_train_data(config: TrainConfig) -> TrainData:
         config.crop_size or None,
         seed=config.seed,
         register_pairs=config.register_pairs,
+        cache_bytes=cache_budget_bytes(config.cache_mb, config.workers),
     )
     template = bool(train_set.use_template)
     val_set = None
