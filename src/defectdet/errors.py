@@ -18,6 +18,10 @@ class ImageReadError(DefectDetError):
     """An image file is unreadable, truncated, empty or too large."""
 
 
+class ImageTooLargeError(ImageReadError):
+    """An image holds more pixels than the limit it is read under (decoding it would be a memory risk)."""
+
+
 class ConfigError(DefectDetError):
     """A config file or override has an unknown key or an invalid value."""
 

@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from defectdet.errors import ImageReadError
+from defectdet.errors import ImageReadError, ImageTooLargeError
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def read_image_size(path: str | Path) -> tuple[int, int]:
         with path.open("rb") as handle:
             size = _header_size(handle.read(1 << 20))
         if size is None:
-            raise ImageReadError(f"{path}: image too large to read its size") from None
+            raise ImageTooLargeError(f"{path}: image too large to read its size") from None
         return size
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         if path.is_file() and path.stat().st_size == 0:
@@ -209,7 +209,7 @@ def _check_size(path: Path, data: bytes, max_pixels: int) -> None:
     if width is None or height is None:
         raise ImageReadError(f"{path}: JPEG has no frame header (truncated or corrupt)")
     if width * height > max_pixels:
-        raise ImageReadError(
+        raise ImageTooLargeError(
             f"{path}: image is {width}x{height} = {width * height:,} pixels, over the limit of "
             f"{max_pixels:,} (max_pixels); pass a larger max_pixels to read_image to allow it"
         )
@@ -264,7 +264,7 @@ def _pillow_size(path: Path, data: bytes) -> tuple[int, int] | None:
             with Image.open(io.BytesIO(data)) as image:
                 return image.size
     except Image.DecompressionBombError as error:
-        raise ImageReadError(f"{path}: image is too large for Pillow to open ({error})") from error
+        raise ImageTooLargeError(f"{path}: image is too large for Pillow to open ({error})") from error
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
         return None
 
@@ -288,7 +288,7 @@ def _decode_with_pillow(path: Path, data: bytes, channels: int) -> np.ndarray:
                     return array if channels == 1 else np.repeat(array[:, :, None], 3, axis=2)
                 return np.asarray(image.convert("L" if channels == 1 else "RGB"))
     except Image.DecompressionBombError as error:
-        raise ImageReadError(f"{path}: image is too large for Pillow to decode ({error})") from error
+        raise ImageTooLargeError(f"{path}: image is too large for Pillow to decode ({error})") from error
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
         raise ImageReadError(
             f"{path}: cannot decode image (corrupt, truncated or not an image: {error})"

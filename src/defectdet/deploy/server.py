@@ -38,7 +38,7 @@ from defectdet.deploy.metrics import ServiceMetrics
 from defectdet.deploy.monitor import DriftMonitor
 from defectdet.deploy.runtime import PredictionResult, Predictor
 from defectdet.deploy.upload import UploadError, read_form
-from defectdet.errors import DefectDetError, ImageReadError
+from defectdet.errors import DefectDetError, ImageReadError, ImageTooLargeError
 
 logger = logging.getLogger(__name__)
 
@@ -419,7 +419,7 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
     @app.exception_handler(ImageReadError)
     async def image_error(request: Request, error: ImageReadError) -> JSONResponse:
         reason = str(error)
-        if "max_pixels" not in reason:
+        if not isinstance(error, ImageTooLargeError):
             return _error(422, reason)
         return _error(413, reason.split("; pass a larger")[0].replace("(max_pixels)", "(serve --max-pixels)"))
 
