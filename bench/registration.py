@@ -2,8 +2,8 @@
 residual misregistration (tested vs template, phase correlation + refinement), which justifies the
 clean-board nuisance defaults (`data.recapture.RecaptureConfig`).
 
-Usage: ``python bench/registration.py [--data ../shared/datasets/deeppcb] [--runs 300]``
-Writes ``bench/results/registration.json``.
+Usage: ``python bench/registration.py [--data ../shared/datasets/deeppcb] [--runs 300] [--work-size 128 --name X]``
+Writes ``bench/results/registration.json`` (or ``<name>.json``).
 
 Timing: each method is called `runs` times interleaved on the same pair, after warm-up; min and p50 are
 reported with the load average (the 2-core machine is shared, so p50 carries other people's work; min is
@@ -13,6 +13,7 @@ the uncontended cost).
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import time
@@ -24,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
 import common  # noqa: E402
 
-from defectdet.data.registration import motion_matrix, register_pair, warp_to  # noqa: E402
+from defectdet.data.registration import DEFAULT_WORK_SIZE, motion_matrix, register_pair, warp_to  # noqa: E402
 
 METHODS = ("gauss_newton", "opencv_ecc")
 
@@ -133,7 +134,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--accuracy-pairs", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--work-size", type=int, default=None, help="register_pair work_size (default: its own)"
+    )
+    parser.add_argument("--name", default="registration", help="result file name")
     args = parser.parse_args()
+    if args.work_size is not None:
+        global register_pair
+        register_pair = functools.partial(register_pair, work_size=args.work_size)
 
     pairs = deeppcb_pairs(args.data)
     if not pairs:
@@ -150,14 +158,19 @@ def main() -> None:
     payload = {
         "description": "register_pair on 640x640 gray DeepPCB pairs: milliseconds per call (estimate + warp), "
         "accuracy on known motions, and the residual motion of DeepPCB's own tested/template pairs",
-        "settings": {"runs": args.runs, "pair": str(pairs[0][1]), "motion": [2.3, -1.7, 0.4]},
+        "settings": {
+            "runs": args.runs,
+            "pair": str(pairs[0][1]),
+            "motion": [2.3, -1.7, 0.4],
+            "work_size": args.work_size or DEFAULT_WORK_SIZE,
+        },
         "shared_machine": True,
         "load_average_before": load_before,
         "timing_ms": speed,
         "accuracy": accuracy(templates, args.seed),
         "deeppcb_residual": residual,
     }
-    path = common.write_result("registration", payload)
+    path = common.write_result(args.name, payload)
     rows = [[name, values["min"], values["p50"], values["p90"]] for name, values in speed.items()]
     common.print_table("register_pair ms (640x640 gray)", ["method", "min", "p50", "p90"], rows)
     common.print_table(
