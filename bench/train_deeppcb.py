@@ -1,6 +1,6 @@
 """Time-to-accuracy on DeepPCB: train on some board groups, validate on whole held-out groups.
 
-    python bench/train_deeppcb.py [--minutes 20] [--preset nano] [--data ../shared/datasets/deeppcb]
+    python bench/train_deeppcb.py [--minutes 20] [--preset nano] [--no-template] [--data ../shared/datasets/deeppcb]
 
 Validation boards (groups 77000 and 92000 on the shared trainval half: the highest-numbered groups
 until >= 20% of images) are never seen in training; images of one board are near-duplicates, so a
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import csv
 import logging
+import resource
 import sys
 import time
 from pathlib import Path
@@ -36,7 +37,13 @@ def time_to_reach(rows: list[dict[str, str]], key: str, threshold: float) -> flo
 
 
 def train_and_summarize(
-    data: Path, minutes: float, preset: str, val_every: int, out: Path, seed: int = 0
+    data: Path,
+    minutes: float,
+    preset: str,
+    val_every: int,
+    out: Path,
+    seed: int = 0,
+    template: bool | None = None,
 ) -> dict:
     """Train `preset` on DeepPCB's train split for `minutes`, validating on the held-out groups; returns
     {config, result, wall_seconds, time_to, final, curve} (bench/peers.py calls this too)."""
@@ -49,6 +56,7 @@ def train_and_summarize(
         val_every=val_every,
         out=out,
         seed=seed,
+        template=template,
         progress=sys.stdout.isatty(),
     )
     started = time.perf_counter()
@@ -68,6 +76,7 @@ def train_and_summarize(
         "epochs": float(rows[-1]["epoch"]) if rows else None,
         "steps": int(rows[-1]["step"]) if rows else None,
         "train_images_per_second": float(rows[-1]["images_per_second"]) if rows else None,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
     curve = [
         {"time_s": float(r["time"]), "epoch": float(r["epoch"]), "mAP50": float(r["mAP50"])}
@@ -94,13 +103,21 @@ def main() -> int:
     parser.add_argument("--val-every", type=int, default=2, help="validate every N epochs")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_deeppcb"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-template",
+        action="store_true",
+        help="train on the tested image alone (DeepPCB without its templates)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if not (args.data / "trainval.txt").is_file():
         print(f"DeepPCB not found at {args.data} (needs trainval.txt); pass --data", file=sys.stderr)
         return 2
 
-    run = train_and_summarize(args.data, args.minutes, args.preset, args.val_every, args.out, args.seed)
+    template = False if args.no_template else None
+    run = train_and_summarize(
+        args.data, args.minutes, args.preset, args.val_every, args.out, args.seed, template
+    )
     config, result, wall_seconds = run["config"], run["result"], run["wall_seconds"]
     reached, final, curve = run["time_to"], run["final"], run["curve"]
     print_table(
@@ -109,7 +126,7 @@ def main() -> int:
         [[key, value if value is not None else "not reached"] for key, value in {**reached, **final}.items()],
     )
     path = write_result(
-        f"train_deeppcb_{args.preset}_{args.minutes:g}min",
+        f"train_deeppcb_{args.preset}_{args.minutes:g}min" + ("_notemplate" if args.no_template else ""),
         {
             "settings": config.to_dict(),
             "wall_seconds": wall_seconds,
