@@ -28,6 +28,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/latency.py
 	$(BIN)/python bench/train_deeppcb.py
 	$(BIN)/defectdet export runs/bench_deeppcb/best.pt --out runs/bench_deeppcb/model.onnx
+	$(BIN)/python bench/int8.py --checkpoint runs/bench_deeppcb/best.pt
 	$(BIN)/python bench/drift.py --bundle runs/bench_deeppcb/model.onnx
 	$(BIN)/python bench/serve_load.py --bundle runs/bench_deeppcb/model.onnx
 
