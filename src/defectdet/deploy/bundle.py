@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from defectdet.errors import CheckpointError
+from defectdet.model.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_THRESHOLD
 
 METADATA_KEY = "defectdet"
 FORMAT_VERSION = 1
@@ -46,9 +47,9 @@ class Thresholds(BaseModel):
     score_source: str = "default"
     recall_target: float = 0.99
     recall_threshold: float | None = None
-    nms_iou: float = Field(0.6, gt=0, le=1)
-    max_detections: int = Field(300, ge=1)
-    min_score: float = Field(0.001, ge=0, le=1)
+    nms_iou: float = Field(DEFAULT_NMS_IOU, gt=0, le=1)
+    max_detections: int = Field(DEFAULT_MAX_DETECTIONS, ge=1)
+    min_score: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)
 
 
 class BundleMetadata(BaseModel):

@@ -30,6 +30,7 @@ from defectdet.deploy.bundle import (
     write_metadata,
 )
 from defectdet.errors import ConfigError, DefectDetError
+from defectdet.model.postprocess import PostprocessSettings
 
 logger = logging.getLogger(__name__)
 
@@ -109,10 +110,11 @@ def base_metadata(detector: nn.Module, checkpoint: dict[str, Any]) -> BundleMeta
     template = bool(detector.template)
     channels = detector.in_channels // (2 if template else 1)
     metrics = checkpoint.get("best_metrics") or checkpoint.get("metrics") or {}
+    settings = PostprocessSettings.from_config(config)
     thresholds = Thresholds(
-        nms_iou=float(config.get("nms_iou_threshold", 0.6)),
-        max_detections=int(config.get("max_detections", 300)),
-        min_score=float(config.get("score_threshold", 0.001)),
+        nms_iou=settings.iou_threshold,
+        max_detections=settings.max_detections,
+        min_score=settings.score_threshold,
     )
     logged = metrics.get("conf_threshold")
     if isinstance(logged, float):
@@ -133,7 +135,8 @@ def base_metadata(detector: nn.Module, checkpoint: dict[str, Any]) -> BundleMeta
         config_hash=config_hash(config),
         train_config=json.loads(json.dumps(config, default=str)),
         drift_layers=list(DRIFT_LAYERS),
-        registration=bool(config.get("register_pairs", False)),
+        # val runs with registration unless the config turned it off; the bundle does as val did
+        registration=template and bool(config.get("register_pairs", True)),
     )
 
 
