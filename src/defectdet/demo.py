@@ -52,9 +52,9 @@ def run_demo(
     config.val_every = max(1, round(expected_epochs / 8))
     batch = collate_detections([data.train[i] for i in range(min(8, len(data.train)))])
     grid = save_batch_grid(batch[0], batch[1], data.class_names, out / "batch.png", template=data.template)
-    console.print(
-        f"a training batch (augmented {config.crop_size}px crops, boxes drawn, template beside): {grid}"
-    )
+    crop = (data.config or config).crop_size
+    what = f"augmented {crop}px crops" if crop else "augmented whole images"
+    console.print(f"a training batch ({what}, boxes drawn, template beside): {grid}")
 
     console.rule(f"3/5 train ({preset}, {minutes:g} min on the CPU)")
     result = train(config, data=data)
