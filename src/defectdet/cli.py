@@ -298,7 +298,9 @@ def val(
 @app.command()
 def export(
     checkpoint: Path = typer.Argument(..., help="A checkpoint written by `defectdet train` (best.pt)."),
-    out: Path | None = typer.Option(None, "--out", help="Bundle file (default: <checkpoint stem>.onnx beside it)."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Bundle file (default: <checkpoint stem>.onnx beside it)."
+    ),
     format: list[str] = typer.Option(
         ["onnx"],
         "--format",
@@ -306,13 +308,19 @@ def export(
         "pt2) | pt2 (torch.export) | all. Repeatable.",
     ),
     int8: bool = typer.Option(
-        False, "--int8", help="Also write <name>.int8.onnx (static QDQ S8S8, per-channel) if it keeps mAP@0.5."
+        False,
+        "--int8",
+        help="Also write <name>.int8.onnx (static QDQ S8S8, per-channel) if it keeps mAP@0.5.",
     ),
-    force: bool = typer.Option(False, "--force", help="Write the int8 model even when it loses > 0.5 mAP points."),
+    force: bool = typer.Option(
+        False, "--force", help="Write the int8 model even when it loses > 0.5 mAP points."
+    ),
     data: Path | None = typer.Option(
         None, help="Dataset to measure thresholds and the drift reference on (default: the training data)."
     ),
-    split: str | None = typer.Option(None, help="Split to measure on (default: the training's validation split)."),
+    split: str | None = typer.Option(
+        None, help="Split to measure on (default: the training's validation split)."
+    ),
     calibration_images: int = typer.Option(64, help="Training images to calibrate int8 on."),
 ) -> None:
     """Export a checkpoint to ONE self-describing .onnx bundle (EMA weights, BatchNorm folded, thresholds
@@ -346,7 +354,8 @@ def export(
         console.print(
             f"int8 {verdict}: mAP@0.5 {report['mAP50_fp32']:.4f} -> {report['mAP50_int8']:.4f} "
             f"(drop {report['mAP50_drop']:+.4f}, limit {report['max_drop']}), p50 {report['p50_ms_fp32']} -> "
-            f"{report['p50_ms_int8']} ms (x{report['speedup']})" + (f": {report['path']}" if report["path"] else "")
+            f"{report['p50_ms_int8']} ms (x{report['speedup']})"
+            + (f": {report['path']}" if report["path"] else "")
         )
         if not report["written"]:
             raise typer.Exit(1)
@@ -355,12 +364,18 @@ def export(
 @app.command()
 def predict(
     model: Path = typer.Argument(..., help="A bundle (.onnx) or a training checkpoint (exported first)."),
-    source: str = typer.Argument(..., help="An image file, a folder of images, or a quoted glob ('dir/*.jpg')."),
+    source: str = typer.Argument(
+        ..., help="An image file, a folder of images, or a quoted glob ('dir/*.jpg')."
+    ),
     templates: Path | None = typer.Option(None, help="Folder of template images, matched by file name."),
-    conf: float | None = typer.Option(None, help="Operating threshold (default: the bundle's best-F1 threshold)."),
+    conf: float | None = typer.Option(
+        None, help="Operating threshold (default: the bundle's best-F1 threshold)."
+    ),
     out: Path = typer.Option(Path("runs/predict"), help="Output folder."),
     save_images: bool = typer.Option(True, "--save-images/--no-save-images", help="Write annotated PNGs."),
-    threads: int | None = typer.Option(None, help="onnxruntime threads (default: physical cores, at most 4)."),
+    threads: int | None = typer.Option(
+        None, help="onnxruntime threads (default: physical cores, at most 4)."
+    ),
 ) -> None:
     """Predict a file, folder or glob: annotated images, predictions.jsonl and YOLO label files in --out.
     Unreadable files are listed and skipped; exit code 1 when any file failed.

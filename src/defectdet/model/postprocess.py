@@ -9,7 +9,6 @@ from typing import Any
 import cv2
 import numpy as np
 
-
 # The one source of the post-processing defaults (TrainConfig, training-time evaluation, `val`, the bundle):
 # evaluation keeps every candidate above 0.001 so PR curves and operating points see low scores too.
 DEFAULT_SCORE_THRESHOLD = 0.001
