@@ -357,6 +357,11 @@ def export(
             f"{report['p50_ms_int8']} ms (x{report['speedup']})"
             + (f": {report['path']}" if report["path"] else "")
         )
+        if report["written"] and report["speedup"] < 1.0:
+            console.print(
+                f"[yellow]int8 is {1 / report['speedup']:.1f}x slower than fp32 on this CPU[/yellow]: "
+                "deploy the fp32 bundle here; int8 may pay on CPUs with fast int8 kernels (VNNI/AMX)"
+            )
         if not report["written"]:
             raise typer.Exit(1)
 
