@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from torch_blocker import BLOCK_TORCH
 from typer.testing import CliRunner
 
 from defectdet.cli import app
@@ -122,19 +123,16 @@ def test_val_on_the_bundle_gives_the_checkpoint_metrics(
 
 def test_runtime_runs_with_torch_unimportable(bundle_path: Path, tiny_dataset: Path) -> None:
     sample = load_dataset(tiny_dataset, "val").samples[0]
-    script = f"""
-import sys
-class BlockTorch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError("torch is blocked in this test")
-sys.meta_path.insert(0, BlockTorch())
+    script = (
+        BLOCK_TORCH
+        + f"""
 from defectdet.deploy.runtime import Predictor
 import defectdet.deploy.monitor, defectdet.deploy.predict
 result = Predictor({str(bundle_path)!r}).predict({str(sample.image_path)!r}, {str(sample.template_path)!r})
 assert "torch" not in sys.modules
 print(result.verdict, len(result.detections))
 """
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[0] in ("clean", "defective")

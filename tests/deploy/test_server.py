@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from server_fakes import FakePredictor, board, encode
+from torch_blocker import BLOCK_TORCH
 
 from defectdet.deploy.server import ServeSettings, create_app
 
@@ -311,13 +312,10 @@ def test_service_runs_with_torch_unimportable(bundle_path: Path, tiny_dataset: P
     from defectdet.data.formats import load_dataset
 
     sample = load_dataset(tiny_dataset, "val").samples[0]
-    script = f"""
-import sys, time
-class BlockTorch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError("torch is blocked in this test")
-sys.meta_path.insert(0, BlockTorch())
+    script = (
+        BLOCK_TORCH
+        + f"""
+import time
 from fastapi.testclient import TestClient
 from defectdet.deploy.server import create_app
 with TestClient(create_app({str(bundle_path)!r})) as client:
@@ -330,6 +328,7 @@ with TestClient(create_app({str(bundle_path)!r})) as client:
 assert "torch" not in sys.modules
 print(response.json()["verdict"])
 """
+    )
     done = subprocess.run(
         [sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True, timeout=180
     )
