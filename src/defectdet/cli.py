@@ -304,8 +304,8 @@ def export(
     format: list[str] = typer.Option(
         ["onnx"],
         "--format",
-        help="onnx (always written) | torchscript (.ts; TorchScript is in maintenance mode upstream: prefer "
-        "pt2) | pt2 (torch.export) | all. Repeatable.",
+        help="onnx (always written) | torchscript (.ts, trace + freeze; TorchScript is in maintenance mode upstream: "
+        "prefer pt2; apply torch.jit.optimize_for_inference after loading) | pt2 (torch.export) | all. Repeatable.",
     ),
     int8: bool = typer.Option(
         False,
