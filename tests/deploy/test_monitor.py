@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import cv2
 import numpy as np
@@ -77,18 +76,6 @@ def test_image_statistics_rgb_and_bad_input() -> None:
         image_statistics(gray.astype(np.float32))
     with pytest.raises(InputError, match="shape"):
         image_statistics(np.zeros((0, 5), np.uint8))
-
-
-def test_image_statistics_is_cheap() -> None:
-    image = _board(np.random.default_rng(2))
-    image_statistics(image)
-    timings = []
-    for _ in range(30):
-        start = time.perf_counter()
-        image_statistics(image)
-        timings.append(time.perf_counter() - start)
-    # ~0.4 ms on an idle core; a generous bound for a shared CI box
-    assert sorted(timings)[len(timings) // 2] < 3e-3
 
 
 def test_build_reference_is_json_and_correct() -> None:
