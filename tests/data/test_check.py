@@ -11,7 +11,7 @@ from rich.console import Console
 
 from defectdet.data.check import check_dataset, render_check_report, run_check
 
-DEEPPCB = Path("/work/shared/datasets/deeppcb")
+DEEPPCB = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "deeppcb"  # ../shared beside the repo
 
 
 def _console() -> tuple[Console, io.StringIO]:
