@@ -28,6 +28,7 @@ from typing import Any
 
 from common import print_table, write_result
 from torch.utils.data import Dataset
+from train_deeppcb import time_to_reach
 
 from defectdet.engine.config import TrainConfig
 from defectdet.engine.trainer import build_train_data, train
@@ -56,14 +57,6 @@ class TimedDataset(Dataset):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["dataset"], name)
-
-
-def time_to_reach(rows: list[dict[str, str]], key: str, threshold: float) -> float | None:
-    for row in rows:
-        value = row.get(key)
-        if value not in (None, "") and float(value) >= threshold:
-            return float(row["time"])
-    return None
 
 
 def make_dataset(root: Path, images: int, seed: int) -> Path:
