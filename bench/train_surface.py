@@ -81,7 +81,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--root", type=Path, default=Path("runs/bench_surface"))
     parser.add_argument(
-        "--val-every", type=int, default=2, help="validate every N epochs (as train_deeppcb.py)"
+        "--val-every",
+        type=int,
+        default=None,
+        help="validate every N epochs; default: the product's (about every tenth of the time budget)",
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")

@@ -79,11 +79,26 @@ def test_deeppcb_like_data_keeps_640_with_320_crops() -> None:
     assert config.batch == 16  # the recipe that reached 0.96+ on DeepPCB
 
 
-def test_large_images_with_large_defects_are_downscaled_towards_640() -> None:
+def test_large_images_with_large_defects_are_downscaled_for_whole_image_training() -> None:
     stats = make_stats((2048, 2048), [(400, 300)] * 20 + [(900, 700)] * 20)
-    config, _ = chosen(stats)
-    assert config.imgsz == 640 and config.crop_size == 0 and 32 in config.strides
-    assert config.batch == 4  # whole 640 px images: 4 per step, about 16 x 320^2 px
+    config, why = chosen(stats)
+    # whole images: below 640 down to the floor, the smallest defects still span 54 px there
+    assert config.imgsz == 320 and config.crop_size == 0 and 32 in config.strides
+    assert config.batch == 16  # 320 px whole images: the recipe's batch
+    assert "lowered to 320" in why["imgsz"].reason and "4.0x the images per second" in why["imgsz"].reason
+
+
+def test_whole_image_shrink_keeps_the_typical_defect_and_reports_what_it_loses() -> None:
+    # surface-like: 500 px images, a few pin-holes, most defects 40-200 px
+    rng = np.random.default_rng(3)
+    sides = [(s, s) for s in rng.uniform(5, 10, 15)] + [(s, s) for s in rng.uniform(40, 200, 85)]
+    config, why = chosen(make_stats((500, 480), sides))
+    assert config.crop_size == 0 and 320 <= config.imgsz < 512 and config.imgsz % 32 == 0
+    assert float(np.percentile([s for s, _ in sides], 25)) * config.imgsz / 500 >= 32
+    assert "15% of defects are under 12 px there" in why["imgsz"].reason
+    # a user's crop of 0 with an auto letterbox shrinks too; a user's letterbox is kept
+    assert chosen(make_stats((500, 480), sides), crop_size=0)[0].imgsz == config.imgsz
+    assert chosen(make_stats((500, 480), sides), imgsz=512)[0].imgsz == 512
 
 
 def test_user_values_win_and_are_reported_with_the_data_suggestion() -> None:

@@ -176,3 +176,15 @@ def test_empty_batches_are_skipped():
     state = TrainState()
     train_one_epoch(model, batches, optimizer, state, LoopOptions())
     assert state.step == 2 and state.epoch_batch == 3
+
+
+def test_validation_schedule_follows_val_every_or_a_share_of_the_time_budget() -> None:
+    from defectdet.engine.config import TrainConfig
+    from defectdet.engine.trainer import validation_due
+
+    every_third = TrainConfig(epochs=9, val_every=3)
+    assert [validation_due(every_third, epoch, 0.0) for epoch in (1, 2, 3, 6)] == [False, False, True, True]
+    assert validation_due(TrainConfig(epochs=5), 1, 0.0)  # epoch budget: every epoch
+    timed = TrainConfig(time_minutes=10)  # 600 s: about every 60 s
+    assert not validation_due(timed, 7, 59.0) and validation_due(timed, 8, 60.0)
+    assert validation_due(TrainConfig(time_minutes=10, val_every=1), 1, 0.0)  # the user's choice wins

@@ -13,6 +13,10 @@ dozen colour-coded files to tell colour content from gray stored as RGB.
 Rules (pixels are at the letterbox size S; `MIN_DEFECT_PX`, `CROP_BASE`, `LARGE_BOX_PX` below):
 - imgsz: the median long image side rounded to 32 ("native", never an upsampling default),
   lowered towards 640 when 90% of defects stay >= MIN_DEFECT_PX there, capped at MAX_AUTO_IMGSZ.
+  With whole-image training (no crops) every pixel is paid for at every step, so the letterbox is
+  lowered further, not below WHOLE_IMAGE_FLOOR, while the 25th-percentile defect keeps
+  TYPICAL_DEFECT_PX: on a CPU time budget the epochs bought are worth more than resolution the
+  defects do not need (bench/results/train_surface_*.json). With crops the crop bounds that cost.
 - crop_size: crops only when S >= 2 x CROP_BASE and the crop (>= CROP_BASE and >= twice the
   95th-percentile defect) fits in half of S; otherwise whole images.
 - strides: the preset's; plus 32 when >= 10% of defects reach LARGE_BOX_PX.
@@ -43,6 +47,8 @@ DEFAULT_IMGSZ = 640  # DeepPCB's native size, where 320 crops reached 0.96+ mAP@
 MAX_AUTO_IMGSZ = 1280  # the CPU budget: larger letterboxes make validation and decode slow
 MIN_AUTO_IMGSZ = 64
 MIN_DEFECT_PX = 12  # a defect smaller than ~1.5 stride-8 cells at the input is hard to find
+TYPICAL_DEFECT_PX = 32  # the 25th-percentile defect keeps ~4 stride-8 cells when whole images shrink
+WHOLE_IMAGE_FLOOR = 320  # whole-image letterboxes are not shrunk below this (DeepPCB's training crop)
 CROP_BASE = 320  # the crop that worked on DeepPCB 640 (bench/results/train_deeppcb_*)
 LARGE_BOX_PX = 128  # >= 4 stride-32 cells: big enough to want a coarse level
 LARGE_SHARE = 0.10
@@ -211,6 +217,24 @@ def auto_imgsz(stats: SplitStats) -> tuple[int, str]:
     return size, why
 
 
+def shrink_whole_images(stats: SplitStats, imgsz: int) -> tuple[int, str]:
+    """The letterbox for whole-image training: `imgsz` lowered (not below WHOLE_IMAGE_FLOOR) to where
+    the 25th-percentile defect (sqrt of its area) still spans TYPICAL_DEFECT_PX; "" when kept."""
+    sizes = stats.box_size_at(1)
+    if len(sizes) == 0:
+        return imgsz, ""
+    quartile = _pct(sizes, 25)
+    size = min(imgsz, max(_round32(TYPICAL_DEFECT_PX / max(quartile, 1e-6), up=True), WHOLE_IMAGE_FLOOR))
+    if size >= imgsz:
+        return imgsz, ""
+    lost = float(np.mean(stats.box_size_at(size) < MIN_DEFECT_PX))
+    return size, (
+        f"whole images pay for every pixel at every step: lowered to {size}, where the 25th-percentile "
+        f"defect is still {quartile * size:.0f} px (>= {TYPICAL_DEFECT_PX} wanted), {(imgsz / size) ** 2:.1f}x "
+        f"the images per second of {imgsz}; {lost:.0%} of defects are under {MIN_DEFECT_PX} px there"
+    )
+
+
 def auto_crop(stats: SplitStats, imgsz: int) -> tuple[int, str]:
     if imgsz < 2 * CROP_BASE:
         return 0, f"letterbox {imgsz} < 2 x {CROP_BASE}: whole images"
@@ -320,7 +344,12 @@ def choose_settings(
         values[name] = value
         return value
 
-    imgsz = decide("imgsz", *auto_imgsz(stats))
+    auto_size, size_reason = auto_imgsz(stats)
+    if config.imgsz is None and (config.crop_size == 0 or auto_crop(stats, auto_size)[0] == 0):
+        smaller, why = shrink_whole_images(stats, auto_size)
+        if why:
+            auto_size, size_reason = smaller, f"{size_reason}; {why}"
+    imgsz = decide("imgsz", auto_size, size_reason)
     crop = decide("crop_size", *auto_crop(stats, imgsz))
     decide("strides", *auto_strides(stats, imgsz, config.preset))
     decide("batch", *auto_batch(crop or imgsz))

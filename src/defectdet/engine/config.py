@@ -17,6 +17,7 @@ from defectdet.errors import ConfigError
 from defectdet.model.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_THRESHOLD
 
 DEFAULT_EPOCHS = 50
+VAL_BUDGET_SHARE = 0.1  # with a time budget and no val_every: about ten validations per run
 # AdamW: what bench/results/train_deeppcb_*.json ran with
 DEFAULT_LEARNING_RATES = {"adamw": 0.008, "sgd": 0.01}
 DEFAULT_WEIGHT_DECAY = {"adamw": 0.05, "sgd": 0.0005}
@@ -78,7 +79,9 @@ class TrainConfig(BaseModel):
     progress: bool = True
 
     # validation
-    val_every: int = Field(1, ge=1)
+    # epochs between validations; None: every epoch, or with a time budget at the first epoch end after
+    # each VAL_BUDGET_SHARE of the budget, so validation does not eat a third of a short CPU budget
+    val_every: int | None = Field(None, ge=1)
     protocol: Literal["coco", "deeppcb", "both"] = "both"
     score_threshold: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)  # defaults: model.postprocess
     nms_iou_threshold: float = Field(DEFAULT_NMS_IOU, gt=0, le=1)

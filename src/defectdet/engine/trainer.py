@@ -38,7 +38,7 @@ from defectdet.engine.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from defectdet.engine.config import TrainConfig, save_config
+from defectdet.engine.config import VAL_BUDGET_SHARE, TrainConfig, save_config
 from defectdet.engine.distributed import (
     DistributedContext,
     barrier,
@@ -419,6 +419,7 @@ def _train(
             log=log,
         )
         stopped = should_stop(state) or (config.epochs is not None and state.epoch >= config.epochs)
+        validated_at = clock()
         while not stopped:
             epoch = state.epoch
             start_epoch(train_loader, epoch, state.epoch_batch, config.seed + 1000 * context.rank)
@@ -429,7 +430,10 @@ def _train(
             stopped = summary.stopped or (config.epochs is not None and state.epoch >= config.epochs)
             completed = state.epoch_batch == 0
             metrics: dict = {}
-            if val_set is not None and (stopped or (completed and state.epoch % config.val_every == 0)):
+            if val_set is not None and (
+                stopped or (completed and validation_due(config, state.epoch, clock() - validated_at))
+            ):
+                validated_at = clock()
                 eval_model = ema.module if ema is not None else model
                 out_dir = run_dir if stopped else run_dir / "val"
                 _, metrics = evaluate(
@@ -515,6 +519,16 @@ def _train(
     return TrainResult(
         run_dir, best_metrics, last_path, best_path if best_path.is_file() else None, final_metrics, state
     )
+
+
+def validation_due(config: TrainConfig, epoch: int, seconds_since_validation: float) -> bool:
+    """At an epoch end: every `val_every` epochs when set; else every epoch, or with a time budget once
+    VAL_BUDGET_SHARE of it has passed since the last validation (short epochs on a CPU budget would
+    otherwise spend a third of it validating)."""
+    if config.val_every is not None:
+        return epoch % config.val_every == 0
+    budget = config.time_budget_seconds
+    return budget is None or seconds_since_validation >= VAL_BUDGET_SHARE * budget
 
 
 def _choice_notes(choices: list) -> list[str]:
