@@ -92,3 +92,27 @@ def test_loss_is_float32_under_autocast_and_zero_targets_finite() -> None:
     losses = criterion(logits, boxes, points, target)
     assert torch.isfinite(losses["loss"]) and float(losses["loss_box"]) > 0
     assert float(losses["num_foreground"]) >= 1
+
+
+def test_tiny_box_regression_is_trained_at_full_weight_while_its_class_target_stays_iou_scaled() -> None:
+    points = _grid()
+    anchors = points.shape[0]
+    gt_boxes = torch.tensor([[[50.0, 50.0, 54.0, 54.0]]])  # 4 px: IoU ~0.06 with the 16 px predictions
+    boxes = torch.cat([points - 8, points + 8], -1).unsqueeze(0).requires_grad_(True)
+    logits = torch.full((1, anchors, 1), -2.0, requires_grad=True)
+    assignment = TaskAlignedAssigner(top_k=3)(
+        logits.detach().sigmoid(),
+        boxes.detach(),
+        points,
+        torch.tensor([[0]]),
+        gt_boxes,
+        torch.ones(1, 1, dtype=torch.bool),
+    )
+    foreground = assignment.foreground[0]
+    assert float(assignment.alignment[0][foreground].max()) > 0.9  # the best anchor: about full weight
+    assert float(assignment.scores[0][foreground].max()) < 0.1  # the class target: its (poor) IoU
+    losses = DetectionLoss(1)(logits, boxes, points, [torch.tensor([[0.0, 50.0, 50.0, 54.0, 54.0]])])
+    losses["loss"].backward()
+    # the box term is not scaled down by the poor IoU (weighted by the IoU-scaled target it was ~0.05)
+    assert float(losses["loss_box"]) > 0.5
+    assert boxes.grad[0][foreground].abs().sum() > 0

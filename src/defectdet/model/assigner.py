@@ -24,12 +24,14 @@ def pairwise_box_iou(boxes_a: torch.Tensor, boxes_b: torch.Tensor) -> torch.Tens
 @dataclass
 class Assignment:
     """Per-anchor training targets. ``foreground`` (B, A) bool; ``labels`` (B, A) int64;
-    ``boxes`` (B, A, 4) xyxy; ``scores`` (B, A, K) soft class targets (0 on background)."""
+    ``boxes`` (B, A, 4) xyxy; ``scores`` (B, A, K) soft class targets (0 on background);
+    ``alignment`` (B, A) the anchor's alignment relative to its box's best anchor, in (0, 1]."""
 
     foreground: torch.Tensor
     labels: torch.Tensor
     boxes: torch.Tensor
     scores: torch.Tensor
+    alignment: torch.Tensor
 
 
 class TaskAlignedAssigner:
@@ -63,6 +65,7 @@ class TaskAlignedAssigner:
                 labels=torch.zeros(batch, anchors, dtype=torch.long, device=device),
                 boxes=torch.zeros(batch, anchors, 4, device=device),
                 scores=torch.zeros(batch, anchors, classes, device=device),
+                alignment=torch.zeros(batch, anchors, device=device),
             )
         pred_scores, pred_boxes, gt_boxes = pred_scores.float(), pred_boxes.float(), gt_boxes.float()
         points = anchor_points.float().view(1, 1, anchors, 2)
@@ -108,8 +111,11 @@ class TaskAlignedAssigner:
         alignment = alignment.clamp(min=0) * positive
         max_alignment = alignment.amax(2, keepdim=True)  # (B, M, 1)
         max_overlap = (overlaps * positive).amax(2, keepdim=True)  # (B, M, 1)
-        normalized = (alignment * max_overlap / (max_alignment + EPSILON)).amax(1)  # (B, A)
+        relative = alignment / (max_alignment + EPSILON)  # (B, M, A), 1 at each box's best anchor
+        normalized = (relative * max_overlap).amax(1)  # (B, A)
         scores = torch.zeros(batch, anchors, classes, device=device)
         scores.scatter_(2, labels.unsqueeze(-1), normalized.unsqueeze(-1))
         scores = scores * foreground.unsqueeze(-1)
-        return Assignment(foreground=foreground, labels=labels, boxes=boxes, scores=scores)
+        return Assignment(
+            foreground=foreground, labels=labels, boxes=boxes, scores=scores, alignment=relative.amax(1)
+        )

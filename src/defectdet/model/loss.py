@@ -1,4 +1,5 @@
-"""Detection loss: quality-aware BCE on soft (IoU-aligned) class targets + GIoU box loss.
+"""Detection loss: quality-aware BCE on soft (IoU-aligned) class targets + GIoU box loss weighted by
+relative alignment (each box's best anchor at full weight, whatever its current IoU).
 
 Everything is computed in float32, also under autocast.
 """
@@ -88,7 +89,10 @@ class DetectionLoss:
             )
             foreground = assignment.foreground
             if bool(foreground.any()):
-                weight = assignment.scores.sum(-1)[foreground]  # (P,)
+                # weighted by alignment relative to the box's best anchor, not by the IoU-scaled class
+                # target: a tiny defect starts at IoU ~0.03 with the initial boxes, and an IoU-scaled
+                # weight would leave its regression (and so its class target) stuck near zero
+                weight = assignment.alignment[foreground]  # (P,) in (0, 1]
                 loss_box = (
                     giou_loss(boxes[foreground], assignment.boxes[foreground]) * weight
                 ).sum() / normalizer
