@@ -49,8 +49,9 @@ $(PEERS_STAMP):
 	$(PEERS_VENV)/bin/pip install --quiet $(PEERS_TORCH) ultralytics onnx onnxslim onnxruntime
 	touch $(PEERS_STAMP)
 
+# PEERS_ARGS passes options to bench/peers.py, e.g. make bench-peers PEERS_ARGS="--minutes 15"
 bench-peers: $(STAMP) $(PEERS_STAMP)
-	$(BIN)/python bench/peers.py --peers-python $(PEERS_VENV)/bin/python
+	$(BIN)/python bench/peers.py --peers-python $(PEERS_VENV)/bin/python $(PEERS_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
