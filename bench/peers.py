@@ -313,6 +313,29 @@ def print_summary(payload: dict) -> None:
     )
 
 
+def markdown_table(payload: dict, path: Path) -> str:
+    """The README's side-by-side table, cell for cell from a peers result file (named in every row)."""
+    header = ["params" if key == "params" else title for key, title in COLUMNS] + ["result file"]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for row in payload["results"]:
+        cells = []
+        for key, _ in COLUMNS:
+            value = row.get(key)
+            if value is None:
+                cells.append("-")
+            elif key == "params":
+                cells.append(f"{int(value):,}")
+            elif key == "clean_false_call_rate":
+                cells.append(f"{row['clean_false_calls']}/{row['clean_boards']}")
+            elif isinstance(value, float):
+                cells.append(f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}")
+            else:
+                cells.append(str(value))
+        cells.append(f"`bench/results/{path.name}`")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -329,9 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--val-every", type=int, default=2, help="our trainer validates every N epochs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--show", type=Path, default=None, help="only print the table of a result file")
+    parser.add_argument("--markdown", action="store_true", help="with --show: the table as README markdown")
     args = parser.parse_args(argv)
     if args.show is not None:
-        print_summary(json.loads(args.show.read_text()))
+        payload = json.loads(args.show.read_text())
+        print(markdown_table(payload, args.show) if args.markdown else "", end="")
+        if not args.markdown:
+            print_summary(payload)
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if not (args.data / "trainval.txt").is_file():
