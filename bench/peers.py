@@ -288,22 +288,30 @@ COLUMNS = [
 ]  # fmt: skip
 
 
+def row_cells(row: dict, show_params, show_number) -> list:
+    """One result row as table cells in COLUMNS order ("-" when missing; clean false calls as n/boards)."""
+    cells = []
+    for key, _ in COLUMNS:
+        value = row.get(key)
+        if value is None:
+            cells.append("-")
+        elif key == "params":
+            cells.append(show_params(value))
+        elif key == "clean_false_call_rate":
+            cells.append(f"{row['clean_false_calls']}/{row['clean_boards']}")
+        else:
+            cells.append(show_number(value))
+    return cells
+
+
 def print_summary(payload: dict) -> None:
     """The one table of a peers result (also `python bench/peers.py --show bench/results/peers.json`)."""
     from rich.console import Console
 
     settings = payload["settings"]
-    table = []
-    for row in payload["results"]:
-        cells = []
-        for key, _ in COLUMNS:
-            value = row.get(key)
-            if key == "params":
-                value = round(value / 1e6, 3)
-            elif key == "clean_false_call_rate" and value is not None:
-                value = f"{row['clean_false_calls']}/{row['clean_boards']}"
-            cells.append("-" if value is None else value)
-        table.append(cells)
+    table = [
+        row_cells(row, lambda value: round(value / 1e6, 3), lambda value: value) for row in payload["results"]
+    ]
     common.print_table(
         f"DeepPCB held-out groups {settings['split']['val_groups']}, {settings['minutes']:g} min training each, "
         f"{settings['threads']} threads, no pretrained weights; YOLO sees the tested image only (no template)",
@@ -313,26 +321,19 @@ def print_summary(payload: dict) -> None:
     )
 
 
+def _markdown_number(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
 def markdown_table(payload: dict, path: Path) -> str:
     """The README's side-by-side table, cell for cell from a peers result file (named in every row)."""
     header = ["params" if key == "params" else title for key, title in COLUMNS] + ["result file"]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for row in payload["results"]:
-        cells = []
-        for key, _ in COLUMNS:
-            value = row.get(key)
-            if value is None:
-                cells.append("-")
-            elif key == "params":
-                cells.append(f"{int(value):,}")
-            elif key == "clean_false_call_rate":
-                cells.append(f"{row['clean_false_calls']}/{row['clean_boards']}")
-            elif isinstance(value, float):
-                cells.append(f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}")
-            else:
-                cells.append(str(value))
-        cells.append(f"`bench/results/{path.name}`")
-        lines.append("| " + " | ".join(cells) + " |")
+        cells = row_cells(row, lambda value: f"{int(value):,}", _markdown_number)
+        lines.append("| " + " | ".join([*cells, f"`bench/results/{path.name}`"]) + " |")
     return "\n".join(lines) + "\n"
 
 
