@@ -87,10 +87,27 @@ def git_commit() -> str | None:
     return result.stdout.strip() or None
 
 
+def uncommitted_code() -> list[str] | None:
+    """Tracked files under src/ and bench/ that differ from HEAD: a result measured on them is not HEAD's."""
+    try:
+        result = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "src", "bench/*.py"],
+            cwd=Path(__file__).resolve().parents[1],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [line[3:] for line in result.stdout.splitlines() if line.strip()]
+
+
 def environment(packages: Sequence[str] = DEFAULT_PACKAGES) -> dict[str, Any]:
     return {
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git_commit(),
+        "uncommitted_code": uncommitted_code(),
         "machine": machine_info(),
         "versions": versions(packages),
     }

@@ -146,7 +146,8 @@ def peer_records(samples: list[Sample], predictions: dict[str, dict]) -> list[Im
 
 
 def ours_records(checkpoint: Path, samples: list[Sample]) -> tuple[torch.nn.Module, dict, list[ImageRecord]]:
-    """Our one prediction path (engine.predict.predict_records, registration on) on `samples`."""
+    """Our one prediction path (engine.predict.predict_records, registration as the model was trained) on
+    `samples`."""
     from defectdet.engine.predict import predict_records
     from defectdet.engine.validate import load_detector
     from defectdet.model.postprocess import PostprocessSettings
@@ -160,6 +161,7 @@ def ours_records(checkpoint: Path, samples: list[Sample]) -> tuple[torch.nn.Modu
         imgsz=int(config.get("imgsz") or 640),
         channels=model.in_channels // (2 if template else 1),
         use_template=template,
+        register_pairs=bool(config.get("register_pairs", True)),
         postprocess_settings=PostprocessSettings.from_config(config),
     )
     if skipped:

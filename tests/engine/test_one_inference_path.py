@@ -93,6 +93,19 @@ def test_clean_boards_and_threshold_from_another_split(trained) -> None:
     )
     assert given["threshold"]["rule"] == "given" and given["headline"]["conf_threshold"] == 0.5
     assert given["registration"] is None
+    by_f1 = validate(
+        result.best_checkpoint, data_yaml, split="val", out=root / "f1", conf_from="train", conf_rule="f1"
+    )
+    assert by_f1["threshold"]["rule"] == "f1" and "'train'" in by_f1["threshold"]["source"]
+    assert by_f1["headline"]["conf_threshold"] == pytest.approx(by_f1["threshold"]["threshold"])
+    # the DeepPCB F at that threshold is reported beside the best one
+    at_threshold = by_f1["deeppcb"]["at_threshold"]
+    assert at_threshold["threshold"] == pytest.approx(by_f1["threshold"]["threshold"])
+    assert at_threshold["f_score"] <= by_f1["deeppcb"]["best"]["f_score"] + 1e-9
+    with pytest.raises(ConfigError, match="conf-rule"):
+        validate(
+            result.best_checkpoint, data_yaml, split="val", conf_from="train", conf_rule="x", out=root / "x"
+        )
     with pytest.raises(ConfigError, match="another split"):
         validate(result.best_checkpoint, data_yaml, split="val", conf_from="val", out=root / "bad")
 

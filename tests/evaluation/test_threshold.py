@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from defectdet.evaluation.threshold import board_rates, threshold_for_escape
+from defectdet.evaluation.threshold import board_rates, threshold_for_escape, threshold_for_f1
 from defectdet.evaluation.types import ImageRecord
 
 
@@ -49,3 +49,21 @@ def test_board_rates() -> None:
     assert rates["escapes"] == 2 and rates["defective_boards"] == 3
     assert rates["false_calls"] == 1 and rates["clean_boards"] == 2
     assert rates["escape_rate"] == pytest.approx(2 / 3) and rates["false_call_rate"] == pytest.approx(0.5)
+
+
+def test_f1_threshold_keeps_the_true_boxes_and_drops_the_false_ones() -> None:
+    # every board: its true box scores 0.6-0.9; a false box elsewhere scores 0.2-0.5
+    records = []
+    true_scores, false_scores = np.linspace(0.6, 0.9, 20), np.linspace(0.2, 0.5, 20)
+    for index, (true_score, false_score) in enumerate(zip(true_scores, false_scores, strict=True)):
+        record = board(index, float(true_score))
+        record.det_boxes = np.array([[0, 0, 5, 5], [6, 6, 9, 9]], np.float32)
+        record.det_scores = np.array([true_score, false_score], np.float32)
+        record.det_classes = np.zeros(2, np.int64)
+        records.append(record)
+    choice = threshold_for_f1(records, num_classes=1, source="split 'train'")
+    assert choice.rule == "f1" and choice.source == "split 'train'"
+    assert choice.threshold == pytest.approx(0.6)  # the lowest true score: recall 1, precision 1
+    assert choice.calibration_escape_rate == 0.0 and choice.defective_boards == 20
+    with pytest.raises(ValueError, match="no detection"):
+        threshold_for_f1([board(0, None)], num_classes=1)

@@ -31,6 +31,7 @@ from defectdet.evaluation.threshold import (
     ThresholdChoice,
     board_rates,
     threshold_for_escape,
+    threshold_for_f1,
 )
 from defectdet.evaluation.types import ImageRecord
 from defectdet.model.postprocess import PostprocessSettings
@@ -38,6 +39,7 @@ from defectdet.model.postprocess import PostprocessSettings
 logger = logging.getLogger(__name__)
 
 PROTOCOLS = ("coco", "deeppcb", "both")
+CONF_RULES = ("escape", "f1")
 
 
 def load_detector(
@@ -95,6 +97,7 @@ def validate(
     conf_threshold: float | None = None,
     conf_from: str | None = None,
     target_escape: float = DEFAULT_TARGET_ESCAPE,
+    conf_rule: str = "escape",
     target_recall: float = 0.99,
     clean_templates: bool = False,
     clean_nuisance: RecaptureConfig | None = None,
@@ -112,7 +115,8 @@ def validate(
     this process (no loader workers) so the per-stage timings are real.
 
     - Operating threshold: `conf_threshold` when given; else with `conf_from` (another split of `data`) the highest
-      threshold whose board escape rate there is <= `target_escape`; `conf_from="bundle"`: a bundle's stored
+      threshold whose board escape rate there is <= `target_escape` (`conf_rule="escape"`) or its best pooled
+      box F1 (`conf_rule="f1"`, for box-scoring protocols such as DeepPCB's F); `conf_from="bundle"`: a bundle's stored
       `thresholds.score`; else the best-F1 threshold of the reported records themselves (optimistic; the report
       says so).
       `metrics["threshold"]` records the value, rule and source.
@@ -128,6 +132,8 @@ def validate(
         raise ConfigError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
     if conf_threshold is not None and conf_from is not None:
         raise ConfigError("give either --conf or --conf-from, not both")
+    if conf_rule not in CONF_RULES:
+        raise ConfigError(f"--conf-rule must be one of {', '.join(CONF_RULES)}, got {conf_rule!r}")
     if conf_from is not None and conf_from == split:
         raise ConfigError(
             f"--conf-from {conf_from!r} is the split being reported: choose the threshold on another split"
@@ -174,7 +180,17 @@ def validate(
         )
 
     choice = _threshold_choice(
-        conf_threshold, conf_from, target_escape, data, format, metadata, checkpoint, use_template, predict
+        conf_threshold,
+        conf_from,
+        conf_rule,
+        target_escape,
+        data,
+        format,
+        metadata,
+        checkpoint,
+        use_template,
+        predict,
+        len(class_names),
     )
     samples = list(dataset.samples)
     recapture = clean_nuisance if clean_nuisance is not None else RecaptureConfig()
@@ -257,6 +273,7 @@ def _check_templates(dataset: DatasetSplit, use_template: bool, checkpoint: str 
 def _threshold_choice(
     conf_threshold: float | None,
     conf_from: str | None,
+    conf_rule: str,
     target_escape: float,
     data: str | Path,
     format: str | None,
@@ -264,6 +281,7 @@ def _threshold_choice(
     checkpoint: str | Path,
     use_template: bool,
     predict: Any,
+    num_classes: int,
 ) -> ThresholdChoice | None:
     """The operating threshold from --conf, --conf-from SPLIT / bundle, or None (best F1 on the records)."""
     from defectdet.data.formats import load_dataset
@@ -280,8 +298,11 @@ def _threshold_choice(
     calibration = load_dataset(data, conf_from, format=format)
     _check_templates(calibration, use_template, checkpoint)
     records, _ = predict(list(calibration.samples))
+    source = f"split {conf_from!r} of {data}"
     try:
-        return threshold_for_escape(records, target_escape, source=f"split {conf_from!r} of {data}")
+        if conf_rule == "f1":
+            return threshold_for_f1(records, num_classes, source=source)
+        return threshold_for_escape(records, target_escape, source=source)
     except ValueError as error:
         raise ConfigError(f"--conf-from {conf_from}: {error}") from None
 

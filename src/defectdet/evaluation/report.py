@@ -168,6 +168,7 @@ def _headline(metrics: dict) -> dict:
         "mAP50_95": coco.get("mAP50_95"),
         "deeppcb_mAP": deeppcb.get("mAP"),
         "deeppcb_F": (deeppcb.get("best") or {}).get("f_score"),
+        "deeppcb_F_at_conf": (deeppcb.get("at_threshold") or {}).get("f_score"),
         "conf_threshold": chosen["threshold"],
         "precision": chosen["precision"],
         "recall": chosen["recall"],

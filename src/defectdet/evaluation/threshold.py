@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from defectdet.evaluation.operating_point import match_detections, pooled_cut_points
 from defectdet.evaluation.types import ImageRecord
 
 DEFAULT_TARGET_ESCAPE = 0.01  # at most 1 % of defective boards called clean on the calibration boards
@@ -23,7 +24,8 @@ class ThresholdChoice:
     """An operating threshold and where it came from.
 
     `rule`: 'escape' (the highest threshold whose board-level escape rate on the calibration boards is
-    <= `target_escape`), 'given' (a value passed in) or 'bundle' (the bundle's `thresholds.score`).
+    <= `target_escape`), 'f1' (the best pooled box F1 on the calibration boards), 'given' (a value passed
+    in) or 'bundle' (the bundle's `thresholds.score`).
     `source` names the calibration data, e.g. "split 'test' of data/deeppcb". `calibration_escape_rate`
     and `defective_boards` describe the calibration boards (None for a given value). `reachable` is False
     when more than the allowed boards had no detection at all: no threshold reaches the target then.
@@ -63,6 +65,25 @@ def threshold_for_escape(
     return ThresholdChoice(
         threshold, "escape", source, target_escape, int(len(scores)), escape_rate, reachable
     )
+
+
+def threshold_for_f1(
+    records: Sequence[ImageRecord],
+    num_classes: int,
+    iou_threshold: float = 0.5,
+    source: str = "calibration records",
+) -> ThresholdChoice:
+    """The threshold with the best pooled box F1 (same class, IoU >= `iou_threshold`) on `records`: the
+    rule for protocols that score boxes (DeepPCB's F) rather than boards."""
+    defective = [record for record in records if not record.is_clean]
+    if not defective:
+        raise ValueError(f"{source}: no defective board to choose a threshold on")
+    cuts = pooled_cut_points(match_detections(records, num_classes, iou_threshold))
+    if not len(cuts.thresholds):
+        raise ValueError(f"{source}: the model made no detection there")
+    threshold = float(cuts.thresholds[int(np.argmax(cuts.f1))])
+    escape_rate = float(np.mean([record.max_score < threshold for record in defective]))
+    return ThresholdChoice(threshold, "f1", source, None, len(defective), escape_rate, True)
 
 
 def board_rates(records: Sequence[ImageRecord], threshold: float) -> dict:
