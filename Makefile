@@ -32,7 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/drift.py --bundle runs/bench_deeppcb/model.onnx
 	$(BIN)/python bench/serve_load.py --bundle runs/bench_deeppcb/model.onnx
 	$(BIN)/python bench/train_surface.py
-	$(BIN)/defectdet demo --out runs/demo_check
+	$(BIN)/python bench/demo.py --out runs/demo_check
 	$(BIN)/python bench/synth_to_deeppcb.py --checkpoint runs/demo_check/run/best.pt
 
 # Side by side with Ultralytics YOLO (issue 13; about an hour, not part of `make test`). Ultralytics is AGPL-3.0:

@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from defectdet.demo import DEMO_MINUTES
 from defectdet.doctor_cli import doctor_app
 from defectdet.errors import DefectDetError
 
@@ -246,6 +247,11 @@ def val(
         "rate there is <= --target-escape) and report the rates on --split; 'bundle': the bundle's stored threshold.",
     ),
     target_escape: float = typer.Option(0.01, help="Escape-rate target for --conf-from."),
+    conf_rule: str = typer.Option(
+        "escape",
+        help="How --conf-from chooses: 'escape' (boards, --target-escape) or 'f1' (the best box F1 there, "
+        "for box-scoring protocols such as DeepPCB's F).",
+    ),
     clean_templates: bool = typer.Option(
         False,
         help="Add a clean board per template: a recapture of it (exposure, gamma, noise, JPEG, 0.25-2 px shift, "
@@ -285,6 +291,7 @@ def val(
         target_recall=target_recall,
         conf_from=conf_from,
         target_escape=target_escape,
+        conf_rule=conf_rule,
         clean_templates=clean_templates,
         clean_nuisance=_recapture_config(clean_nuisance, clean_shift, clean_rotation),
         register_pairs=register,
@@ -443,12 +450,14 @@ def serve(
 @app.command()
 def demo(
     out: Path = typer.Option(Path("runs/demo"), help="Folder for the synthetic data and the run."),
-    minutes: float = typer.Option(5.0, help="Training budget in minutes."),
+    minutes: float = typer.Option(
+        DEMO_MINUTES, help="Training budget in minutes (synthesis, evaluation and export come on top)."
+    ),
     boards: int = typer.Option(160, help="Synthetic boards to generate."),
 ) -> None:
     """The embedded default, offline: synthesize boards, check them, train, evaluate, report.
 
-    Example: defectdet demo --out runs/demo --minutes 5
+    Example: defectdet demo --out runs/demo --minutes 6
     """
     from defectdet.demo import run_demo
 

@@ -65,7 +65,7 @@ class TrainConfig(BaseModel):
     final_lr_ratio: float = Field(0.05, ge=0, le=1)
     clip_grad_norm: float | None = Field(10.0, gt=0)
     ema: bool = True
-    ema_decay: float = Field(0.999, gt=0, lt=1)  # ~1000-step horizon: CPU budgets are a few thousand steps
+    ema_decay: float = Field(0.995, gt=0, lt=1)  # ~200-step horizon: CPU budgets are 1-4 thousand steps
     ema_ramp_steps: float = Field(200.0, gt=0)  # decay = ema_decay * (1 - exp(-updates / ema_ramp_steps))
     amp: bool | None = None  # None: fp16 on CUDA, off on CPU
     amp_dtype: Literal["float16", "bfloat16"] | None = None  # 'bfloat16' enables autocast on CPU
