@@ -72,26 +72,11 @@ def versions(packages: Sequence[str] = DEFAULT_PACKAGES) -> dict[str, str | None
     return found
 
 
-def git_commit() -> str | None:
+def _git(*args: str) -> str | None:
+    """stdout of `git ARGS` run at the repository root, or None when git cannot run."""
     try:
         result = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return result.stdout.strip() or None
-
-
-def uncommitted_code() -> list[str] | None:
-    """Tracked files under src/ and bench/ that differ from HEAD: a result measured on them is not HEAD's."""
-    try:
-        result = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", "src", "bench/*.py"],
+            ["git", *args],
             cwd=Path(__file__).resolve().parents[1],
             capture_output=True,
             text=True,
@@ -100,7 +85,20 @@ def uncommitted_code() -> list[str] | None:
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return [line[3:] for line in result.stdout.splitlines() if line.strip()]
+    return result.stdout
+
+
+def git_commit() -> str | None:
+    output = _git("rev-parse", "--short", "HEAD")
+    return (output or "").strip() or None
+
+
+def uncommitted_code() -> list[str] | None:
+    """Tracked files under src/ and bench/ that differ from HEAD: a result measured on them is not HEAD's."""
+    output = _git("status", "--porcelain", "--untracked-files=no", "--", "src", "bench/*.py")
+    if output is None:
+        return None
+    return [line[3:] for line in output.splitlines() if line.strip()]
 
 
 def environment(packages: Sequence[str] = DEFAULT_PACKAGES) -> dict[str, Any]:

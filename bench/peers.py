@@ -359,8 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.show is not None:
         payload = json.loads(args.show.read_text())
-        print(markdown_table(payload, args.show) if args.markdown else "", end="")
-        if not args.markdown:
+        if args.markdown:
+            print(markdown_table(payload, args.show), end="")
+        else:
             print_summary(payload)
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")

@@ -105,12 +105,12 @@ def score_at_threshold_from_train(result, data: Path, out: Path) -> dict:
     metrics = validate(
         checkpoint, data, split="val", conf_from="train", conf_rule="f1", out=out / "val_conf_from_train"
     )
-    headline = metrics["headline"]
+    at_threshold = metrics["deeppcb"]["at_threshold"]
     return {
         "conf_from_train": metrics["threshold"]["threshold"],
-        "deeppcb_F_at_conf_from_train": headline.get("deeppcb_F_at_conf"),
-        "precision_at_conf_from_train": metrics["deeppcb"]["at_threshold"]["precision"],
-        "recall_at_conf_from_train": metrics["deeppcb"]["at_threshold"]["recall"],
+        "deeppcb_F_at_conf_from_train": at_threshold["f_score"],
+        "precision_at_conf_from_train": at_threshold["precision"],
+        "recall_at_conf_from_train": at_threshold["recall"],
     }
 
 

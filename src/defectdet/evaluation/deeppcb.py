@@ -63,8 +63,7 @@ def deeppcb_metrics(
 
     cuts = pooled_cut_points(match)
     if len(cuts.thresholds):
-        best_threshold = float(cuts.thresholds[int(np.argmax(cuts.f1))])
-        best = pooled_at_threshold(match, best_threshold)
+        best = pooled_at_threshold(match, cuts.best_f1_threshold)
     else:
         best = {
             "threshold": None,

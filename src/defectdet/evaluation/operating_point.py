@@ -139,6 +139,11 @@ class CutPoints:
     recall: np.ndarray
     f1: np.ndarray
 
+    @property
+    def best_f1_threshold(self) -> float | None:
+        """The threshold with the best pooled F1 (the highest one on ties); None without detections."""
+        return float(self.thresholds[int(np.argmax(self.f1))]) if len(self.thresholds) else None
+
 
 def pooled_cut_points(match: MatchResult) -> CutPoints:
     order = np.argsort(-match.scores, kind="stable")
@@ -268,11 +273,7 @@ def operating_points(
     cuts = pooled_cut_points(match)
     summary: dict = {"iou_threshold": iou_threshold, "target_recall": target_recall}
 
-    if len(cuts.thresholds):
-        best = int(np.argmax(cuts.f1))
-        best_threshold = float(cuts.thresholds[best])
-    else:
-        best_threshold = 0.5
+    best_threshold = cuts.best_f1_threshold if len(cuts.thresholds) else 0.5
     summary["best_f1"] = {
         **pooled_at_threshold(match, best_threshold),
         **image_verdicts(records, best_threshold),

@@ -78,10 +78,9 @@ def threshold_for_f1(
     defective = [record for record in records if not record.is_clean]
     if not defective:
         raise ValueError(f"{source}: no defective board to choose a threshold on")
-    cuts = pooled_cut_points(match_detections(records, num_classes, iou_threshold))
-    if not len(cuts.thresholds):
+    threshold = pooled_cut_points(match_detections(records, num_classes, iou_threshold)).best_f1_threshold
+    if threshold is None:
         raise ValueError(f"{source}: the model made no detection there")
-    threshold = float(cuts.thresholds[int(np.argmax(cuts.f1))])
     escape_rate = float(np.mean([record.max_score < threshold for record in defective]))
     return ThresholdChoice(threshold, "f1", source, None, len(defective), escape_rate, True)
 
