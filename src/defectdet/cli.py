@@ -271,6 +271,12 @@ def val(
         "--register/--no-register",
         help="Align each template to its tested image before the model (default: as trained, on).",
     ),
+    tiles: bool | None = typer.Option(
+        None,
+        "--tiles/--no-tiles",
+        help="Also run native-resolution tiles of images >= 1.5x the input size and keep their small "
+        "detections (default: as the training run chose from the data).",
+    ),
     batch: int = typer.Option(8, help="Batch size."),
     format: str | None = typer.Option(None, "--format", help="Dataset format (default: detected)."),
 ) -> None:
@@ -295,6 +301,7 @@ def val(
         clean_templates=clean_templates,
         clean_nuisance=_recapture_config(clean_nuisance, clean_shift, clean_rotation),
         register_pairs=register,
+        tiles=tiles,
         batch=batch,
         format=format,
         console=console,
@@ -388,6 +395,12 @@ def predict(
     threads: int | None = typer.Option(
         None, help="onnxruntime threads (default: physical cores, at most 4)."
     ),
+    tiles: bool | None = typer.Option(
+        None,
+        "--tiles/--no-tiles",
+        help="Also run native-resolution tiles of images >= 1.5x the input size and keep their small "
+        "detections (default: as the training run chose from the data).",
+    ),
 ) -> None:
     """Predict a file, folder or glob: annotated images, predictions.jsonl and YOLO label files in --out.
     Unreadable files are listed and skipped; exit code 1 when any file failed.
@@ -397,7 +410,14 @@ def predict(
     from defectdet.deploy.predict import predict_source
 
     summary = predict_source(
-        model, source, out, templates=templates, conf=conf, save_images=save_images, threads=threads
+        model,
+        source,
+        out,
+        templates=templates,
+        conf=conf,
+        save_images=save_images,
+        threads=threads,
+        tiles=tiles,
     )
     console.print(
         f"{summary.images} images, {summary.defective} defective, {summary.detections} detections, "

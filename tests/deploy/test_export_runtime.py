@@ -306,3 +306,53 @@ def test_templates_are_matched_by_name_or_by_deeppcb_pairing(tmp_path: Path) -> 
     assert find_template(boards / "7_test.jpg", boards) == boards / "7_temp.jpg"  # DeepPCB, one folder
     assert find_template(boards / "9_test.jpg", boards) is None
     assert find_template(boards / "a.png", None) is None
+
+
+def test_tiled_runtime_matches_the_tiled_val_path(
+    bundle_path: Path, trained_checkpoint: Path, tiny_dataset: Path, tmp_path: Path
+) -> None:
+    """A board enlarged 3x (over 1.5x the 192 input) runs as tiles in the torch-free runtime and in the
+    torch path `val` uses; both merge the tiles' detections into the same answer."""
+    from defectdet.data.sample import Sample
+    from defectdet.engine.predict import predict_records
+    from defectdet.engine.validate import load_detector
+    from defectdet.model.postprocess import PostprocessSettings
+
+    predictor = Predictor(bundle_path, tiles=True)
+    meta = predictor.metadata
+    sample = load_dataset(tiny_dataset, "val").samples[0]
+    paths = []
+    for name, source in (("board.png", sample.image_path), ("golden.png", sample.template_path)):
+        image = cv2.imread(str(source), cv2.IMREAD_UNCHANGED)
+        paths.append(tmp_path / name)
+        cv2.imwrite(str(paths[-1]), cv2.resize(image, None, fx=3, fy=3, interpolation=cv2.INTER_NEAREST))
+    result = predictor.predict(paths[0], paths[1], conf=0.05, min_score=meta.thresholds.min_score)
+    assert result.tiles >= 4
+
+    model, checkpoint = load_detector(trained_checkpoint)
+    records, _ = predict_records(
+        model,
+        [Sample(paths[0], np.zeros((0, 4)), np.zeros(0), template_path=paths[1], image_id="big")],
+        imgsz=meta.input_size,
+        channels=meta.channels,
+        use_template=True,
+        register_pairs=meta.registration,
+        postprocess_settings=PostprocessSettings.from_config(checkpoint["config"]),
+        tiles=True,
+    )
+    record = records[0]
+    assert len(record.det_boxes) == len(result.detections) > 0
+    unmatched = list(range(len(record.det_boxes)))  # one-to-one; near-equal scores may swap order
+    for detection in result.detections:
+        close = [
+            j
+            for j in unmatched
+            if abs(record.det_scores[j] - detection.score) <= 2e-3
+            and np.abs(record.det_boxes[j] - np.array(detection.box)).max() <= 0.5
+            and record.det_classes[j] == detection.class_id
+        ]
+        assert close, f"the runtime's {detection} is not in the val path's answer"
+        unmatched.remove(close[0])
+
+    untiled = Predictor(bundle_path, tiles=False).predict(paths[0], paths[1], conf=0.05)
+    assert untiled.tiles == 0 and result.to_dict()["tiles"] == result.tiles

@@ -101,6 +101,25 @@ def test_whole_image_shrink_keeps_the_typical_defect_and_reports_what_it_loses()
     assert chosen(make_stats((500, 480), sides), imgsz=512)[0].imgsz == 512
 
 
+def test_tiles_go_on_only_where_the_letterbox_loses_small_defects_of_large_images() -> None:
+    # pin-holes in 2,000 px plates letterboxed to 352: under 2 px there, so inference adds tiles
+    pin_holes = make_stats((2000, 1500), [(8, 8)] * 20 + [(400, 300)] * 80)
+    config, why = chosen(pin_holes, imgsz=352)
+    assert config.tiles is True and why["tiles"].source == "auto"
+    assert "20% of defects are under 12 px at 352" in why["tiles"].reason
+    # the same plates with only large defects: whole images are enough
+    large = make_stats((2000, 1500), [(400, 300)] * 100)
+    assert chosen(large, imgsz=352)[0].tiles is False
+    # DeepPCB-like: the images are the letterbox, nothing to tile
+    rng = np.random.default_rng(2)
+    deeppcb = make_stats((640, 640), [(w, h) for w, h in rng.uniform(18, 60, (300, 2))], with_template=50)
+    config, why = chosen(deeppcb)
+    assert config.tiles is False and "no image is over 1.5x" in why["tiles"].reason
+    # a user's choice wins and says what the data suggested
+    config, why = chosen(pin_holes, imgsz=352, tiles=False)
+    assert config.tiles is False and why["tiles"].source == "user" and "from the data: True" in why["tiles"].reason
+
+
 def test_user_values_win_and_are_reported_with_the_data_suggestion() -> None:
     stats = make_stats((200, 200), [(150, 150)] * 10)
     config, why = chosen(stats, imgsz=640, crop_size=320, strides=[8], channels=3, template=False)

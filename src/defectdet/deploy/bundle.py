@@ -73,6 +73,7 @@ class BundleMetadata(BaseModel):
     drift_layers: list[str] = Field(default_factory=list)
     drift_reference: dict[str, Any] | None = None
     registration: bool = False
+    tiles: bool = False  # also run native-resolution tiles of images >= 1.5x input_size (data.tiling)
     precision: str = "fp32"
 
     @property

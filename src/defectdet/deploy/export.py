@@ -137,6 +137,7 @@ def base_metadata(detector: nn.Module, checkpoint: dict[str, Any]) -> BundleMeta
         drift_layers=list(DRIFT_LAYERS),
         # val runs with registration unless the config turned it off; the bundle does as val did
         registration=template and bool(config.get("register_pairs", True)),
+        tiles=bool(config.get("tiles")),
     )
 
 
@@ -264,7 +265,7 @@ def drift_reference(
     from defectdet.deploy.monitor import build_reference, image_statistics
     from defectdet.deploy.runtime import Predictor
 
-    predictor = Predictor(bundle)
+    predictor = Predictor(bundle, tiles=False)  # the monitor profiles the whole-image pass only
     samples = load_dataset(data, split).samples[:max_images]
     stats, features = [], []
     for sample in samples:

@@ -155,12 +155,14 @@ def predict_source(
     save_images: bool = True,
     threads: int | None = None,
     progress: bool = True,
+    tiles: bool | None = None,
 ) -> PredictSummary:
-    """Predict every image of ``source`` with ``model`` (a bundle, or a checkpoint exported on the fly)."""
+    """Predict every image of ``source`` with ``model`` (a bundle, or a checkpoint exported on the fly);
+    ``tiles`` overrides the bundle's choice of native-resolution tiles for large images."""
     from rich.progress import Progress
 
     out_dir = Path(out)
-    predictor = Predictor(resolve_bundle(model, out_dir), threads=threads)
+    predictor = Predictor(resolve_bundle(model, out_dir), threads=threads, tiles=tiles)
     images = list_sources(source)
     template_dir = Path(templates) if templates else None
     if template_dir is not None and not template_dir.is_dir():

@@ -32,7 +32,7 @@ class _CalibrationReader:
         from defectdet.data.formats import load_dataset
         from defectdet.deploy.runtime import Predictor
 
-        self.predictor = Predictor(bundle)
+        self.predictor = Predictor(bundle, tiles=False)  # calibrates on whole-image inputs
         samples = load_dataset(data, split).samples
         if not samples:
             raise DefectDetError(f"{data} split {split!r} has no images to calibrate int8 on")

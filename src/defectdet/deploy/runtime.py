@@ -1,8 +1,9 @@
 """`Predictor`: runs a defectdet bundle with onnxruntime, NumPy and OpenCV only (no torch import).
 
-decode -> (register the template) -> letterbox -> model -> NMS -> boxes back to original pixels -> verdict.
-The letterbox, the NMS and the box mapping are the very functions training and `val` use, so a bundle scores
-what its checkpoint scored.
+decode -> (register the template) -> letterbox (+ native-resolution tiles of a large image when the bundle
+says so) -> model -> NMS -> boxes back to original pixels (tile detections merged in) -> verdict. The
+letterbox, the tiling, the NMS and the box mapping are the very functions training and `val` use, so a bundle
+scores what its checkpoint scored.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from defectdet.data.imageio import (
 )
 from defectdet.data.letterbox import LetterboxTransform, boxes_from_letterbox, letterbox_image
 from defectdet.data.registration import register_pair
+from defectdet.data.tiling import TilePlan, merge_tile_detections, plan_tiles, tile_canvases
 from defectdet.deploy.bundle import (
     FEATURES_OUTPUT,
     INPUT_NAME,
@@ -67,6 +69,8 @@ class Prepared:
     transform: LetterboxTransform
     content: np.ndarray
     registration: dict[str, Any] | None = None
+    tile_plan: TilePlan | None = None  # with tiles on and a large image: where its tiles are
+    tile_tensors: np.ndarray | None = None  # (T, C, S, S) float32, one per tile of `tile_plan`
 
 
 @dataclass
@@ -81,6 +85,7 @@ class PredictionResult:
     image_stats: dict[str, float] = field(default_factory=dict)
     features: np.ndarray | None = None  # (F,) pooled activations for the drift monitor
     registration: dict[str, Any] | None = None  # measured template motion when registration ran
+    tiles: int = 0  # native-resolution tiles run besides the whole image (data.tiling)
 
     @property
     def defective(self) -> bool:
@@ -95,6 +100,7 @@ class PredictionResult:
             "timings_ms": {key: round(value, 3) for key, value in self.timings.items()},
             "image_stats": {key: round(float(value), 5) for key, value in self.image_stats.items()},
             "registration": _json_safe(self.registration),
+            "tiles": self.tiles,
         }
 
 
@@ -161,8 +167,14 @@ class Predictor:
     the arrays of that call."""
 
     def __init__(
-        self, bundle: str | os.PathLike, threads: int | None = None, max_pixels: int = DEFAULT_MAX_PIXELS
+        self,
+        bundle: str | os.PathLike,
+        threads: int | None = None,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        tiles: bool | None = None,
     ):
+        """`tiles`: also run native-resolution tiles of images >= 1.5x the input size (`data.tiling`);
+        None: as the bundle says (its training run chose from the data)."""
         import onnxruntime
 
         self.path = Path(bundle)
@@ -178,6 +190,7 @@ class Predictor:
         self.metadata: BundleMetadata = parse_metadata(meta, self.path)
         self.threads = self.session.get_session_options().intra_op_num_threads
         self.max_pixels = max_pixels
+        self.tiles = self.metadata.tiles if tiles is None else bool(tiles)
         outputs = [output.name for output in self.session.get_outputs()]
         if PREDICTIONS_OUTPUT not in outputs:
             raise CheckpointError(f"{self.path}: no {PREDICTIONS_OUTPUT!r} output; outputs are {outputs}")
@@ -248,14 +261,30 @@ class Predictor:
             if meta.registration:
                 template, measured = register_pair(image, template)
                 registration = measured.to_dict()
-        canvas, transform = letterbox_image(image, meta.input_size, meta.letterbox.pad_value)
-        planes = [canvas]
-        if meta.template:
-            template_canvas, _ = letterbox_image(template, meta.input_size, meta.letterbox.pad_value)
-            planes.append(template_canvas)
+        size, pad = meta.input_size, meta.letterbox.pad_value
+        canvas, transform = letterbox_image(image, size, pad)
+        template_canvas = letterbox_image(template, size, pad)[0] if meta.template else None
+        plan = plan_tiles(image.shape[1], image.shape[0], size) if self.tiles else None
+        tile_tensors = None
+        if plan:
+            pairs = tile_canvases(image, template if meta.template else None, plan, size, pad)
+            tile_tensors = np.stack([self._to_tensor(*pair) for pair in pairs])
+        return Prepared(
+            self._to_tensor(canvas, template_canvas),
+            transform,
+            _content(canvas, transform),
+            registration,
+            plan or None,
+            tile_tensors,
+        )
+
+    def _to_tensor(self, canvas: np.ndarray, template_canvas: np.ndarray | None) -> np.ndarray:
+        """uint8 canvases (HxW or HxWxc) -> the graph's ``(C, S, S)`` float32 input."""
+        planes = [canvas] if template_canvas is None else [canvas, template_canvas]
         chw = [plane[None] if plane.ndim == 2 else plane.transpose(2, 0, 1) for plane in planes]
-        tensor = np.multiply(np.concatenate(chw, 0), np.float32(meta.normalization.scale), dtype=np.float32)
-        return Prepared(tensor, transform, _content(canvas, transform), registration)
+        return np.multiply(
+            np.concatenate(chw, 0), np.float32(self.metadata.normalization.scale), dtype=np.float32
+        )
 
     def run(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """The raw graph: ``(B, C, S, S)`` float32 -> predictions ``(B, A, 4 + K)``, features ``(B, F)`` or None."""
@@ -287,15 +316,31 @@ class Predictor:
         transform = prepared.transform
         stats = image_statistics(prepared.content)
         prepared_at = time.perf_counter()
-        predictions, features = self.run(prepared.tensor[None])
+        batch = prepared.tensor[None]
+        if prepared.tile_tensors is not None:
+            batch = np.concatenate([batch, prepared.tile_tensors])
+        predictions, features = self.run(batch)  # whole image first, then its tiles
         ran_at = time.perf_counter()
         found = postprocess(
             predictions,
             max(floor, meta.thresholds.min_score),
             meta.thresholds.nms_iou,
             meta.thresholds.max_detections,
-        )[0]
-        boxes = boxes_from_letterbox(found.boxes, transform)
+        )
+        boxes, scores, classes = (
+            boxes_from_letterbox(found[0].boxes, transform),
+            found[0].scores,
+            found[0].classes,
+        )
+        plan = prepared.tile_plan
+        if plan is not None:
+            boxes, scores, classes = merge_tile_detections(
+                (boxes, scores, classes),
+                [(tile, f.boxes, f.scores, f.classes) for tile, f in zip(plan.tiles, found[1:], strict=True)],
+                plan.whole_scale,
+                meta.thresholds.nms_iou,
+                meta.thresholds.max_detections,
+            )
         detections = [
             Detection(
                 box=(float(box[0]), float(box[1]), float(box[2]), float(box[3])),
@@ -303,7 +348,7 @@ class Predictor:
                 class_name=meta.class_names[int(class_id)],
                 score=float(score),
             )
-            for box, class_id, score in zip(boxes, found.classes, found.scores, strict=True)
+            for box, class_id, score in zip(boxes, classes, scores, strict=True)
         ]
         finished = time.perf_counter()
         defective = any(detection.score >= threshold for detection in detections)
@@ -322,6 +367,7 @@ class Predictor:
             image_stats=stats,
             features=None if features is None else features[0],
             registration=prepared.registration,
+            tiles=len(plan) if plan is not None else 0,
         )
 
 

@@ -26,6 +26,9 @@ Rules (pixels are at the letterbox size S; `MIN_DEFECT_PX`, `CROP_BASE`, `LARGE_
   images per step for whole-image training, so a time budget still gets many optimizer steps.
 - class_balance: 'repeat' (rare-class images repeated, `repeat_factors`) when the most and least
   frequent classes differ by >= BALANCE_RATIO in images containing them.
+- tiles: on when >= TILE_SHARE of defects are under MIN_DEFECT_PX at S and lie in images the letterbox
+  shrinks by more than `data.tiling.TILE_TRIGGER`: inference then also runs native-resolution tiles of
+  those images (`data.tiling`), whose small detections join the whole-image ones.
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ COLOR_SPREAD = 3.0  # mean |R-G|, |G-B|, |R-B| in gray levels above which an ima
 COLOR_SHARE = 0.2
 BALANCE_RATIO = 4.0
 MAX_REPEAT = 4.0
-SETTING_NAMES = ("imgsz", "crop_size", "strides", "batch", "channels", "template", "class_balance")
+TILE_SHARE = 0.05  # tiles when this share of defects is under MIN_DEFECT_PX in images the letterbox shrinks
+SETTING_NAMES = ("imgsz", "crop_size", "strides", "batch", "channels", "template", "class_balance", "tiles")
 BASE_BATCH = 16  # images per step at CROP_BASE x CROP_BASE
 MIN_AUTO_BATCH = 4  # BatchNorm statistics get noisy below this
 ALL_STRIDES = (8, 16, 32)
@@ -318,6 +322,28 @@ def auto_class_balance(stats: SplitStats) -> tuple[str, str]:
     return "off", f"balanced within {ratio:.1f}x ({detail}){note}"
 
 
+def auto_tiles(stats: SplitStats, imgsz: int) -> tuple[bool, str]:
+    from defectdet.data.tiling import MAX_TILES_PER_SIDE, TILE_TRIGGER
+
+    if len(stats.box_wh) == 0:
+        return False, "no boxes to size defects by"
+    shrunk = stats.box_image_long > TILE_TRIGGER * imgsz
+    if not shrunk.any():
+        return False, f"no image is over {TILE_TRIGGER:g}x the {imgsz} letterbox: whole images are enough"
+    share = float(np.mean(shrunk & (stats.box_size_at(imgsz) < MIN_DEFECT_PX)))
+    largest = float(stats.sizes.max()) if len(stats.sizes) else 0.0
+    found = (
+        f"{share:.0%} of defects are under {MIN_DEFECT_PX} px at {imgsz} in images the letterbox shrinks "
+        f">= over {TILE_TRIGGER:g}x (up to {largest:.0f} px)"
+    )
+    if share < TILE_SHARE:
+        return False, f"only {found}: whole images are enough"
+    return True, (
+        f"{found}: inference also runs those images as native-resolution tiles (at most "
+        f"{MAX_TILES_PER_SIDE**2} more passes each) and keeps the tiles' small detections"
+    )
+
+
 def choose_settings(
     stats: SplitStats, config: TrainConfig, previous: dict[str, Any] | None = None
 ) -> tuple[TrainConfig, list[Choice]]:
@@ -356,6 +382,7 @@ def choose_settings(
     decide("channels", *auto_channels(stats))
     decide("template", *auto_template(stats))
     decide("class_balance", *auto_class_balance(stats))
+    decide("tiles", *auto_tiles(stats, imgsz))
     choices.append(
         Choice(
             "regression ranges",

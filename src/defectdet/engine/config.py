@@ -40,6 +40,9 @@ class TrainConfig(BaseModel):
     template: bool | None = None  # compare against the template image (needs one per image)
     strides: list[Literal[8, 16, 32]] | None = None  # feature strides the head predicts at
     class_balance: Literal["off", "repeat"] | None = None  # 'repeat': repeat images of rare classes
+    tiles: bool | None = (
+        None  # inference also runs native-resolution tiles of images >= 1.5x imgsz (data.tiling)
+    )
     batch: int | None = Field(None, ge=1)  # None: ~16 x 320^2 pixels per step (engine.autoconfig)
     workers: int | None = Field(None, ge=0)
     # decoded + registered + letterboxed training pairs kept in RAM (MB per loading process); None: a quarter

@@ -262,10 +262,11 @@ def evaluate(
     protocol: str = "coco",
     plots: bool = False,
     settings: dict | None = None,
+    tiles: bool = False,
 ) -> tuple[list, dict]:
     """Predict `dataset` (a `DetectionDataset`: its samples, imgsz, channels, use_template, register_pairs)
-    with `engine.predict.predict_records`, the very function `defectdet val` runs, and score the records
-    against the label-file boxes in original pixels.
+    with `engine.predict.predict_records`, the very function `defectdet val` runs (with `tiles` as the run
+    chose), and score the records against the label-file boxes in original pixels.
 
     With `out_dir`, `evaluate_records` writes metrics.json (and plots/report when `plots`) there;
     without, only COCO metrics are computed. Returns (records, metrics); metrics always has 'mAP50'
@@ -288,6 +289,7 @@ def evaluate(
             postprocess_settings=postprocess_settings,
             device=device,
             autocast=lambda: amp.autocast(device),
+            tiles=tiles,
         )
     finally:
         model.train(was_training)

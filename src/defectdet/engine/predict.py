@@ -2,9 +2,10 @@
 or bundle) both call `predict_records`.
 
 Per sample: decode the tested image (and its template with one intensity mapping, `read_pair`) -> register
-the template to the tested image (`data.registration`, on by default with templates) -> letterbox ->
-model -> score floor + class-aware NMS (`model.postprocess.PostprocessSettings`) -> boxes mapped back to
-original pixels. Ground truth is the sample's label-file boxes in original pixels (no letterbox round trip).
+the template to the tested image (`data.registration`, on by default with templates) -> letterbox (with
+`tiles`, also native-resolution tiles of a large image, `data.tiling`) -> model -> score floor + class-aware
+NMS (`model.postprocess.PostprocessSettings`) -> boxes mapped back to original pixels, tile detections merged
+in. Ground truth is the sample's label-file boxes in original pixels (no letterbox round trip).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import cv2
 import numpy as np
@@ -24,18 +25,21 @@ from defectdet.data.imageio import read_image, read_pair
 from defectdet.data.letterbox import LetterboxTransform, boxes_from_letterbox, letterbox_image
 from defectdet.data.registration import register_pair
 from defectdet.data.sample import Sample
+from defectdet.data.tiling import TilePlan, merge_tile_detections, plan_tiles, tile_canvases
 from defectdet.errors import ImageReadError
 from defectdet.evaluation.types import ImageRecord
 from defectdet.model.postprocess import PostprocessSettings, postprocess
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 DEFAULT_EVAL_BATCH = 8  # images per forward pass in evaluation (the trainer and `val` share it)
 
 
-def _batches(samples: Sequence[Sample], size: int) -> Iterator[Sequence[Sample]]:
-    for start in range(0, len(samples), size):
-        yield samples[start : start + size]
+def _batches(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def _read(sample: Sample, channels: int, use_template: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -62,13 +66,15 @@ def predict_records(
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
     timer: Any = None,
     progress: bool = False,
+    tiles: bool = False,
 ) -> tuple[list[ImageRecord], list[str]]:
     """Predict every sample; returns (ImageRecords in original pixels, paths skipped as unreadable).
 
     `model`: a `Detector` in eval mode or any callable `(B, C, S, S) float tensor in [0, 1] -> (B, A, 4 + K)`
     (tensor or array), e.g. `engine.bundle_model.BundleModel`. With `use_template and register_pairs`, each
     record's `registration` holds the measured motion (`Registration.to_dict()`); the timer gets a
-    'register' stage.
+    'register' stage. With `tiles`, images much larger than `imgsz` also run as native-resolution tiles whose
+    small detections join the whole-image ones (`data.tiling`).
     """
     from rich.progress import Progress
 
@@ -84,7 +90,7 @@ def predict_records(
         task = bar.add_task("evaluating", total=len(samples))
         for chunk in _batches(samples, batch_size):
             tensors: list[torch.Tensor] = []
-            kept: list[tuple[Sample, LetterboxTransform, dict | None]] = []
+            kept: list[tuple[Sample, LetterboxTransform, dict | None, TilePlan | None]] = []
             for sample in chunk:
                 try:
                     with timer.stage("decode"):
@@ -100,27 +106,50 @@ def predict_records(
                     registration = found.to_dict()
                 with timer.stage("preprocess"):
                     canvas, transform = letterbox_image(image, imgsz)
-                    if template is not None:
-                        template, _ = letterbox_image(template, imgsz)
-                    tensors.append(to_input_tensor(canvas, template))
-                kept.append((sample, transform, registration))
+                    template_canvas = None if template is None else letterbox_image(template, imgsz)[0]
+                    tensors.append(to_input_tensor(canvas, template_canvas))
+                    plan = plan_tiles(image.shape[1], image.shape[0], imgsz) if tiles else None
+                    if plan is not None:
+                        tensors += [
+                            to_input_tensor(*pair) for pair in tile_canvases(image, template, plan, imgsz)
+                        ]
+                kept.append((sample, transform, registration, plan))
             bar.advance(task, len(chunk))
             if not tensors:
                 continue
             with timer.stage("model"):
-                batch = torch.stack(tensors)  # (B, C, S, S)
-                if is_module:  # as in training: channels_last is ~25% faster for depthwise convs on CPU
-                    batch = batch.to(device, memory_format=torch.channels_last)
-                with autocast() if autocast is not None else contextlib.nullcontext():
-                    output = model(batch)
-                predictions = (
-                    output.float().cpu().numpy() if isinstance(output, torch.Tensor) else np.asarray(output)
-                )  # (B, A, 4 + K)
+                predictions = np.concatenate(
+                    [
+                        _run_model(model, torch.stack(part), is_module, device, autocast)
+                        for part in _batches(tensors, batch_size)
+                    ]
+                )  # (inputs, A, 4 + K): per image its whole letterbox, then its tiles
             with timer.stage("postprocess"):
                 detections = postprocess(
                     predictions, settings.score_threshold, settings.iou_threshold, settings.max_detections
                 )
-                for (sample, transform, registration), found in zip(kept, detections, strict=True):
+                position = 0
+                for sample, transform, registration, plan in kept:
+                    found = detections[position]
+                    boxes, scores, classes = (
+                        boxes_from_letterbox(found.boxes, transform),
+                        found.scores,
+                        found.classes,
+                    )
+                    count = len(plan) if plan is not None else 0
+                    if count:
+                        tile_found = detections[position + 1 : position + 1 + count]
+                        boxes, scores, classes = merge_tile_detections(
+                            (boxes, scores, classes),
+                            [
+                                (tile, f.boxes, f.scores, f.classes)
+                                for tile, f in zip(plan.tiles, tile_found, strict=True)
+                            ],
+                            plan.whole_scale,
+                            settings.iou_threshold,
+                            settings.max_detections,
+                        )
+                    position += 1 + count
                     records.append(
                         ImageRecord(
                             image_id=sample.image_id,
@@ -128,15 +157,30 @@ def predict_records(
                             height=transform.original_height,
                             gt_boxes=sample.boxes,
                             gt_classes=sample.classes,
-                            det_boxes=boxes_from_letterbox(found.boxes, transform),
-                            det_scores=found.scores,
-                            det_classes=found.classes,
+                            det_boxes=boxes,
+                            det_scores=scores,
+                            det_classes=classes,
                             image_path=str(sample.image_path),
                             registration=registration,
                         )
                     )
             timer.add_images(len(kept))
     return records, skipped
+
+
+def _run_model(
+    model: Callable[[torch.Tensor], Any],
+    batch: torch.Tensor,
+    is_module: bool,
+    device: torch.device,
+    autocast: Callable[[], contextlib.AbstractContextManager] | None,
+) -> np.ndarray:
+    """One forward pass: ``(B, C, S, S)`` -> ``(B, A, 4 + K)`` float array."""
+    if is_module:  # as in training: channels_last is ~25% faster for depthwise convs on CPU
+        batch = batch.to(device, memory_format=torch.channels_last)
+    with autocast() if autocast is not None else contextlib.nullcontext():
+        output = model(batch)
+    return output.float().cpu().numpy() if isinstance(output, torch.Tensor) else np.asarray(output)
 
 
 def registration_summary(records: Sequence[ImageRecord]) -> dict[str, Any] | None:

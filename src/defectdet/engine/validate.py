@@ -102,6 +102,7 @@ def validate(
     clean_templates: bool = False,
     clean_nuisance: RecaptureConfig | None = None,
     register_pairs: bool | None = None,
+    tiles: bool | None = None,
     seed: int = 0,
     batch: int = DEFAULT_EVAL_BATCH,
     format: str | None = None,
@@ -123,6 +124,8 @@ def validate(
     - `clean_templates`: add a clean board per template, a recapture with `clean_nuisance` (default
       `RecaptureConfig()`; `RecaptureConfig.none()` feeds the template as its own tested image).
     - `register_pairs`: align each template to its tested image (None: as the model was trained, default on).
+    - `tiles`: also run native-resolution tiles of images much larger than the letterbox (`data.tiling`;
+      None: as the bundle or the training run chose).
     """
     from defectdet.data.formats import load_dataset
     from defectdet.evaluation.report import evaluate_records, to_jsonable
@@ -162,6 +165,8 @@ def validate(
     register = _resolve_register(
         register_pairs, config, None if metadata is None else getattr(metadata, "registration", None)
     )
+    if tiles is None:
+        tiles = bool(metadata.tiles if metadata is not None else config.get("tiles"))
     out_dir = Path(out) if out else Path("runs/val") / Path(checkpoint).stem
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -177,6 +182,7 @@ def validate(
             batch_size=batch,
             timer=timer,
             progress=progress,
+            tiles=tiles,
         )
 
     choice = _threshold_choice(
