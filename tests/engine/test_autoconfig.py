@@ -117,7 +117,11 @@ def test_tiles_go_on_only_where_the_letterbox_loses_small_defects_of_large_image
     assert config.tiles is False and "no image is over 1.5x" in why["tiles"].reason
     # a user's choice wins and says what the data suggested
     config, why = chosen(pin_holes, imgsz=352, tiles=False)
-    assert config.tiles is False and why["tiles"].source == "user" and "from the data: True" in why["tiles"].reason
+    assert (
+        config.tiles is False
+        and why["tiles"].source == "user"
+        and "from the data: True" in why["tiles"].reason
+    )
 
 
 def test_user_values_win_and_are_reported_with_the_data_suggestion() -> None:
