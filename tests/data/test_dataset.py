@@ -234,31 +234,3 @@ def test_the_decoded_image_cache_changes_nothing_but_the_work(split: DatasetSpli
     for index in range(3):
         small[SampleIndex(index, 0)]
     assert small.cache_info["samples"] == 1 and small.cache_info["bytes"] <= small.cache_bytes
-
-
-def test_tile_windows_show_large_images_at_the_tile_scale_with_their_boxes(tmp_path: Path) -> None:
-    """With `tile_share`, a training item of an image over 1.5x imgsz is an imgsz window at the scale tiled
-    inference uses (native here): a 6 px pin-hole stays 6 px and its box lands on its pixels."""
-    from defectdet.data.tiling import plan_tiles
-
-    image = np.full((600, 800), 220, np.uint8)
-    image[300:306, 500:506] = 0
-    path = tmp_path / "plate.png"
-    cv2.imwrite(str(path), image)
-    sample = Sample(path, np.array([[500, 300, 506, 306]], np.float32), np.array([0]), image_id="plate")
-    split = DatasetSplit([sample], ["pin-hole"], "yolo", "train", tmp_path)
-    assert plan_tiles(800, 600, 256).scale == 1.0
-    windows = DetectionDataset(split, imgsz=256, channels=1, train=True, tile_share=1.0)
-    for epoch in range(4):
-        tensor, target, meta = windows[SampleIndex(0, epoch)]
-        assert tensor.shape == (1, 256, 256) and meta["tile"] is not None
-        scale, x0, y0 = meta["tile"]
-        if len(target):  # the window holds the pin-hole (a defect-biased draw)
-            x1, y1, x2, y2 = target[0, 1:].tolist()
-            assert (x2 - x1, y2 - y1) == pytest.approx((6.0, 6.0)) and (x1, y1) == (500 - x0, 300 - y0)
-            assert (tensor[0, int(y1) : int(y2), int(x1) : int(x2)] == 0).all()
-        else:
-            assert not (tensor[0] == 0).any()
-    whole = DetectionDataset(split, imgsz=256, channels=1, train=True, tile_share=0.0)
-    _, target, meta = whole[SampleIndex(0, 0)]
-    assert meta["tile"] is None and target[0, 3] - target[0, 1] == pytest.approx(6 * 256 / 800, abs=0.01)

@@ -21,7 +21,6 @@ from defectdet.data.imageio import DEFAULT_MAX_PIXELS, read_image, read_pair
 from defectdet.data.letterbox import boxes_to_letterbox, letterbox_image
 from defectdet.data.registration import register_pair
 from defectdet.data.sample import DatasetSplit, Sample
-from defectdet.data.tiling import TILE_TRIGGER, Tile, plan_tiles, resize_for_tiles, tile_canvas
 from defectdet.errors import DatasetError, ImageReadError
 
 logger = logging.getLogger(__name__)
@@ -33,10 +32,8 @@ class DetectionDataset(Dataset):
     """Samples of a `DatasetSplit` as model-ready tensors.
 
     Pipeline per item: read the tested image (+ template) at `channels` -> letterbox both to `imgsz`
-    (train, `tile_share` of the items of images over 1.5x `imgsz`: instead an `imgsz` window at the scale
-    tiled inference uses, `data.tiling`) -> (train) augment -> (train, `crop_size < imgsz`) a `crop_size`
-    window, biased towards defects -> tensor `[C, S, S]`, C = channels (x2 with a template; order
-    [tested, template]).
+    -> (train) augment -> (train, `crop_size < imgsz`) a `crop_size` window, biased towards defects
+    -> tensor `[C, S, S]`, C = channels (x2 with a template; order [tested, template]).
 
     `use_template=None` uses templates when every sample has one. `augment=None` means no augmentation;
     augmentation and cropping only happen with `train=True`.
@@ -71,7 +68,6 @@ class DetectionDataset(Dataset):
         image_dtype: torch.dtype = torch.float32,
         register_pairs: bool = True,
         cache_bytes: int = 0,
-        tile_share: float = 0.0,
     ) -> None:
         if channels not in (1, 3):
             raise ValueError(f"channels must be 1 (gray) or 3 (RGB), got {channels}")
@@ -92,9 +88,6 @@ class DetectionDataset(Dataset):
         self.max_pixels = max_pixels
         self.image_dtype = image_dtype
         self.crop_defect_fraction = crop_defect_fraction
-        if not 0.0 <= tile_share <= 1.0:
-            raise ValueError(f"tile_share must be within [0, 1], got {tile_share}")
-        self.tile_share = tile_share
         config = augment or AugmentConfig(enabled=False)
         self.min_visibility = config.min_visibility
         self.seed = seed
@@ -152,8 +145,8 @@ class DetectionDataset(Dataset):
 
     @property
     def is_random(self) -> bool:
-        """Whether items are random (training crops, tile windows or augmentation)."""
-        return self.train and (self.crop_size is not None or self.augmenter.active or self.tile_share > 0)
+        """Whether items are random (training crops or augmentation)."""
+        return self.train and (self.crop_size is not None or self.augmenter.active)
 
     def _start_draws(self, index: int, epoch: int | None) -> None:
         """Seed the crop and augmentation generators for one item from (seed, epoch, index)."""
@@ -184,11 +177,6 @@ class DetectionDataset(Dataset):
             template = None if template is None else template.copy()
         boxes = boxes_to_letterbox(sample.boxes, transform)
         classes = sample.classes
-        tile_origin = None
-        if self._draws_tile(width, height):
-            window = self._tile_window(sample, width, height)
-            if window is not None:
-                image, template, boxes, classes, tile_origin = window
 
         image, template, boxes, classes = self.augmenter(image, template, boxes, classes)
         size = self.imgsz
@@ -216,13 +204,13 @@ class DetectionDataset(Dataset):
             "transform": transform,
             "orig_size": (width, height),
             "crop_offset": (offset_x, offset_y),
-            "tile": tile_origin,  # (scale, x0, y0) when the item is a native-resolution tile window
             "registration": None if registration is None else registration.to_dict(),
         }
         return tensor, target, meta
 
-    def _decode(self, sample: Sample) -> tuple | None:
-        """(image, template or None, registration or None) at full resolution; None when unreadable."""
+    def _prepare(self, index: int, sample: Sample) -> tuple | None:
+        """Decode (one intensity mapping per pair), register and letterbox one sample: the deterministic part
+        of an item, kept in the cache while it fits in ``cache_bytes``."""
         template = None
         registration = None
         if self.use_template:
@@ -238,15 +226,6 @@ class DetectionDataset(Dataset):
             image = self._read(sample.image_path)
             if image is None:
                 return None
-        return image, template, registration
-
-    def _prepare(self, index: int, sample: Sample) -> tuple | None:
-        """Decode (one intensity mapping per pair), register and letterbox one sample: the deterministic part
-        of an item, kept in the cache while it fits in ``cache_bytes``."""
-        decoded = self._decode(sample)
-        if decoded is None:
-            return None
-        image, template, registration = decoded
         height, width = image.shape[:2]
         image, transform = letterbox_image(image, self.imgsz)
         if template is not None:
@@ -309,51 +288,6 @@ class DetectionDataset(Dataset):
                 image.shape[0],
             )
         return cv2.resize(template, (image.shape[1], image.shape[0]), interpolation=cv2.INTER_LINEAR)
-
-    def _draws_tile(self, width: int, height: int) -> bool:
-        """Whether this item of a `width` x `height` image is a native-resolution tile window instead."""
-        if not (self.train and self.tile_share) or max(width, height) <= TILE_TRIGGER * self.imgsz:
-            return False
-        return bool(self._rng.random() < self.tile_share)
-
-    def _tile_window(self, sample: Sample, width: int, height: int) -> tuple | None:
-        """An `imgsz` window of the image at its tile scale (`data.tiling.plan_tiles`), usually around a random
-        defect: what tiled inference shows the model, so training sees small defects at that resolution too.
-        Returns (image, template, boxes, classes, (scale, x0, y0)) or None when the image is unreadable."""
-        decoded = self._decode(sample)
-        if decoded is None:
-            return None
-        image, template, _ = decoded
-        plan = plan_tiles(width, height, self.imgsz)
-        size, rng = self.imgsz, self._rng
-        scale = np.array([plan.resized_width / width, plan.resized_height / height] * 2, np.float32)
-        boxes = sample.boxes * scale
-        limit_x, limit_y = max(plan.resized_width - size, 0), max(plan.resized_height - size, 0)
-        if len(boxes) and rng.random() < self.crop_defect_fraction:
-            x1, y1, x2, y2 = boxes[int(rng.integers(len(boxes)))]
-            x0, y0 = (
-                _origin_containing(x1, x2, size, limit_x, rng),
-                _origin_containing(y1, y2, size, limit_y, rng),
-            )
-        else:
-            x0, y0 = int(rng.integers(0, limit_x + 1)), int(rng.integers(0, limit_y + 1))
-        tile = Tile(
-            x0,
-            y0,
-            min(size, plan.resized_width - x0),
-            min(size, plan.resized_height - y0),
-            plan.scale,
-            (False,) * 4,
-        )
-        canvas = tile_canvas(resize_for_tiles(image, plan), tile, size)
-        template_canvas = (
-            None if template is None else tile_canvas(resize_for_tiles(template, plan), tile, size)
-        )
-        boxes = boxes - np.array([x0, y0, x0, y0], np.float32)
-        boxes, classes = clip_boxes_to_window(
-            boxes, sample.classes, (0, 0, tile.width, tile.height), self.min_visibility
-        )
-        return canvas, template_canvas, boxes, classes, (plan.scale, x0, y0)
 
     def _crop_origin(self, boxes: np.ndarray) -> tuple[int, int]:
         """Top-left of the crop window: usually one that contains a random box, else uniform."""

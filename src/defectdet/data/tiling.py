@@ -11,10 +11,10 @@ window's small detections join the whole-image pass's:
   `KEEP_BELOW_PX` at the whole-image scale) and does not touch an edge its tile shares with a neighbour
   (a cut defect; the overlap shows it whole in another tile); then class-aware NMS over the union.
 
-The whole-image pass stays the source of large defects, so a defect spanning tiles is never split. In training
-(`DetectionDataset(tile_share=TRAIN_TILE_SHARE)`), a share of a large image's items are windows at the tile
-scale, so the model learns small defects and textures at the resolution the tiles show them. NumPy and OpenCV
-only: the torch-free runtime and the torch evaluation path share these functions.
+The whole-image pass stays the source of large defects, so a defect spanning tiles is never split. Training is
+unchanged (whole letterboxed images): a model trained so already scores its small defects better on tiles
+(bench/results/tiles.json). NumPy and OpenCV only: the torch-free runtime and the torch evaluation path share
+these functions.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ TILE_OVERLAP = 0.25  # least overlap between neighbouring tiles, as a share of t
 MAX_TILES_PER_SIDE = 4  # bounds the cost: at most 16 tiles + the whole image per call
 KEEP_BELOW_PX = 8.0  # a tile detection whose long side at the whole-image scale is under one stride-8 cell
 EDGE_MARGIN_PX = 2.0  # a box this close to a shared tile edge counts as cut
-TRAIN_TILE_SHARE = 0.5  # with tiles on, this share of a large image's training items are tile-scale windows
 
 
 @dataclass(frozen=True)

@@ -334,7 +334,7 @@ def auto_tiles(stats: SplitStats, imgsz: int) -> tuple[bool, str]:
     largest = float(stats.sizes.max()) if len(stats.sizes) else 0.0
     found = (
         f"{share:.0%} of defects are under {MIN_DEFECT_PX} px at {imgsz} in images the letterbox shrinks "
-        f">= over {TILE_TRIGGER:g}x (up to {largest:.0f} px)"
+        f"over {TILE_TRIGGER:g}x (up to {largest:.0f} px)"
     )
     if share < TILE_SHARE:
         return False, f"only {found}: whole images are enough"

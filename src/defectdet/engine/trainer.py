@@ -133,7 +133,6 @@ def build_train_data(config: TrainConfig) -> TrainData:
     from defectdet.data.dataset import DetectionDataset
     from defectdet.data.formats import load_dataset
     from defectdet.data.holdout import hold_out, same_images
-    from defectdet.data.tiling import TRAIN_TILE_SHARE
     from defectdet.engine.autoconfig import balance_split, choose_settings, collect_split_stats
 
     if config.data is None:
@@ -173,7 +172,6 @@ def build_train_data(config: TrainConfig) -> TrainData:
         seed=config.seed,
         register_pairs=config.register_pairs,
         cache_bytes=cache_budget_bytes(config.cache_mb, config.workers),
-        tile_share=TRAIN_TILE_SHARE if config.tiles else 0.0,
     )
     template = bool(train_set.use_template)
     val_set = None
