@@ -253,6 +253,7 @@ class Service:
             "drift": drift,
             "image_stats": {key: round(float(value), 5) for key, value in result.image_stats.items()},
             "registration": result.registration,
+            "tiles": result.tiles,
         }
         self.results.appendleft(
             {
