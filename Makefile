@@ -32,10 +32,11 @@ bench: $(STAMP)
 	$(BIN)/python bench/drift.py --bundle runs/bench_deeppcb/model.onnx
 	$(BIN)/python bench/serve_load.py --bundle runs/bench_deeppcb/model.onnx
 	$(BIN)/python bench/train_surface.py
+	$(BIN)/python bench/tiles.py
 	$(BIN)/python bench/demo.py --out runs/demo_check
 	$(BIN)/python bench/synth_to_deeppcb.py --checkpoint runs/demo_check/run/best.pt
 
-# Side by side with Ultralytics YOLO (issue 13; about an hour, not part of `make test`). Ultralytics is AGPL-3.0:
+# Side by side with Ultralytics YOLO (issue 13; about 1.5 hours, not part of `make test`). Ultralytics is AGPL-3.0:
 # it lives only in .venv-peers, never in .venv. torch/torchvision are pinned in every pip call so that pip takes
 # the builds on this machine's disk and never upgrades torch; onnx/onnxslim/onnxruntime serve their ONNX export.
 PEERS_VENV := .venv-peers
@@ -49,9 +50,11 @@ $(PEERS_STAMP):
 	$(PEERS_VENV)/bin/pip install --quiet $(PEERS_TORCH) ultralytics onnx onnxslim onnxruntime
 	touch $(PEERS_STAMP)
 
-# PEERS_ARGS passes options to bench/peers.py, e.g. make bench-peers PEERS_ARGS="--minutes 15"
+# PEERS_ARGS passes options to bench/peers.py, e.g. make bench-peers PEERS_ARGS="--minutes 15"; the surface
+# family side by side (bench/peers_surface.py, YOLOv8n, 10 min each) follows it.
 bench-peers: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python bench/peers.py --peers-python $(PEERS_VENV)/bin/python $(PEERS_ARGS)
+	$(BIN)/python bench/peers_surface.py --peers-python $(PEERS_VENV)/bin/python
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

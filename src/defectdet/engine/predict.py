@@ -86,85 +86,93 @@ def predict_records(
     is_module = isinstance(model, torch.nn.Module)
     records: list[ImageRecord] = []
     skipped: list[str] = []
+    pending: list[tuple[Sample, LetterboxTransform, dict | None, TilePlan | None]] = []
+    tensors: list[torch.Tensor] = []
+
+    def flush() -> None:
+        """Run the model on the pending inputs and turn them into records (inputs are each pending image's
+        whole letterbox, then its tiles)."""
+        with timer.stage("model"):
+            predictions = np.concatenate(
+                [
+                    _run_model(model, torch.stack(part), is_module, device, autocast)
+                    for part in _batches(tensors, batch_size)
+                ]
+            )  # (inputs, A, 4 + K)
+        with timer.stage("postprocess"):
+            detections = postprocess(
+                predictions, settings.score_threshold, settings.iou_threshold, settings.max_detections
+            )
+            position = 0
+            for sample, transform, registration, plan in pending:
+                found = detections[position]
+                boxes, scores, classes = (
+                    boxes_from_letterbox(found.boxes, transform),
+                    found.scores,
+                    found.classes,
+                )
+                count = len(plan) if plan is not None else 0
+                if count:
+                    tile_found = detections[position + 1 : position + 1 + count]
+                    boxes, scores, classes = merge_tile_detections(
+                        (boxes, scores, classes),
+                        [
+                            (tile, f.boxes, f.scores, f.classes)
+                            for tile, f in zip(plan.tiles, tile_found, strict=True)
+                        ],
+                        plan.whole_scale,
+                        settings.iou_threshold,
+                        settings.max_detections,
+                    )
+                position += 1 + count
+                records.append(
+                    ImageRecord(
+                        image_id=sample.image_id,
+                        width=transform.original_width,
+                        height=transform.original_height,
+                        gt_boxes=sample.boxes,
+                        gt_classes=sample.classes,
+                        det_boxes=boxes,
+                        det_scores=scores,
+                        det_classes=classes,
+                        image_path=str(sample.image_path),
+                        registration=registration,
+                    )
+                )
+        timer.add_images(len(pending))
+        pending.clear()
+        tensors.clear()
+
     with Progress(disable=not progress, transient=True) as bar, torch.inference_mode():
         task = bar.add_task("evaluating", total=len(samples))
-        for chunk in _batches(samples, batch_size):
-            tensors: list[torch.Tensor] = []
-            kept: list[tuple[Sample, LetterboxTransform, dict | None, TilePlan | None]] = []
-            for sample in chunk:
-                try:
-                    with timer.stage("decode"):
-                        image, template = _read(sample, channels, use_template)
-                except (ImageReadError, cv2.error, OSError) as error:
-                    logger.warning("skipping %s: %s", sample.image_path, error)
-                    skipped.append(str(sample.image_path))
-                    continue
-                registration = None
-                if template is not None and register_pairs:
-                    with timer.stage("register"):
-                        template, found = register_pair(image, template)
-                    registration = found.to_dict()
-                with timer.stage("preprocess"):
-                    canvas, transform = letterbox_image(image, imgsz)
-                    template_canvas = None if template is None else letterbox_image(template, imgsz)[0]
-                    tensors.append(to_input_tensor(canvas, template_canvas))
-                    plan = plan_tiles(image.shape[1], image.shape[0], imgsz) if tiles else None
-                    if plan is not None:
-                        tensors += [
-                            to_input_tensor(*pair) for pair in tile_canvases(image, template, plan, imgsz)
-                        ]
-                kept.append((sample, transform, registration, plan))
-            bar.advance(task, len(chunk))
-            if not tensors:
+        for sample in samples:
+            bar.advance(task)
+            try:
+                with timer.stage("decode"):
+                    image, template = _read(sample, channels, use_template)
+            except (ImageReadError, cv2.error, OSError) as error:
+                logger.warning("skipping %s: %s", sample.image_path, error)
+                skipped.append(str(sample.image_path))
                 continue
-            with timer.stage("model"):
-                predictions = np.concatenate(
-                    [
-                        _run_model(model, torch.stack(part), is_module, device, autocast)
-                        for part in _batches(tensors, batch_size)
-                    ]
-                )  # (inputs, A, 4 + K): per image its whole letterbox, then its tiles
-            with timer.stage("postprocess"):
-                detections = postprocess(
-                    predictions, settings.score_threshold, settings.iou_threshold, settings.max_detections
-                )
-                position = 0
-                for sample, transform, registration, plan in kept:
-                    found = detections[position]
-                    boxes, scores, classes = (
-                        boxes_from_letterbox(found.boxes, transform),
-                        found.scores,
-                        found.classes,
+            registration = None
+            if template is not None and register_pairs:
+                with timer.stage("register"):
+                    template, found = register_pair(image, template)
+                registration = found.to_dict()
+            with timer.stage("preprocess"):
+                canvas, transform = letterbox_image(image, imgsz)
+                template_canvas = None if template is None else letterbox_image(template, imgsz)[0]
+                tensors.append(to_input_tensor(canvas, template_canvas))
+                plan = plan_tiles(image.shape[1], image.shape[0], imgsz) if tiles else None
+                if plan is not None:
+                    tensors.extend(
+                        to_input_tensor(*pair) for pair in tile_canvases(image, template, plan, imgsz)
                     )
-                    count = len(plan) if plan is not None else 0
-                    if count:
-                        tile_found = detections[position + 1 : position + 1 + count]
-                        boxes, scores, classes = merge_tile_detections(
-                            (boxes, scores, classes),
-                            [
-                                (tile, f.boxes, f.scores, f.classes)
-                                for tile, f in zip(plan.tiles, tile_found, strict=True)
-                            ],
-                            plan.whole_scale,
-                            settings.iou_threshold,
-                            settings.max_detections,
-                        )
-                    position += 1 + count
-                    records.append(
-                        ImageRecord(
-                            image_id=sample.image_id,
-                            width=transform.original_width,
-                            height=transform.original_height,
-                            gt_boxes=sample.boxes,
-                            gt_classes=sample.classes,
-                            det_boxes=boxes,
-                            det_scores=scores,
-                            det_classes=classes,
-                            image_path=str(sample.image_path),
-                            registration=registration,
-                        )
-                    )
-            timer.add_images(len(kept))
+            pending.append((sample, transform, registration, plan))
+            if len(tensors) >= batch_size:  # memory stays within a batch plus one image's tiles
+                flush()
+        if pending:
+            flush()
     return records, skipped
 
 
