@@ -145,3 +145,17 @@ def test_a_pin_hole_lost_by_the_letterbox_is_found_by_tiles(tmp_path) -> None:
     boxes = found[True].det_boxes
     assert len(boxes) == 1
     np.testing.assert_allclose(boxes[0], [1203, 700, 1209, 706], atol=2.0)
+
+
+def test_a_tile_box_reaching_into_the_padding_ends_at_the_image_border() -> None:
+    edge = Tile(x0=900, y0=0, width=100, height=256, scale=0.5, inner_edges=(True, False, False, False))
+    boxes, scores, _ = merge_tile_detections(
+        (np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64)),
+        [(edge, np.array([[95, 10, 104, 19]], np.float32), np.array([0.5], np.float32), np.array([2]))],
+        whole_scale=0.1,
+        iou_threshold=0.5,
+        max_detections=10,
+    )
+    # tile x 95..100 (the tile ends at 100) -> resized 995..1000 -> original 1990..2000: the image's right edge
+    np.testing.assert_allclose(boxes, [[1990, 20, 2000, 38]])
+    assert scores.tolist() == pytest.approx([0.5])

@@ -25,9 +25,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-TILE_TRIGGER = (
-    1.5  # tile when the long side exceeds this many letterbox sizes (the letterbox shrinks >= 1.5x)
-)
+TILE_TRIGGER = 1.5  # tile when the long side is over this many letterbox sizes
 TILE_OVERLAP = 0.25  # least overlap between neighbouring tiles, as a share of the tile
 MAX_TILES_PER_SIDE = 4  # bounds the cost: at most 16 tiles + the whole image per call
 KEEP_BELOW_PX = 8.0  # a tile detection whose long side at the whole-image scale is under one stride-8 cell
@@ -36,8 +34,8 @@ EDGE_MARGIN_PX = 2.0  # a box this close to a shared tile edge counts as cut
 
 @dataclass(frozen=True)
 class Tile:
-    """A window of the image resized by `scale`: `[x0, x0 + size) x [y0, y0 + size)` in resized pixels
-    (clipped to the resized image), and which of its edges border another tile."""
+    """A window of the image resized by `scale`: `[x0, x0 + width) x [y0, y0 + height)` in resized pixels
+    (at most the letterbox size each way), and which of its edges border another tile."""
 
     x0: int
     y0: int
@@ -162,8 +160,11 @@ def keep_tile_boxes(boxes: np.ndarray, tile: Tile, whole_scale: float) -> np.nda
 
 
 def tile_boxes_to_original(boxes: np.ndarray, tile: Tile) -> np.ndarray:
-    """xyxy in tile pixels -> original image pixels (float32)."""
-    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+    """xyxy in tile pixels -> original image pixels (float32), first clipped to the tile (a box reaching into
+    the canvas padding of an edge tile ends at the image border)."""
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 4).copy()
+    boxes[:, [0, 2]] = boxes[:, [0, 2]].clip(0, tile.width)
+    boxes[:, [1, 3]] = boxes[:, [1, 3]].clip(0, tile.height)
     offset = np.array([tile.x0, tile.y0, tile.x0, tile.y0], np.float64)
     return ((boxes + offset) / tile.scale).astype(np.float32)
 
