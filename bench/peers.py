@@ -339,6 +339,20 @@ def markdown_table(payload: dict, path: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def start_run(args: argparse.Namespace) -> list[float] | None:
+    """Check the peers' venv (exit 2 with how to make it), resolve and create `args.out`, set torch's threads;
+    returns the load average before the run (bench/peers_surface.py shares this)."""
+    if not args.peers_python.is_file():
+        print(
+            f"{args.peers_python} not found: run `make bench-peers` (it creates .venv-peers)", file=sys.stderr
+        )
+        raise SystemExit(2)
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(args.threads)
+    return common.machine_info().get("load_average")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -368,16 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.data / "trainval.txt").is_file():
         print(f"DeepPCB not found at {args.data} (needs trainval.txt); pass --data", file=sys.stderr)
         return 2
-    if not args.peers_python.is_file():
-        print(
-            f"{args.peers_python} not found: run `make bench-peers` (it creates .venv-peers)", file=sys.stderr
-        )
-        return 2
-    args.out = args.out.resolve()
-    args.out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    load_before = common.machine_info().get("load_average")
+    load_before = start_run(args)
 
     train_split, val_split = load_dataset(args.data, "train"), load_dataset(args.data, "val")
     class_names = list(val_split.class_names)

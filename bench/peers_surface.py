@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
-
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 import common  # noqa: E402
@@ -55,15 +53,7 @@ def main() -> int:
     parser.add_argument("--name", default="peers_surface", help="bench/results/<name>.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    if not args.peers_python.is_file():
-        print(
-            f"{args.peers_python} not found: run `make bench-peers` (it creates .venv-peers)", file=sys.stderr
-        )
-        return 2
-    args.out = args.out.resolve()
-    args.out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(args.threads)
-    load_before = common.machine_info().get("load_average")
+    load_before = peers.start_run(args)
 
     data_yaml = train_surface.make_dataset(args.out / "data", args.images, args.seed).resolve()
     val = load_dataset(data_yaml, "val")
