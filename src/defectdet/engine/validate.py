@@ -234,6 +234,7 @@ def validate(
             "threads": torch.get_num_threads(),
             "operating threshold": threshold_note,
             "pair registration": register and use_template,
+            "tiles": tiles,
             "clean boards": _clean_note(clean_templates, recapture, seed),
             "skipped_images": len(skipped),
         },
@@ -247,6 +248,7 @@ def validate(
     metrics["headline"]["threshold_source"] = threshold_note
     metrics["boards"] = board_rates(records, threshold)
     metrics["registration"] = registration_summary(records)
+    metrics["tiles"] = tiles  # native-resolution tiles of large images joined the whole-image pass
     if metrics["registration"] is not None:
         write_registrations(records, out_dir / "registration.csv")
     metrics["clean_boards"] = (
