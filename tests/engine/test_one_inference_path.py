@@ -54,7 +54,7 @@ def test_val_reproduces_the_metrics_logged_for_best_checkpoint(trained) -> None:
     # the templates were registered to their tested images (on by default), and that is reported
     assert metrics["registration"]["pairs"] == len(load_dataset(data_yaml, "val").samples)
     assert metrics["threshold"]["rule"] == "best_f1" and "optimistic" in metrics["threshold"]["source"]
-    assert metrics["tiles"] is False  # boards near the letterbox size: the run chose no tiles, and val follows
+    assert metrics["tiles"] is False  # boards near the letterbox size: no tiles chosen
 
 
 def test_clean_boards_and_threshold_from_another_split(trained) -> None:
