@@ -25,6 +25,9 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from defectdet.data.letterbox import LetterboxTransform, boxes_from_letterbox
+from defectdet.model.postprocess import Detections
+
 TILE_TRIGGER = 1.5  # tile when the long side is over this many letterbox sizes
 TILE_OVERLAP = 0.25  # least overlap between neighbouring tiles, as a share of the tile
 MAX_TILES_PER_SIDE = 4  # bounds the cost: at most 16 tiles + the whole image per call
@@ -197,3 +200,22 @@ def merge_tile_detections(
     kept = np.asarray(kept, np.int64).reshape(-1)
     kept = kept[np.argsort(-all_scores[kept], kind="stable")][:max_detections]
     return all_boxes[kept], all_scores[kept], all_classes[kept]
+
+
+def combine_passes(
+    found: list[Detections],
+    transform: LetterboxTransform,
+    plan: TilePlan | None,
+    iou_threshold: float,
+    max_detections: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One image's answer in original pixels from its post-processed passes: `found[0]` the whole letterbox
+    (mapped back through `transform`), then one per tile of `plan` (merged by `merge_tile_detections`)."""
+    whole = found[0]
+    boxes = boxes_from_letterbox(whole.boxes, transform)
+    if plan is None or not plan.tiles:
+        return boxes, whole.scores, whole.classes
+    tiles = [(tile, f.boxes, f.scores, f.classes) for tile, f in zip(plan.tiles, found[1:], strict=True)]
+    return merge_tile_detections(
+        (boxes, whole.scores, whole.classes), tiles, plan.whole_scale, iou_threshold, max_detections
+    )

@@ -24,9 +24,9 @@ from defectdet.data.imageio import (
     effective_bit_depth,
     to_uint8,
 )
-from defectdet.data.letterbox import LetterboxTransform, boxes_from_letterbox, letterbox_image
+from defectdet.data.letterbox import LetterboxTransform, letterbox_image
 from defectdet.data.registration import register_pair
-from defectdet.data.tiling import TilePlan, merge_tile_detections, plan_tiles, tile_canvases
+from defectdet.data.tiling import TilePlan, combine_passes, plan_tiles, tile_canvases
 from defectdet.deploy.bundle import (
     FEATURES_OUTPUT,
     INPUT_NAME,
@@ -327,20 +327,10 @@ class Predictor:
             meta.thresholds.nms_iou,
             meta.thresholds.max_detections,
         )
-        boxes, scores, classes = (
-            boxes_from_letterbox(found[0].boxes, transform),
-            found[0].scores,
-            found[0].classes,
-        )
         plan = prepared.tile_plan
-        if plan is not None:
-            boxes, scores, classes = merge_tile_detections(
-                (boxes, scores, classes),
-                [(tile, f.boxes, f.scores, f.classes) for tile, f in zip(plan.tiles, found[1:], strict=True)],
-                plan.whole_scale,
-                meta.thresholds.nms_iou,
-                meta.thresholds.max_detections,
-            )
+        boxes, scores, classes = combine_passes(
+            found, transform, plan, meta.thresholds.nms_iou, meta.thresholds.max_detections
+        )
         detections = [
             Detection(
                 box=(float(box[0]), float(box[1]), float(box[2]), float(box[3])),

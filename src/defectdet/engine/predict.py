@@ -22,10 +22,10 @@ import torch
 
 from defectdet.data.dataset import to_input_tensor
 from defectdet.data.imageio import read_image, read_pair
-from defectdet.data.letterbox import LetterboxTransform, boxes_from_letterbox, letterbox_image
+from defectdet.data.letterbox import LetterboxTransform, letterbox_image
 from defectdet.data.registration import register_pair
 from defectdet.data.sample import Sample
-from defectdet.data.tiling import TilePlan, merge_tile_detections, plan_tiles, tile_canvases
+from defectdet.data.tiling import TilePlan, combine_passes, plan_tiles, tile_canvases
 from defectdet.errors import ImageReadError
 from defectdet.evaluation.types import ImageRecord
 from defectdet.model.postprocess import PostprocessSettings, postprocess
@@ -105,25 +105,14 @@ def predict_records(
             )
             position = 0
             for sample, transform, registration, plan in pending:
-                found = detections[position]
-                boxes, scores, classes = (
-                    boxes_from_letterbox(found.boxes, transform),
-                    found.scores,
-                    found.classes,
-                )
                 count = len(plan) if plan is not None else 0
-                if count:
-                    tile_found = detections[position + 1 : position + 1 + count]
-                    boxes, scores, classes = merge_tile_detections(
-                        (boxes, scores, classes),
-                        [
-                            (tile, f.boxes, f.scores, f.classes)
-                            for tile, f in zip(plan.tiles, tile_found, strict=True)
-                        ],
-                        plan.whole_scale,
-                        settings.iou_threshold,
-                        settings.max_detections,
-                    )
+                boxes, scores, classes = combine_passes(
+                    detections[position : position + 1 + count],
+                    transform,
+                    plan,
+                    settings.iou_threshold,
+                    settings.max_detections,
+                )
                 position += 1 + count
                 records.append(
                     ImageRecord(
