@@ -36,3 +36,13 @@ class NonFiniteError(DefectDetError):
 
 class InputError(DefectDetError):
     """An inference input does not fit the model: missing template, template of another size, bad array."""
+
+
+def describe_failure(error: BaseException) -> str:
+    """One line for a per-file failure: a DefectDetError's own message, else the exception's type and first
+    line (decoders raise NotImplementedError, TypeError, ... on malformed files)."""
+    text = str(error).strip()
+    if isinstance(error, DefectDetError):
+        return text
+    first = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__

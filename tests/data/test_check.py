@@ -116,3 +116,54 @@ def test_real_deeppcb_counts() -> None:
     assert stats["trainval"].boxes_per_class == [1283, 1028, 1379, 1142, 1010, 1031]
     assert stats["train"].images + stats["val"].images == 1000
     assert not report.has_errors
+
+
+@pytest.mark.parametrize("raised", [NotImplementedError, TypeError, AttributeError, ValueError])
+def test_a_decoder_crash_on_one_file_is_listed_and_the_check_goes_on(
+    deeppcb_root: Path, monkeypatch: pytest.MonkeyPatch, raised: type[Exception]
+) -> None:
+    """A decoder raising something other than ImageReadError (Pillow plugins do on malformed files) makes that
+    one file an error; every other file is still checked and the exit code is 1."""
+    import defectdet.data.check as check_module
+
+    real_decode = check_module.decode_image
+
+    def decode(data, path, *args, **kwargs):
+        if Path(path).name == "1000001_test.jpg":
+            raise raised("decoder bug")
+        return real_decode(data, path, *args, **kwargs)
+
+    monkeypatch.setattr(check_module, "decode_image", decode)
+    report = check_dataset(deeppcb_root)
+    errors = {Path(p.path).name: p.message for p in report.errors}
+    assert set(errors) == {"1000001_test.jpg"}
+    assert raised.__name__ in errors["1000001_test.jpg"] and "decoder bug" in errors["1000001_test.jpg"]
+    trainval = {s.name: s for s in report.splits}["trainval"]
+    assert trainval.images == 3 and len(trainval.sizes) == 2  # the other two were decoded
+    console, buffer = _console()
+    assert run_check(deeppcb_root, console=console) == 1
+    assert "1000001_test.jpg" in buffer.getvalue()
+
+
+def test_a_header_reader_crash_in_the_loader_is_listed(
+    deeppcb_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The format readers read image headers for box checks: a crash there is one file's error too."""
+    import defectdet.data.check as check_module
+    import defectdet.data.formats.deeppcb as deeppcb_module
+
+    real_size = deeppcb_module.read_image_size
+
+    def size(path):
+        if Path(path).name in ("2000000_test.jpg", "1000000_temp.jpg"):
+            raise NotImplementedError("header bug")
+        return real_size(path)
+
+    monkeypatch.setattr(deeppcb_module, "read_image_size", size)
+    report = check_dataset(deeppcb_root)
+    assert any(Path(p.path).name == "2000000_test.jpg" and "header bug" in p.message for p in report.errors)
+    assert {s.name: s.images for s in report.splits}["trainval"] == 2
+    monkeypatch.setattr(check_module, "read_image_size", size)  # --no-deep reads headers only
+    shallow = check_dataset(deeppcb_root, deep=False)
+    failed = {Path(p.path).name for p in shallow.errors}
+    assert failed == {"2000000_test.jpg", "1000000_temp.jpg"}

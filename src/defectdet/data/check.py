@@ -20,7 +20,7 @@ from rich.table import Table
 from defectdet.data.formats import available_splits, detect_format, load_dataset
 from defectdet.data.imageio import decode_image, read_image_size
 from defectdet.data.sample import DatasetSplit, Problem
-from defectdet.errors import DefectDetError, ImageReadError
+from defectdet.errors import DefectDetError, ImageReadError, describe_failure
 
 MAX_LISTED_PROBLEMS = 50
 
@@ -125,6 +125,8 @@ def _decode_one(path: Path) -> _ImageResult:
         image = decode_image(data, path, channels=1)
     except ImageReadError as error:
         return _ImageResult(None, digest, str(error).removeprefix(f"{path}: "))
+    except Exception as error:  # noqa: BLE001 - a decoder crash on one malformed file must not stop the check
+        return _ImageResult(None, digest, f"cannot decode image ({describe_failure(error)})")
     return _ImageResult((image.shape[1], image.shape[0]), digest, None)
 
 
@@ -133,6 +135,8 @@ def _header_one(path: Path) -> _ImageResult:
         return _ImageResult(read_image_size(path), None, None)
     except ImageReadError as error:
         return _ImageResult(None, None, str(error).removeprefix(f"{path}: "))
+    except Exception as error:  # noqa: BLE001 - as in _decode_one
+        return _ImageResult(None, None, f"cannot decode image ({describe_failure(error)})")
 
 
 def _split_stats(

@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 
 from defectdet.deploy.runtime import Detection, PredictionResult, Predictor
-from defectdet.errors import DefectDetError, InputError
+from defectdet.errors import InputError, describe_failure
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,8 @@ def draw_detections(image: np.ndarray, result: PredictionResult) -> np.ndarray:
 def iterate_predictions(
     predictor: Predictor, images: list[Path], templates: Path | None, conf: float | None
 ) -> Iterator[tuple[Path, np.ndarray | None, PredictionResult | None, str | None]]:
-    """(path, decoded image, result, error) per image; errors are caught per file."""
+    """(path, decoded image, result, error) per image. Every failure is caught per file (a decoder may raise
+    NotImplementedError, TypeError, ... on a malformed file), so one bad file never stops the batch."""
     for path in images:
         try:
             template_path = find_template(path, templates)
@@ -139,10 +140,16 @@ def iterate_predictions(
                 path, template_path if predictor.metadata.template else None
             )
             result = predictor.predict(image, template, conf=conf)
-        except (DefectDetError, cv2.error, OSError) as error:
-            yield path, None, None, str(error)
+        except Exception as error:  # noqa: BLE001 - per file: listed, counted, and the run goes on
+            yield path, None, None, _failure(path, error)
             continue
         yield path, image, result, None
+
+
+def _failure(path: Path, error: BaseException) -> str:
+    """A per-file failure as one line that names the file."""
+    text = describe_failure(error)
+    return text if str(path) in text else f"{path}: {text}"
 
 
 def predict_source(
@@ -185,18 +192,27 @@ def predict_source(
                 summary.failed.append((str(path), str(error)))
                 jsonl.write(json.dumps({"file": str(path), "error": error}) + "\n")
                 continue
+            try:
+                width, height = result.image_size
+                (labels_dir / f"{path.stem}.txt").write_text(
+                    "".join(line + "\n" for line in yolo_lines(result.detections, width, height)),
+                    encoding="utf-8",
+                )
+                if save_images and not cv2.imwrite(
+                    str(out_dir / "images" / f"{path.stem}.png"), draw_detections(image, result)
+                ):
+                    raise OSError(f"cannot write {out_dir / 'images' / f'{path.stem}.png'}")
+            except Exception as error:  # noqa: BLE001 - as for decoding: this file fails, the run goes on
+                message = _failure(path, error)
+                logger.warning("skipping %s: %s", path, message)
+                summary.failed.append((str(path), message))
+                jsonl.write(json.dumps({"file": str(path), "error": message}) + "\n")
+                continue
             summary.images += 1
             summary.defective += result.defective
             summary.detections += len(result.detections)
             totals.append(result.timings["total"])
             jsonl.write(json.dumps({"file": str(path), **result.to_dict()}) + "\n")
-            width, height = result.image_size
-            (labels_dir / f"{path.stem}.txt").write_text(
-                "".join(line + "\n" for line in yolo_lines(result.detections, width, height)),
-                encoding="utf-8",
-            )
-            if save_images:
-                cv2.imwrite(str(out_dir / "images" / f"{path.stem}.png"), draw_detections(image, result))
     (out_dir / "classes.txt").write_text("".join(f"{name}\n" for name in predictor.metadata.class_names))
     summary.mean_total_ms = round(float(np.mean(totals)), 3) if totals else None
     return summary

@@ -17,7 +17,7 @@ import numpy as np
 from defectdet.data.formats import check_box, is_deeppcb_list, order_splits
 from defectdet.data.imageio import read_image_size
 from defectdet.data.sample import DatasetSplit, Problem, Sample
-from defectdet.errors import DatasetError, ImageReadError
+from defectdet.errors import DatasetError, ImageReadError, describe_failure
 
 CLASS_NAMES = ["open", "short", "mousebite", "spur", "copper", "pin-hole"]
 DERIVED_SPLITS = ("train", "val")
@@ -170,6 +170,11 @@ def _read_pair(
         width, height = read_image_size(tested)
     except ImageReadError as error:
         problems.append(Problem("error", str(tested), str(error).removeprefix(f"{tested}: ")))
+        return None
+    except Exception as error:  # noqa: BLE001 - a header reader crash is this file's error, not the dataset's
+        problems.append(
+            Problem("error", str(tested), f"cannot read the image header ({describe_failure(error)})")
+        )
         return None
     boxes, classes = _parse_labels(label_lines, str(label_path), width, height, problems)
     return Sample(

@@ -18,7 +18,7 @@ import yaml
 from defectdet.data.formats import IMAGE_EXTENSIONS, check_box, list_images, order_splits
 from defectdet.data.imageio import read_image_size
 from defectdet.data.sample import DatasetSplit, Problem, Sample
-from defectdet.errors import DatasetError, ImageReadError
+from defectdet.errors import DatasetError, ImageReadError, describe_failure
 
 SPLIT_KEYS = ("train", "val", "test")
 _NOT_LABELS = frozenset({"classes.txt", "data.txt"})
@@ -170,6 +170,11 @@ def _read_sample(
         width, height = read_image_size(image_path)
     except ImageReadError as error:
         problems.append(Problem("error", str(image_path), str(error).removeprefix(f"{image_path}: ")))
+        return None
+    except Exception as error:  # noqa: BLE001 - a header reader crash is this file's error, not the dataset's
+        problems.append(
+            Problem("error", str(image_path), f"cannot read the image header ({describe_failure(error)})")
+        )
         return None
     boxes, classes = [], []
     for line_number, line in enumerate(lines, start=1):
