@@ -45,6 +45,7 @@ def train_and_summarize(
     out: Path,
     seed: int = 0,
     template: bool | None = None,
+    pretrained: bool | None = None,
 ) -> dict:
     """Train `preset` on DeepPCB's train split for `minutes`, validating on the held-out groups; returns
     {config, result, wall_seconds, time_to, final, curve} (bench/peers.py calls this too)."""
@@ -58,6 +59,7 @@ def train_and_summarize(
         out=out,
         seed=seed,
         template=template,
+        pretrained=pretrained,
         progress=sys.stdout.isatty(),
     )
     started = time.perf_counter()

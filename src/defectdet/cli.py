@@ -63,6 +63,9 @@ def synth(
     color: bool | None = typer.Option(
         None, "--color/--gray", help="All RGB or all gray (default: pcb gray, surface half and half)."
     ),
+    materials: str | None = typer.Option(
+        None, help="Surface textures, comma-separated, from brushed,rolled,tile,weave,cast (default: all)."
+    ),
 ) -> None:
     """Write a procedural dataset (YOLO data.yaml) with exact defect boxes.
 
@@ -80,6 +83,7 @@ def synth(
         max_size=max_size,
         color=color,
         kind=kind,
+        materials=tuple(name.strip() for name in materials.split(",")) if materials is not None else None,
     )
     console.print(
         f"[green]wrote[/green] {boards} {'surfaces' if kind == 'surface' else 'boards'} -> {data_yaml}"
@@ -129,6 +133,11 @@ def train(
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
     config: Path | None = typer.Option(None, help="YAML with TrainConfig fields; options below override it."),
     preset: str | None = typer.Option(None, help="Model preset (see `defectdet presets`)."),
+    from_scratch: bool = typer.Option(
+        False,
+        "--from-scratch",
+        help="Start from random weights instead of the weights shipped for the preset (see the settings table).",
+    ),
     imgsz: int | None = typer.Option(
         None, help="Letterbox size S, a multiple of 32 (default: chosen from the image and defect sizes)."
     ),
@@ -197,6 +206,8 @@ def train(
         "on_nonfinite": on_nonfinite,
     }
     overrides.update({key: value for key, value in named.items() if value is not None})
+    if from_scratch:
+        overrides["pretrained"] = False
     if time is not None and epochs is None:
         overrides["epochs"] = None
     from defectdet.engine.autoconfig import choices_table

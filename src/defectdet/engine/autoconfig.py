@@ -26,6 +26,8 @@ Rules (pixels are at the letterbox size S; `MIN_DEFECT_PX`, `CROP_BASE`, `LARGE_
   images per step for whole-image training, so a time budget still gets many optimizer steps.
 - class_balance: 'repeat' (rare-class images repeated, `repeat_factors`) when the most and least
   frequent classes differ by >= BALANCE_RATIO in images containing them.
+- pretrained: start from the package's shipped weights (`model.pretrained`) when they exist for the
+  preset and the input layout (template or not); `--from-scratch` starts from random weights.
 - tiles: on when >= TILE_SHARE of defects are under MIN_DEFECT_PX at S and lie in images the letterbox
   shrinks by more than `data.tiling.TILE_TRIGGER`: inference then also runs native-resolution tiles of
   those images (`data.tiling`), whose small detections join the whole-image ones.
@@ -60,7 +62,17 @@ COLOR_SHARE = 0.2
 BALANCE_RATIO = 4.0
 MAX_REPEAT = 4.0
 TILE_SHARE = 0.05  # tiles when this share of defects is under MIN_DEFECT_PX in images the letterbox shrinks
-SETTING_NAMES = ("imgsz", "crop_size", "strides", "batch", "channels", "template", "class_balance", "tiles")
+SETTING_NAMES = (
+    "imgsz",
+    "crop_size",
+    "strides",
+    "batch",
+    "channels",
+    "template",
+    "class_balance",
+    "tiles",
+    "pretrained",
+)
 BASE_BATCH = 16  # images per step at CROP_BASE x CROP_BASE
 MIN_AUTO_BATCH = 4  # BatchNorm statistics get noisy below this
 ALL_STRIDES = (8, 16, 32)
@@ -306,6 +318,17 @@ def auto_template(stats: SplitStats) -> tuple[bool, str]:
     return False, "the dataset has no templates"
 
 
+def auto_pretrained(preset: str, template: bool) -> tuple[bool, str]:
+    """Start from the shipped weights (model.pretrained) when the package has them for this preset and
+    input layout; the fine-tuning data then only has to teach its own classes and look."""
+    from defectdet.model.pretrained import layout_name, shipped_weights
+
+    path = shipped_weights(preset, template)
+    if path is None:
+        return False, f"no shipped weights for the {preset} preset with the {layout_name(template)} layout"
+    return True, f"{path.name}, learned on synthetic boards and surfaces (make pretrain)"
+
+
 def auto_class_balance(stats: SplitStats) -> tuple[str, str]:
     counts = stats.class_images
     names = stats.class_names
@@ -383,6 +406,12 @@ def choose_settings(
     decide("template", *auto_template(stats))
     decide("class_balance", *auto_class_balance(stats))
     decide("tiles", *auto_tiles(stats, imgsz))
+    if config.pretrained is None and previous is not None and previous.get("pretrained") is None:
+        # a checkpoint from before shipped weights existed: it started from random weights
+        values["pretrained"] = False
+        choices.append(Choice("pretrained", False, "kept from the checkpoint being resumed", "checkpoint"))
+    else:
+        decide("pretrained", *auto_pretrained(config.preset, bool(values["template"])))
     choices.append(
         Choice(
             "regression ranges",

@@ -52,6 +52,8 @@ class TrainConfig(BaseModel):
 
     # model
     preset: str = "nano"
+    # start from the weights shipped for the preset and input layout (model.pretrained); None: when they exist
+    pretrained: bool | None = None
 
     # budget: epochs, wall-clock minutes, or both (whichever ends first; the LR schedule follows epochs then)
     epochs: int | None = Field(None, ge=1)

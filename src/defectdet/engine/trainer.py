@@ -328,6 +328,8 @@ def _train(
         model = build_model(
             config.preset, len(data.class_names), data.in_channels, data.template, **model_overrides(config)
         )
+        if config.pretrained and checkpoint is None:
+            _start_from_shipped_weights(model, config.preset, data.template, log)
     model.to(device, memory_format=torch.channels_last)
     amp = resolve_amp(config.amp, config.amp_dtype, device)
     optimizer = build_optimizer(model, config.optimizer, config.lr, config.weight_decay, config.momentum)
@@ -520,6 +522,18 @@ def _train(
     return TrainResult(
         run_dir, best_metrics, last_path, best_path if best_path.is_file() else None, final_metrics, state
     )
+
+
+def _start_from_shipped_weights(model: nn.Module, preset: str, template: bool, log: logging.Logger) -> None:
+    from defectdet.model.pretrained import layout_name, shipped_weights, transfer_weights
+
+    path = shipped_weights(preset, template)
+    if path is None:
+        raise ConfigError(
+            f"field 'pretrained': the package ships no weights for the {preset} preset with the "
+            f"{layout_name(template)} layout; train with --from-scratch (pretrained: false)"
+        )
+    log.info("starting weights: %s", transfer_weights(model, path).summary())
 
 
 def validation_due(config: TrainConfig, epoch: int, seconds_since_validation: float) -> bool:

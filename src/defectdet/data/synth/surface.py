@@ -349,14 +349,27 @@ def surface_size(rng: np.random.Generator, min_size: int, max_size: int) -> tupl
 
 
 def generate_surface(
-    seed: int, index: int, min_size: int = 128, max_size: int = 2048, color: bool = False
+    seed: int,
+    index: int,
+    min_size: int = 128,
+    max_size: int = 2048,
+    color: bool = False,
+    materials: tuple[str, ...] = MATERIALS,
 ) -> SynthSurface:
-    """Surface number `index` of the set seeded by `seed` (independent of the other images)."""
+    """Surface number `index` of the set seeded by `seed` (independent of the other images).
+
+    `materials` restricts the textures drawn (pretraining leaves one out, so that a benchmark can
+    measure transfer to a material the weights never saw); all of them give the default set."""
+    unknown = set(materials) - set(MATERIALS)
+    if not materials or unknown:
+        raise ValueError(
+            f"materials: choose from {', '.join(MATERIALS)}; got {', '.join(materials) or 'none'}"
+        )
     size_rng, texture_rng, defect_rng, camera_rng = (
         np.random.default_rng(child) for child in np.random.SeedSequence([seed, index, 0x5F]).spawn(4)
     )
     width, height = surface_size(size_rng, min_size, max_size)
-    material = MATERIALS[int(texture_rng.integers(len(MATERIALS)))]
+    material = materials[int(texture_rng.integers(len(materials)))]
     variant = float(texture_rng.uniform(0, 1))
     base = float(texture_rng.uniform(*_BASE_LEVEL[material]))
     luminance = base + _texture(material, texture_rng, height, width, variant)

@@ -11,7 +11,7 @@ import yaml
 
 from defectdet.data.synth.board import generate_board
 from defectdet.data.synth.defects import CLASS_NAMES
-from defectdet.data.synth.surface import SURFACE_CLASS_NAMES, generate_surface
+from defectdet.data.synth.surface import MATERIALS, SURFACE_CLASS_NAMES, generate_surface
 from defectdet.errors import DefectDetError
 
 KINDS = ("pcb", "surface")
@@ -61,12 +61,14 @@ def synthesize_dataset(
     color: bool | None = None,
     progress: bool = True,
     kind: str = "pcb",
+    materials: tuple[str, ...] | None = None,
 ) -> Path:
     """Generate `boards` synthetic images with exact defect boxes; returns `out/data.yaml`.
 
     `kind='pcb'`: PCB boards (480-800 px, gray unless `color`) with their defect-free templates
     (`template` None = True). `kind='surface'`: textured surfaces (128-2048 px, non-square; `color`
-    None = half of them RGB), no template (`template=True` is an error).
+    None = half of them RGB), no template (`template=True` is an error); `materials` limits their
+    textures (None: all of `synth.surface.MATERIALS`).
     Layout: `images/{train,val}/<board|surface>_<4-digit index>.png`, `labels/...txt` (YOLO
     `cls cx cy w h`), `templates/...png` (boards with templates), `data.yaml`. The same seed gives
     identical files.
@@ -76,6 +78,10 @@ def synthesize_dataset(
         raise DefectDetError(f"kind: must be one of {', '.join(KINDS)}, got {kind!r}")
     if kind == "surface" and template:
         raise DefectDetError("template: synthetic surfaces have no template (use kind='pcb' for pairs)")
+    if materials is not None and (not materials or set(materials) - set(MATERIALS)):
+        raise DefectDetError(
+            f"materials: choose from {', '.join(MATERIALS)}; got {', '.join(materials) or 'none'}"
+        )
     template = kind == "pcb" if template is None else template
     min_size = DEFAULT_SIZES[kind][0] if min_size is None else min_size
     max_size = DEFAULT_SIZES[kind][1] if max_size is None else max_size
@@ -98,7 +104,7 @@ def synthesize_dataset(
         split = splits[index]
         if kind == "surface":
             rgb = bool(color) if color is not None else _surface_is_color(seed, index)
-            surface = generate_surface(seed, index, min_size, max_size, rgb)
+            surface = generate_surface(seed, index, min_size, max_size, rgb, materials or MATERIALS)
             image, boxes, classes, name = (
                 surface.image,
                 surface.boxes,

@@ -1,0 +1,158 @@
+"""Shipped starting weights against random ones: the same budget, data the weights never saw.
+
+    python bench/pretrained.py --dataset surface --init pretrained [--minutes 10] [--threads 1]
+    python bench/pretrained.py --summary          # the table of every arm found in bench/results
+
+Datasets (held-out splits never trained on, and never seen by `bench/pretrain.py`):
+- `deeppcb_plain`: DeepPCB without its templates, the held-out board groups (`train_deeppcb.py --no-template`);
+- `deeppcb_template`: DeepPCB with templates (the product's default there);
+- `surface`: the default surface family of `train_surface.py` (seed 0, 600 images, all five materials,
+  up to 2048 px), against pretraining on seed 1003, four materials, up to 1024 px.
+Each arm is `TrainConfig` defaults plus a time budget; only `pretrained` differs between the two inits.
+Each arm writes `bench/results/pretrained_<dataset>_<init>_<minutes>min.json` (its curve included), so a
+stopped session loses only the arm in flight. Run the two inits of a dataset side by side with
+`--threads 1` each, so that both see the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from common import RESULTS_DIR, print_table, write_result
+
+DATASETS = ("deeppcb_plain", "deeppcb_template", "surface")
+INITS = ("scratch", "pretrained")
+
+
+def run_arm(dataset: str, init: str, minutes: float, out: Path, seed: int) -> dict:
+    """Train one arm and score it on its held-out split; returns the result document's body."""
+    pretrained = init == "pretrained"
+    if dataset.startswith("deeppcb"):
+        from train_deeppcb import DEFAULT_DATA, train_and_summarize
+
+        template = dataset == "deeppcb_template"
+        run = train_and_summarize(
+            DEFAULT_DATA, minutes, "nano", 2, out, seed, template=template, pretrained=pretrained
+        )
+        final = run["final"]
+        return {
+            "settings": run["config"].to_dict(),
+            "wall_seconds": run["wall_seconds"],
+            "time_to": run["time_to"],
+            "final": {"mAP50": final["mAP50"], "mAP50_95": final["mAP50_95"], "steps": final["steps"]},
+            "curve": run["curve"],
+        }
+    import csv
+
+    from train_deeppcb import time_to_reach
+    from train_surface import make_dataset
+
+    from defectdet.engine.config import TrainConfig
+    from defectdet.engine.trainer import build_train_data, train
+    from defectdet.engine.validate import validate
+
+    data_yaml = make_dataset(Path("runs/bench_surface/data"), 600, 0)
+    config = TrainConfig(
+        data=data_yaml, time_minutes=minutes, out=out, seed=seed, pretrained=pretrained, progress=False
+    )
+    data = build_train_data(config)
+    started = time.perf_counter()
+    result = train(data.config or config, data=data)
+    wall_seconds = time.perf_counter() - started
+    checkpoint = result.best_checkpoint or result.last_checkpoint
+    held_out = validate(checkpoint, data_yaml, split="val", protocol="coco", out=result.run_dir / "heldout")
+    with open(result.run_dir / "metrics.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    headline = held_out.get("headline", {})
+    return {
+        "settings": (data.config or config).to_dict(),
+        "wall_seconds": wall_seconds,
+        "time_to": {f"time_to_mAP50_{t:g}_s": time_to_reach(rows, "mAP50", t) for t in (0.5, 0.6, 0.7)},
+        "final": {
+            "mAP50": headline.get("mAP50"),
+            "mAP50_95": headline.get("mAP50_95"),
+            "steps": int(rows[-1]["step"]) if rows else 0,
+        },
+        "held_out_per_class_AP50": (held_out.get("coco") or {}).get("class_AP50"),
+        "curve": [
+            {"time_s": float(r["time"]), "mAP50": float(r["mAP50"])}
+            for r in rows
+            if r.get("mAP50") not in (None, "")
+        ],
+    }
+
+
+def summary(minutes: float) -> int:
+    """One table (and `pretrained.json`) from the arms' files: mAP@0.5 by dataset and init."""
+    rows, table = [], {}
+    for dataset in DATASETS:
+        arms = {}
+        for init in INITS:
+            path = RESULTS_DIR / f"pretrained_{dataset}_{init}_{minutes:g}min.json"
+            if path.is_file():
+                document = json.loads(path.read_text())
+                arms[init] = {
+                    "mAP50": document["final"]["mAP50"],
+                    "mAP50_95": document["final"]["mAP50_95"],
+                    "steps": document["final"]["steps"],
+                    "file": path.name,
+                }
+        if not arms:
+            continue
+        table[dataset] = arms
+        cells = [f"{arms[i]['mAP50']:.3f}" if i in arms else "not run" for i in INITS]
+        gain = f"{arms['pretrained']['mAP50'] - arms['scratch']['mAP50']:+.3f}" if len(arms) == 2 else "n/a"
+        rows.append([dataset, *cells, gain])
+    print_table(
+        f"nano, {minutes:g} min, held-out mAP@0.5", ["dataset", "from scratch", "pretrained", "gain"], rows
+    )
+    write_result(f"pretrained_{minutes:g}min", {"minutes": minutes, "preset": "nano", "arms": table})
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dataset", choices=DATASETS)
+    parser.add_argument("--init", choices=INITS)
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--summary", action="store_true")
+    args = parser.parse_args()
+    if args.summary:
+        return summary(args.minutes)
+    if not (args.dataset and args.init):
+        parser.error("--dataset and --init are required (or --summary)")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.threads:
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+        torch.set_num_threads(args.threads)
+    name = f"pretrained_{args.dataset}_{args.init}_{args.minutes:g}min"
+    body = run_arm(args.dataset, args.init, args.minutes, Path("runs/bench_pretrained") / name, args.seed)
+    print_table(name, ["figure", "value"], [[k, v] for k, v in {**body["time_to"], **body["final"]}.items()])
+    path = write_result(
+        name,
+        {
+            "command": " ".join(["python bench/pretrained.py", *sys.argv[1:]]),
+            "dataset": args.dataset,
+            "init": args.init,
+            "threads": args.threads,
+            **body,
+        },
+    )
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
