@@ -5,17 +5,27 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: install test demo bench bench-peers lint clean
+.PHONY: install test demo bench bench-peers pretrain lint lock check-lock clean
 
 install: $(STAMP)
 
-# The pinned CPU torch goes in first: an unpinned torch would pull a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+# The pinned CPU torch goes in first: an unpinned torch would pull a multi-GB CUDA build. Every other package
+# gets the version in constraints.txt, the set the test suite passed with (`make lock` rewrites it).
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==$(TORCH_VERSION)
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+# After a dependency change: install without the old pins, test, then `make lock`.
+lock:
+	{ echo "# The versions the test suite passed with (make lock rewrites this file; make install and CI use it)."; \
+	  $(BIN)/pip freeze --exclude-editable | sed 's/^torch==$(TORCH_VERSION)+cpu$$/torch==$(TORCH_VERSION)/' \
+	  | LC_ALL=C sort -f; } > constraints.txt
+
+check-lock: $(STAMP)
+	$(BIN)/python .ci/check_constraints.py $(BIN)/python
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
@@ -55,6 +65,11 @@ $(PEERS_STAMP):
 bench-peers: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python bench/peers.py --peers-python $(PEERS_VENV)/bin/python $(PEERS_ARGS)
 	$(BIN)/python bench/peers_surface.py --peers-python $(PEERS_VENV)/bin/python
+
+# The starting weights shipped in src/defectdet/model/weights (bench/pretrain.py; budget in the README).
+pretrain: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python bench/pretrain.py --layout plain --epochs 20 & \
+	OMP_NUM_THREADS=1 $(BIN)/python bench/pretrain.py --layout template --epochs 30; wait
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
