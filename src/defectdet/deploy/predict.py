@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,22 +64,39 @@ def list_sources(source: str | Path) -> list[Path]:
     return found
 
 
-def find_template(image: Path, templates: Path | None) -> Path | None:
-    """The template of ``image`` in ``templates``: the file of the same name, else the same stem with any
-    image suffix, else DeepPCB's pairing (``ID_test.jpg`` -> ``ID_temp.jpg``, so one folder can hold both)."""
+def find_template(image: Path, templates: Path | None, relative: Path | None = None) -> Path | None:
+    """The template of ``image`` in ``templates``: the file at the image's ``relative`` path (a template tree
+    that mirrors the inputs'), else the file of the same name, else the same stem with any image suffix, else
+    DeepPCB's pairing (``ID_test.jpg`` -> ``ID_temp.jpg``, so one folder can hold both)."""
     if templates is None:
         return None
     stems = [image.stem]
     if image.stem.endswith("_test"):
         stems.append(image.stem[: -len("_test")] + "_temp")
-    exact = templates / image.name
-    if exact.is_file() and exact.resolve() != image.resolve():
-        return exact
+    for exact in ([templates / relative] if relative is not None else []) + [templates / image.name]:
+        if exact.is_file() and exact.resolve() != image.resolve():
+            return exact
     for stem in stems:
         for candidate in sorted(templates.glob(f"{glob.escape(stem)}.*")):
             if candidate.suffix.lower() in IMAGE_SUFFIXES and candidate.resolve() != image.resolve():
                 return candidate
     return None
+
+
+def output_names(images: list[Path]) -> dict[Path, Path]:
+    """Each input's output name, without suffix, relative to the output folders: its path below the inputs'
+    common folder (so ``line1/board.png`` and ``line2/board.png`` never write the same file); inputs that share
+    a stem in one folder (``a.png``, ``a.bmp``) keep their suffix in the name (``a.png``, ``a.bmp``)."""
+    absolute = {image: Path(os.path.normpath(image.absolute())) for image in images}
+    root = Path(os.path.commonpath([str(path.parent) for path in absolute.values()])) if images else Path()
+    relative = {image: path.relative_to(root) for image, path in absolute.items()}
+    stems: dict[Path, int] = {}
+    for path in relative.values():
+        stems[path.with_suffix("")] = stems.get(path.with_suffix(""), 0) + 1
+    return {
+        image: path.with_suffix("") if stems[path.with_suffix("")] == 1 else path
+        for image, path in relative.items()
+    }
 
 
 def yolo_lines(detections: list[Detection], width: int, height: int) -> list[str]:
@@ -126,13 +144,18 @@ def draw_detections(image: np.ndarray, result: PredictionResult) -> np.ndarray:
 
 
 def iterate_predictions(
-    predictor: Predictor, images: list[Path], templates: Path | None, conf: float | None
+    predictor: Predictor,
+    images: list[Path],
+    templates: Path | None,
+    conf: float | None,
+    names: dict[Path, Path] | None = None,
 ) -> Iterator[tuple[Path, np.ndarray | None, PredictionResult | None, str | None]]:
     """(path, decoded image, result, error) per image. Every failure is caught per file (a decoder may raise
     NotImplementedError, TypeError, ... on a malformed file), so one bad file never stops the batch."""
     for path in images:
         try:
-            template_path = find_template(path, templates)
+            relative = names[path].with_name(path.name) if names else None
+            template_path = find_template(path, templates, relative)
             if predictor.metadata.template and template_path is None:
                 where = f"in {templates}" if templates else "(pass --templates DIR)"
                 raise InputError(f"{path}: no template of the same name {where}")
@@ -174,6 +197,7 @@ def predict_source(
     template_dir = Path(templates) if templates else None
     if template_dir is not None and not template_dir.is_dir():
         raise InputError(f"--templates {template_dir}: not a folder")
+    names = output_names(images)
     labels_dir = out_dir / "labels"
     labels_dir.mkdir(parents=True, exist_ok=True)
     if save_images:
@@ -185,23 +209,27 @@ def predict_source(
         Progress(disable=not progress) as bar,
     ):
         task = bar.add_task("predicting", total=len(images))
-        for path, image, result, error in iterate_predictions(predictor, images, template_dir, conf):
+        for path, image, result, error in iterate_predictions(predictor, images, template_dir, conf, names):
             bar.advance(task)
             if result is None or image is None:
                 logger.warning("skipping %s: %s", path, error)
                 summary.failed.append((str(path), str(error)))
                 jsonl.write(json.dumps({"file": str(path), "error": error}) + "\n")
                 continue
+            name = names[path]
+            label_path = labels_dir / name.with_name(name.name + ".txt")
             try:
                 width, height = result.image_size
-                (labels_dir / f"{path.stem}.txt").write_text(
+                label_path.parent.mkdir(parents=True, exist_ok=True)
+                label_path.write_text(
                     "".join(line + "\n" for line in yolo_lines(result.detections, width, height)),
                     encoding="utf-8",
                 )
-                if save_images and not cv2.imwrite(
-                    str(out_dir / "images" / f"{path.stem}.png"), draw_detections(image, result)
-                ):
-                    raise OSError(f"cannot write {out_dir / 'images' / f'{path.stem}.png'}")
+                if save_images:
+                    drawn = out_dir / "images" / name.with_name(name.name + ".png")
+                    drawn.parent.mkdir(parents=True, exist_ok=True)
+                    if not cv2.imwrite(str(drawn), draw_detections(image, result)):
+                        raise OSError(f"cannot write {drawn}")
             except Exception as error:  # noqa: BLE001 - as for decoding: this file fails, the run goes on
                 message = _failure(path, error)
                 logger.warning("skipping %s: %s", path, message)
@@ -212,7 +240,8 @@ def predict_source(
             summary.defective += result.defective
             summary.detections += len(result.detections)
             totals.append(result.timings["total"])
-            jsonl.write(json.dumps({"file": str(path), **result.to_dict()}) + "\n")
+            labels = label_path.relative_to(out_dir).as_posix()
+            jsonl.write(json.dumps({"file": str(path), "labels": labels, **result.to_dict()}) + "\n")
     (out_dir / "classes.txt").write_text("".join(f"{name}\n" for name in predictor.metadata.class_names))
     summary.mean_total_ms = round(float(np.mean(totals)), 3) if totals else None
     return summary
