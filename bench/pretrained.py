@@ -30,15 +30,18 @@ DATASETS = ("deeppcb_plain", "deeppcb_template", "surface")
 INITS = ("scratch", "pretrained")
 
 
-def run_arm(dataset: str, init: str, minutes: float, out: Path, seed: int) -> dict:
-    """Train one arm and score it on its held-out split; returns the result document's body."""
-    pretrained = init == "pretrained"
+def run_arm(
+    dataset: str, pretrained: bool | None, minutes: float, out: Path, seed: int = 0, preset: str = "nano"
+) -> dict:
+    """Train `preset` with defaults and a time budget on `dataset`, score it on the held-out split; returns
+    {settings, wall_seconds, time_to, final, curve} (bench/scaling.py calls this too). `pretrained` None:
+    the product's default (shipped weights when they exist)."""
     if dataset.startswith("deeppcb"):
         from train_deeppcb import DEFAULT_DATA, train_and_summarize
 
         template = dataset == "deeppcb_template"
         run = train_and_summarize(
-            DEFAULT_DATA, minutes, "nano", 2, out, seed, template=template, pretrained=pretrained
+            DEFAULT_DATA, minutes, preset, 2, out, seed, template=template, pretrained=pretrained
         )
         final = run["final"]
         return {
@@ -59,7 +62,13 @@ def run_arm(dataset: str, init: str, minutes: float, out: Path, seed: int) -> di
 
     data_yaml = make_dataset(Path("runs/bench_surface/data"), 600, 0)
     config = TrainConfig(
-        data=data_yaml, time_minutes=minutes, out=out, seed=seed, pretrained=pretrained, progress=False
+        data=data_yaml,
+        preset=preset,
+        time_minutes=minutes,
+        out=out,
+        seed=seed,
+        pretrained=pretrained,
+        progress=False,
     )
     data = build_train_data(config)
     started = time.perf_counter()
@@ -138,7 +147,8 @@ def main() -> int:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
         torch.set_num_threads(args.threads)
     name = f"pretrained_{args.dataset}_{args.init}_{args.minutes:g}min"
-    body = run_arm(args.dataset, args.init, args.minutes, Path("runs/bench_pretrained") / name, args.seed)
+    out = Path("runs/bench_pretrained") / name
+    body = run_arm(args.dataset, args.init == "pretrained", args.minutes, out, args.seed)
     print_table(name, ["figure", "value"], [[k, v] for k, v in {**body["time_to"], **body["final"]}.items()])
     path = write_result(
         name,

@@ -115,15 +115,21 @@ def presets(imgsz: int = typer.Option(640, help="Input size for the GFLOPs figur
     from rich.table import Table
 
     from defectdet.model import PRESETS, build_model, model_info
+    from defectdet.model.pretrained import shipped_weights
 
     table = Table(title=f"model presets (gray + template input, 6 classes, {imgsz}x{imgsz})")
-    for column in ("preset", "params", "GFLOPs", "strides"):
-        table.add_column(column, justify="left" if column == "preset" else "right")
+    for column in ("preset", "params", "GFLOPs", "strides", "shipped weights"):
+        table.add_column(column, justify="left" if column in ("preset", "shipped weights") else "right")
     for name in PRESETS:
         model = build_model(name, num_classes=6, in_channels=2, template=True)
         info = model_info(model, imgsz)
+        layouts = [layout for layout in (True, False) if shipped_weights(name, layout) is not None]
         table.add_row(
-            name, f"{info['params']:,}", f"{info['gflops']:.3f}", ", ".join(map(str, model.strides))
+            name,
+            f"{info['params']:,}",
+            f"{info['gflops']:.3f}",
+            ", ".join(map(str, model.strides)),
+            ", ".join("template" if layout else "plain" for layout in layouts) or "none (random start)",
         )
     console.print(table)
 

@@ -1,0 +1,123 @@
+"""The budget ladder: does more CPU time (or a larger preset) buy more accuracy?
+
+    python bench/scaling.py --rung deeppcb_plain:nano:10      # one run; writes its own JSON
+    python bench/scaling.py --all [--presets nano,small]       # every missing rung, in order
+    python bench/scaling.py --summary                          # curves JSON + bench/results/scaling.png
+
+Rungs (issue 19): each preset at 10, 30 and 60 minutes on DeepPCB without templates and on the surface
+family, and the default preset at 10 and 60 minutes on DeepPCB with templates. Every run uses the product's
+defaults plus a time budget (shipped starting weights where they exist), through `bench/pretrained.run_arm`,
+and writes `bench/results/scaling_<dataset>_<preset>_<minutes>min.json`, so a stopped session loses only the
+run in flight. The curves between budget points are each run's own validation log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from common import RESULTS_DIR, print_table, write_result
+from pretrained import run_arm
+
+LADDER_MINUTES = (10, 30, 60)
+TEMPLATE_MINUTES = (10, 60)
+
+
+def rungs(presets: list[str]) -> list[tuple[str, str, int]]:
+    """(dataset, preset, minutes), cheapest first so that a short session still fills the 10-minute column."""
+    found = [(d, p, m) for m in LADDER_MINUTES for p in presets for d in ("deeppcb_plain", "surface")]
+    found += [("deeppcb_template", presets[0], m) for m in TEMPLATE_MINUTES]
+    return sorted(found, key=lambda rung: rung[2])
+
+
+def result_name(dataset: str, preset: str, minutes: float) -> str:
+    return f"scaling_{dataset}_{preset}_{minutes:g}min"
+
+
+def run_rung(dataset: str, preset: str, minutes: float) -> Path:
+    name = result_name(dataset, preset, minutes)
+    body = run_arm(dataset, None, minutes, Path("runs/bench_scaling") / name, 0, preset)
+    print_table(name, ["figure", "value"], [[k, v] for k, v in {**body["time_to"], **body["final"]}.items()])
+    return write_result(
+        name,
+        {
+            "command": f"python bench/scaling.py --rung {dataset}:{preset}:{minutes:g}",
+            "dataset": dataset,
+            "preset": preset,
+            "minutes": minutes,
+            **body,
+        },
+    )
+
+
+def summary() -> int:
+    """Collects every scaling_*.json into scaling.json (final points and curves) and one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [json.loads(path.read_text()) for path in sorted(RESULTS_DIR.glob("scaling_*_*min.json"))]
+    if not runs:
+        print("no scaling_*.json yet: run --rung or --all first", file=sys.stderr)
+        return 1
+    datasets = sorted({run["dataset"] for run in runs})
+    figure, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4), squeeze=False)
+    rows, points = [], []
+    for axis, dataset in zip(axes[0], datasets, strict=True):
+        for run in sorted(
+            (r for r in runs if r["dataset"] == dataset), key=lambda r: (r["preset"], r["minutes"])
+        ):
+            curve = run.get("curve", [])
+            label = f"{run['preset']} {run['minutes']:g} min"
+            axis.plot([p["time_s"] / 60 for p in curve], [p["mAP50"] for p in curve], label=label)
+            final = run["final"]["mAP50"]
+            axis.scatter([run["minutes"]], [final], marker="o")
+            rows.append(
+                [dataset, run["preset"], f"{run['minutes']:g}", f"{final:.3f}", run["final"].get("steps")]
+            )
+            points.append(
+                {"dataset": dataset, "preset": run["preset"], "minutes": run["minutes"], "mAP50": final}
+            )
+        axis.set_title(dataset)
+        axis.set_xlabel("training minutes (2-core CPU)")
+        axis.set_ylabel("held-out mAP@0.5")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(RESULTS_DIR / "scaling.png", dpi=110)
+    print_table("budget ladder, held-out mAP@0.5", ["dataset", "preset", "minutes", "mAP@0.5", "steps"], rows)
+    write_result("scaling", {"points": points, "runs": [r["name"] for r in runs]})
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rung", help="dataset:preset:minutes, e.g. surface:nano:30")
+    parser.add_argument("--all", action="store_true", help="run every rung without a result file yet")
+    parser.add_argument("--presets", default="nano,small", help="comma-separated; the first is the default")
+    parser.add_argument("--summary", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.summary:
+        return summary()
+    if args.rung:
+        dataset, preset, minutes = args.rung.split(":")
+        print(f"wrote {run_rung(dataset, preset, float(minutes))}")
+        return 0
+    if args.all:
+        for dataset, preset, minutes in rungs(args.presets.split(",")):
+            if not (RESULTS_DIR / f"{result_name(dataset, preset, minutes)}.json").is_file():
+                print(f"wrote {run_rung(dataset, preset, minutes)}")
+        return summary()
+    parser.error("give --rung, --all or --summary")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
