@@ -102,3 +102,57 @@ def test_inputs_that_differ_only_in_suffix_keep_their_own_outputs(
     by_name = {Path(r["file"]).name: r["labels"] for r in _records(out)}
     assert by_name == {"a.bmp": "labels/a.bmp.txt", "a.png": "labels/a.png.txt", "b.png": "labels/b.txt"}
     assert all((out / labels).is_file() for labels in by_name.values())
+
+
+def _deeppcb_folder(dataset: Path, folder: Path, count: int = 2) -> list[str]:
+    """DeepPCB's layout: ``ID_test.jpg`` beside its template ``ID_temp.jpg`` in one folder; returns the IDs."""
+    import cv2
+
+    folder.mkdir(parents=True)
+    ids = []
+    for index, (board, template) in enumerate(_boards(dataset, count)):
+        ids.append(f"9000{index}")
+        for path, suffix in ((board, "test"), (template, "temp")):
+            image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+            assert cv2.imwrite(str(folder / f"{ids[-1]}_{suffix}.jpg"), image, [cv2.IMWRITE_JPEG_QUALITY, 98])
+    return ids
+
+
+@pytest.mark.parametrize("how", ["folder", "glob", "templates-same-folder"])
+def test_a_deeppcb_folder_pairs_its_templates_and_never_predicts_them(
+    bundle_path: Path, tiny_dataset: Path, tmp_path: Path, how: str
+) -> None:
+    """With ``ID_temp.jpg`` beside ``ID_test.jpg`` the template is found without --templates, and a template is
+    never an input: not from the folder, not from a glob, not when --templates names the same folder."""
+    boards = tmp_path / "group9000" / "9000"
+    ids = _deeppcb_folder(tiny_dataset, boards)
+    source = f"{boards}/*.jpg" if how == "glob" else str(boards)
+    extra = ["--templates", str(boards)] if how == "templates-same-folder" else []
+    out = tmp_path / "out"
+    result = _predict(str(bundle_path), source, *extra, "--out", str(out))
+    assert result.exit_code == 0, result.output
+    records = _records(out)
+    assert [Path(r["file"]).name for r in records] == [f"{i}_test.jpg" for i in ids]
+    assert all("error" not in r and r["detections"] for r in records)
+    assert sorted(p.name for p in (out / "labels").rglob("*.txt")) == [f"{i}_test.txt" for i in ids]
+
+
+def test_a_deeppcb_template_pairs_only_by_its_partners_name(tmp_path: Path) -> None:
+    from defectdet.deploy.predict import pair_template, template_inputs
+
+    folder = tmp_path / "boards"
+    folder.mkdir()
+    for name in ("1_test.jpg", "1_temp.jpg", "2_test.png", "2_temp.png", "3_test.jpg", "a.png", "a.bmp"):
+        (folder / name).write_bytes(b"x")
+    assert pair_template(folder / "1_test.jpg", None) == folder / "1_temp.jpg"
+    assert pair_template(folder / "2_test.png", None) == folder / "2_temp.png"
+    assert pair_template(folder / "3_test.jpg", None) is None
+    assert pair_template(folder / "a.png", None) is None  # a.bmp beside it is another board, not its template
+    golden = tmp_path / "golden"
+    golden.mkdir()
+    (golden / "1_test.jpg").write_bytes(b"x")
+    assert pair_template(folder / "1_test.jpg", golden) == golden / "1_test.jpg"  # --templates first
+    assert pair_template(folder / "2_test.png", golden) == folder / "2_temp.png"  # then beside it
+    inputs = sorted(folder.iterdir())
+    assert template_inputs(inputs, None) == {folder / "1_temp.jpg", folder / "2_temp.png"}
+    assert template_inputs(inputs, folder) == {folder / "1_temp.jpg", folder / "2_temp.png"}

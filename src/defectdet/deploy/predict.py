@@ -34,6 +34,7 @@ class PredictSummary:
     detections: int = 0
     failed: list[tuple[str, str]] = field(default_factory=list)
     out_dir: Path | None = None
+    templates_skipped: int = 0  # inputs that are another input's template (DeepPCB ID_temp beside ID_test)
     mean_total_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -43,6 +44,7 @@ class PredictSummary:
             "detections": self.detections,
             "failed": [{"file": name, "error": error} for name, error in self.failed],
             "out_dir": str(self.out_dir) if self.out_dir else None,
+            "templates_skipped": self.templates_skipped,
             "mean_total_ms": self.mean_total_ms,
         }
 
@@ -67,20 +69,67 @@ def list_sources(source: str | Path) -> list[Path]:
 def find_template(image: Path, templates: Path | None, relative: Path | None = None) -> Path | None:
     """The template of ``image`` in ``templates``: the file at the image's ``relative`` path (a template tree
     that mirrors the inputs'), else the file of the same name, else the same stem with any image suffix, else
-    DeepPCB's pairing (``ID_test.jpg`` -> ``ID_temp.jpg``, so one folder can hold both)."""
+    DeepPCB's pairing (``ID_test.jpg`` -> ``ID_temp.jpg``, so one folder can hold both). When ``templates`` is
+    the image's own folder only DeepPCB's pairing applies (``a.bmp`` beside ``a.png`` is another board)."""
     if templates is None:
         return None
-    stems = [image.stem]
-    if image.stem.endswith("_test"):
-        stems.append(image.stem[: -len("_test")] + "_temp")
+    if _resolved(templates) == _resolved(image.parent):
+        return deeppcb_partner(image, templates)
     for exact in ([templates / relative] if relative is not None else []) + [templates / image.name]:
-        if exact.is_file() and exact.resolve() != image.resolve():
+        if exact.is_file() and _resolved(exact) != _resolved(image):
             return exact
-    for stem in stems:
-        for candidate in sorted(templates.glob(f"{glob.escape(stem)}.*")):
-            if candidate.suffix.lower() in IMAGE_SUFFIXES and candidate.resolve() != image.resolve():
-                return candidate
+    for candidate in sorted(templates.glob(f"{glob.escape(image.stem)}.*")):
+        if candidate.suffix.lower() in IMAGE_SUFFIXES and _resolved(candidate) != _resolved(image):
+            return candidate
+    return deeppcb_partner(image, templates)
+
+
+def deeppcb_partner(image: Path, folder: Path) -> Path | None:
+    """DeepPCB's template of ``ID_test.<ext>`` in ``folder``: ``ID_temp.<ext>``, else ``ID_temp`` with any image
+    suffix; None for other names."""
+    if not image.stem.endswith("_test"):
+        return None
+    stem = image.stem[: -len("_test")] + "_temp"
+    same = folder / f"{stem}{image.suffix}"
+    if same.is_file():
+        return same
+    for candidate in sorted(folder.glob(f"{glob.escape(stem)}.*")):
+        if candidate.suffix.lower() in IMAGE_SUFFIXES and candidate.is_file():
+            return candidate
     return None
+
+
+def pair_template(image: Path, templates: Path | None, relative: Path | None = None) -> Path | None:
+    """The template of ``image``: from ``templates`` (`find_template`), else DeepPCB's ``ID_temp`` beside it."""
+    return find_template(image, templates, relative) or deeppcb_partner(image, image.parent)
+
+
+def template_inputs(
+    images: list[Path], templates: Path | None, names: dict[Path, Path] | None = None
+) -> set[Path]:
+    """The inputs that are another input's template (DeepPCB's ``ID_temp.jpg`` beside ``ID_test.jpg``, or a
+    --templates folder the source also covers): they are paired, never predicted as boards."""
+    by_resolved = {_resolved(image): image for image in images}
+    found = set()
+    for image in images:
+        relative = names[image].with_name(image.name) if names else None
+        try:
+            template = pair_template(image, templates, relative)
+        except OSError:
+            continue  # an unreadable entry: predicting it reports why
+        if template is not None and _resolved(template) != _resolved(image):
+            partner = by_resolved.get(_resolved(template))
+            if partner is not None:
+                found.add(partner)
+    return found
+
+
+def _resolved(path: Path) -> Path:
+    """``path`` resolved, or made absolute when it cannot be (a symlink loop)."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return Path(os.path.normpath(path.absolute()))
 
 
 def output_names(images: list[Path]) -> dict[Path, Path]:
@@ -155,10 +204,12 @@ def iterate_predictions(
     for path in images:
         try:
             relative = names[path].with_name(path.name) if names else None
-            template_path = find_template(path, templates, relative)
+            template_path = pair_template(path, templates, relative)
             if predictor.metadata.template and template_path is None:
                 where = f"in {templates}" if templates else "(pass --templates DIR)"
-                raise InputError(f"{path}: no template of the same name {where}")
+                raise InputError(
+                    f"{path}: no template of the same name {where}, and no DeepPCB ID_temp beside an ID_test"
+                )
             image, template = predictor.load_pair(
                 path, template_path if predictor.metadata.template else None
             )
@@ -197,12 +248,20 @@ def predict_source(
     template_dir = Path(templates) if templates else None
     if template_dir is not None and not template_dir.is_dir():
         raise InputError(f"--templates {template_dir}: not a folder")
+    skipped = template_inputs(images, template_dir, output_names(images))
+    if skipped:
+        logger.info(
+            "%d template(s) among the inputs are paired with their boards, not predicted", len(skipped)
+        )
+        images = [image for image in images if image not in skipped]
+        if not images:
+            raise InputError(f"{source}: holds only templates ({len(skipped)}), no boards to predict")
     names = output_names(images)
     labels_dir = out_dir / "labels"
     labels_dir.mkdir(parents=True, exist_ok=True)
     if save_images:
         (out_dir / "images").mkdir(exist_ok=True)
-    summary = PredictSummary(out_dir=out_dir)
+    summary = PredictSummary(out_dir=out_dir, templates_skipped=len(skipped))
     totals: list[float] = []
     with (
         (out_dir / "predictions.jsonl").open("w", encoding="utf-8") as jsonl,
