@@ -195,6 +195,55 @@ class Predictor:
         if PREDICTIONS_OUTPUT not in outputs:
             raise CheckpointError(f"{self.path}: no {PREDICTIONS_OUTPUT!r} output; outputs are {outputs}")
         self._outputs = [PREDICTIONS_OUTPUT] + ([FEATURES_OUTPUT] if FEATURES_OUTPUT in outputs else [])
+        self._check_graph()
+
+    def _check_graph(self) -> None:
+        """The metadata must describe the graph: input ``(B, C, S, S)`` with C = `input_channels` and S =
+        `input_size`, and ``4 + K`` values per anchor for K `class_names`. A mismatch is a clear error naming the
+        field now, not a raw onnxruntime error or a wrong class name later."""
+        meta = self.metadata
+        inputs = {graph_input.name: graph_input for graph_input in self.session.get_inputs()}
+        if INPUT_NAME not in inputs:
+            raise CheckpointError(f"{self.path}: no {INPUT_NAME!r} input; inputs are {list(inputs)}")
+        shape = list(inputs[INPUT_NAME].shape)
+        if len(shape) != 4:
+            raise CheckpointError(
+                f"{self.path}: the {INPUT_NAME!r} input has shape {shape}, expected (B, C, S, S)"
+            )
+        graph_channels = shape[1] if isinstance(shape[1], int) else None
+        if graph_channels is not None and graph_channels != meta.input_channels:
+            if graph_channels == meta.channels * (1 if meta.template else 2):
+                raise CheckpointError(
+                    f"{self.path}: bundle metadata field 'template' is {str(meta.template).lower()} "
+                    f"({meta.input_channels} input channels) but the graph takes {graph_channels}"
+                )
+            raise CheckpointError(
+                f"{self.path}: bundle metadata field 'channels' is {meta.channels} ({meta.input_channels} input "
+                f"channels with template={str(meta.template).lower()}) but the graph takes {graph_channels}"
+            )
+        sides = [side for side in shape[2:] if isinstance(side, int)]
+        if any(side != meta.input_size for side in sides):
+            raise CheckpointError(
+                f"{self.path}: bundle metadata field 'input_size' is {meta.input_size} but the graph takes "
+                f"{'x'.join(str(side) for side in shape[2:])} images"
+            )
+        width = next(o for o in self.session.get_outputs() if o.name == PREDICTIONS_OUTPUT).shape[-1]
+        if not isinstance(width, int):  # a symbolic dimension: one zero image tells
+            channels = graph_channels or meta.input_channels
+            probe = np.zeros((1, channels, meta.input_size, meta.input_size), np.float32)
+            try:
+                width = self.run(probe)[0].shape[-1]
+            except Exception as error:  # noqa: BLE001 - onnxruntime raises its own exception types
+                raise CheckpointError(
+                    f"{self.path}: the graph does not run on a {channels}x{meta.input_size}x{meta.input_size} "
+                    f"input as its metadata says ({str(error).strip().splitlines()[0]})"
+                ) from None
+        classes = len(meta.class_names)
+        if width != 4 + classes:
+            raise CheckpointError(
+                f"{self.path}: bundle metadata field 'class_names' lists {classes} class(es) but the graph's "
+                f"{PREDICTIONS_OUTPUT!r} output has {width} values per anchor, i.e. {width - 4} class(es) (4 + K)"
+            )
 
     # ------------------------------------------------------------------ stages
     def load(self, image: ImageInput, name: str = "image") -> np.ndarray:
