@@ -450,13 +450,15 @@ def predict(
 @app.command()
 def serve(
     bundle: Path = typer.Argument(..., help="A bundle written by `defectdet export` (.onnx)."),
-    host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0: all interfaces)."),
+    host: str = typer.Option(
+        "127.0.0.1", help="Interface to listen on (0.0.0.0: all interfaces; warns without a token)."
+    ),
     port: int = typer.Option(8000, help="TCP port."),
     max_concurrency: int | None = typer.Option(
         None, help="Inferences at once, in worker threads (default 2)."
     ),
     max_queue: int | None = typer.Option(
-        None, help="Requests that may wait; beyond, 503 + Retry-After (default 8)."
+        None, help="Inferences that may wait; beyond, 503 + Retry-After (default 8); uploads do not count."
     ),
     max_bytes: int | None = typer.Option(
         None, help="Largest request body in bytes, checked while reading: 413 (default 20 MiB)."
@@ -465,23 +467,55 @@ def serve(
         None, help="Largest image in pixels, from its header: 413 (default 25,000,000)."
     ),
     threads: int | None = typer.Option(
-        None, help="onnxruntime threads per inference (default: cores / concurrency)."
+        None, help="onnxruntime threads per inference (default: cores / (concurrency x workers))."
+    ),
+    workers: int = typer.Option(
+        1,
+        help="Processes sharing the port. /metrics sums them (Prometheus multiprocess mode); drift state, "
+        "readiness and /v1/results are kept per worker process.",
+    ),
+    token_file: Path | None = typer.Option(
+        None,
+        help="File holding an access token: every route but /healthz, /readyz and the page then needs "
+        "'Authorization: Bearer <token>'. Or set DEFECTDET_TOKEN.",
+    ),
+    allowed_host: list[str] = typer.Option(
+        [], help="A Host name clients use (repeatable); loopback names, IP literals and the bind host always."
+    ),
+    max_connections: int | None = typer.Option(
+        None,
+        help="Connections before requests get 503, health probes excepted "
+        "(default: concurrency + queue + 64).",
     ),
 ) -> None:
-    """Serve a bundle over HTTP: POST /v1/detect, GET /readyz /metrics /v1/model /docs, and a page at /.
+    """Serve a bundle over HTTP: POST /v1/detect, GET /readyz /metrics /v1/model /openapi.json, a page at /.
 
     Example: defectdet serve model.onnx --port 8000 --max-concurrency 2
     """
-    from defectdet.deploy.server import ServeSettings
+    from defectdet.deploy.server import LOOPBACK_HOSTS, TOKEN_ENV, ServeSettings
     from defectdet.deploy.server import serve as run_service
 
+    token = os.environ.get(TOKEN_ENV) or None
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as error:
+            raise typer.BadParameter(f"cannot read {token_file}: {error.strerror or error}") from None
+        if not token:
+            raise typer.BadParameter(f"{token_file} is empty: write the token into it")
     given = {"max_concurrency": max_concurrency, "max_queue": max_queue, "max_bytes": max_bytes,
-             "max_pixels": max_pixels, "threads": threads}  # fmt: skip
+             "max_pixels": max_pixels, "threads": threads, "max_connections": max_connections}  # fmt: skip
     try:
-        settings = ServeSettings(**{key: value for key, value in given.items() if value is not None})
+        settings = ServeSettings(
+            **{key: value for key, value in given.items() if value is not None},
+            token=token,
+            allowed_hosts=(*LOOPBACK_HOSTS, *allowed_host),
+        )
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
-    run_service(bundle, host, port, settings)
+    run_service(bundle, host, port, settings, workers=workers)
 
 
 @app.command()

@@ -20,7 +20,8 @@ from defectdet.deploy.server import ServeSettings, create_app
 
 
 def _client(predictor: FakePredictor, **settings: int) -> TestClient:
-    return TestClient(create_app(predictor, ServeSettings(**settings)), raise_server_exceptions=False)
+    app = create_app(predictor, ServeSettings(**settings))
+    return TestClient(app, base_url="http://localhost", raise_server_exceptions=False)
 
 
 def _wait_ready(client: TestClient, timeout: float = 10.0) -> None:
@@ -143,7 +144,9 @@ def test_byte_and_pixel_limits() -> None:
                 yield b"\0" * 1000
 
         async def stream() -> httpx.Response:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+            ) as http:
                 headers = {"content-type": "multipart/form-data; boundary=b"}
                 return await http.post("/v1/detect", content=chunks(), headers=headers)
 
@@ -163,7 +166,7 @@ def test_overload_answers_503_at_once_and_the_rest_complete() -> None:
 
     async def scenario() -> tuple[list[int], httpx.Response, float]:
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             predictor.gate.clear()
             held = [asyncio.create_task(client.post("/v1/detect", files={"image": image})) for _ in range(2)]
             while service.admitted < 2:
@@ -213,7 +216,7 @@ def test_metrics_after_traffic(client: TestClient) -> None:
     assert 'defectdet_request_seconds_bucket{le="0.5",route="/v1/detect"}' in text
     assert 'defectdet_drift_z{statistic="sharpness"}' in text and "defectdet_drift_level 0.0" in text
     other = create_app(FakePredictor())  # a second app: its own registry, no duplicate-metric error
-    with TestClient(other) as second:
+    with TestClient(other, base_url="http://localhost") as second:
         assert "defectdet_requests_total{" not in second.get("/metrics").text.split("/metrics")[0]
 
 
@@ -227,14 +230,14 @@ def test_drift_alert_reaches_response_metrics_and_page_data(client: TestClient) 
     report = client.get("/v1/drift").json()
     assert report["state"]["level"] == "alert" and len(report["history"]) == 12
     assert report["limits"]["features"]["two_sided"] is False
-    reset = client.post("/v1/drift/reset").json()
+    reset = client.post("/v1/drift/reset", json={}, headers={"X-Defectdet-Request": "1"}).json()
     assert reset["state"]["level"] == "ok" and reset["history"] == []
 
 
 def test_model_docs_and_page(client: TestClient) -> None:
     model = client.get("/v1/model").json()
     assert model["metadata"]["class_names"][1] == "short" and model["settings"]["max_queue"] == 8
-    assert client.get("/docs").status_code == 200
+    assert client.get("/docs").status_code == 404  # Swagger UI needs a CDN: off; the schema stays
     schema = client.get("/openapi.json").json()
     assert "multipart/form-data" in schema["paths"]["/v1/detect"]["post"]["requestBody"]["content"]
     page = client.get("/")
@@ -255,7 +258,7 @@ def test_real_bundle_end_to_end(bundle_path: Path, tiny_dataset: Path) -> None:
     from defectdet.data.formats import load_dataset
 
     sample = load_dataset(tiny_dataset, "val").samples[0]
-    with TestClient(create_app(bundle_path)) as client:
+    with TestClient(create_app(bundle_path), base_url="http://localhost") as client:
         _wait_ready(client, timeout=60)
         response = client.post(
             "/v1/detect",
@@ -276,22 +279,23 @@ def test_real_bundle_end_to_end(bundle_path: Path, tiny_dataset: Path) -> None:
 def test_serve_command_runs_uvicorn_with_the_limits(
     bundle_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import uvicorn
     from typer.testing import CliRunner
 
     from defectdet.cli import app as cli
+    from defectdet.deploy import server
 
     calls = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **options: calls.append((app, options)))
+    monkeypatch.setattr(server, "_run_uvicorn", lambda app, config: calls.append((app, config)))
     result = CliRunner().invoke(
         cli, ["serve", str(bundle_path), "--port", "8123", "--max-concurrency", "1", "--max-queue", "3"]
     )
     assert result.exit_code == 0, result.output
-    ((served, options),) = calls
-    assert options["host"] == "127.0.0.1" and options["port"] == 8123
+    ((served, config),) = calls
+    assert config.host == "127.0.0.1" and config.port == 8123 and config.workers == 1
     settings = served.state.service.settings
     assert (settings.max_concurrency, settings.max_queue, settings.threads) == (1, 3, settings.threads or 1)
-    assert options["limit_concurrency"] > settings.max_concurrency + settings.max_queue
+    assert config.http.keywords["max_connections"] > settings.max_concurrency + settings.max_queue
+    assert config.timeout_keep_alive == settings.keep_alive_s
     refused = CliRunner().invoke(cli, ["serve", str(bundle_path), "--max-concurrency", "0"])
     assert refused.exit_code == 2 and "max_concurrency" in refused.output
 
@@ -318,7 +322,7 @@ def test_service_runs_with_torch_unimportable(bundle_path: Path, tiny_dataset: P
 import time
 from fastapi.testclient import TestClient
 from defectdet.deploy.server import create_app
-with TestClient(create_app({str(bundle_path)!r})) as client:
+with TestClient(create_app({str(bundle_path)!r}), base_url="http://localhost") as client:
     while client.get("/readyz").status_code != 200:
         time.sleep(0.05)
     files = {{"image": open({str(sample.image_path)!r}, "rb").read(), "template": open({str(sample.template_path)!r}, "rb").read()}}
@@ -345,7 +349,7 @@ def test_a_client_that_hangs_up_keeps_its_place_until_the_work_ends() -> None:
 
     async def scenario() -> list[int]:
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             predictor.gate.clear()
             running = asyncio.create_task(client.post("/v1/detect", files={"image": encode(board(1))}))
             while service.admitted < 1:
@@ -376,7 +380,9 @@ def test_a_trickling_upload_times_out_with_408() -> None:
         yield b"never read"
 
     async def scenario() -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+        ) as client:
             headers = {"content-type": "multipart/form-data; boundary=b"}
             return await client.post("/v1/detect", content=slow(), headers=headers)
 
@@ -389,7 +395,8 @@ def test_real_bundle_takes_degenerate_but_valid_images(bundle_path: Path) -> Non
     shapes = [np.zeros((1, 1), np.uint8), np.zeros((1, 700), np.uint8), np.full((700, 2), 255, np.uint8)]
     shapes.append(np.full((40, 60), 3000, np.uint16))  # 12-bit data in a 16-bit PNG
     shapes.append(np.zeros((30, 30, 4), np.uint8))  # RGBA
-    with TestClient(create_app(bundle_path), raise_server_exceptions=False) as client:
+    app = create_app(bundle_path)
+    with TestClient(app, base_url="http://localhost", raise_server_exceptions=False) as client:
         _wait_ready(client, timeout=60)
         for array in shapes:
             png = encode(array)

@@ -20,7 +20,7 @@ JPEG = encode(board(1, size=64), ".jpg")
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
     app = create_app(FakePredictor(template=False), ServeSettings(max_bytes=50_000, max_pixels=200 * 200))
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with TestClient(app, base_url="http://localhost", raise_server_exceptions=False) as client:
         deadline = time.monotonic() + 10
         while client.get("/readyz").status_code != 200:
             assert time.monotonic() < deadline

@@ -1,7 +1,14 @@
-"""Prometheus metrics of the inspection service, in a registry of its own (one per app)."""
+"""Prometheus metrics of the inspection service, in a registry of its own (one per app).
+
+Under `serve --workers N` (`PROMETHEUS_MULTIPROC_DIR` set before the workers start) every worker writes its
+values to that folder and /metrics, whichever worker answers, reads them all: counters and histograms sum
+over the workers, `defectdet_ready` is the least ready live worker, drift levels the worst, and the drift
+EWMAs carry a `pid` label (each worker keeps its own charts).
+"""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -29,7 +36,6 @@ ROUTES = frozenset(
         "/v1/drift/reset",
         "/v1/results",
         "/metrics",
-        "/docs",
         "/openapi.json",
     }
 )
@@ -41,6 +47,7 @@ class ServiceMetrics:
 
     def __init__(self, class_names: list[str], monitor: DriftMonitor | None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         registry = self.registry
         self.requests = Counter(
             "defectdet_requests", "HTTP requests by route and status", ["route", "status"], registry=registry
@@ -67,33 +74,47 @@ class ServiceMetrics:
         )
         self.verdicts = Counter("defectdet_verdicts", "Image verdicts", ["verdict"], registry=registry)
         self.admitted = Gauge(
-            "defectdet_requests_in_service", "Detect requests being read, queued or run", registry=registry
+            "defectdet_requests_in_service", "Detect requests queued or running (an inference place)",
+            registry=registry, multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.reading = Gauge(
+            "defectdet_uploads_in_progress", "Detect uploads still being read (they hold no place)",
+            registry=registry, multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.ready = Gauge(
+            "defectdet_ready",
+            "1 once the warm-up inference ran",
+            registry=registry,
+            multiprocess_mode="livemin",
         )
-        self.ready = Gauge("defectdet_ready", "1 once the warm-up inference ran", registry=registry)
         self.drift_level = Gauge(
-            "defectdet_drift_level", "Overall drift state: 0 ok, 1 warn, 2 alert", registry=registry
-        )
+            "defectdet_drift_level", "Overall drift state: 0 ok, 1 warn, 2 alert", registry=registry,
+            multiprocess_mode="livemax",
+        )  # fmt: skip
         self.drift_value = Gauge(
             "defectdet_drift_value",
             "EWMA of each drift statistic, in its own units",
             ["statistic"],
             registry=registry,
+            multiprocess_mode="liveall",
         )
         self.drift_z = Gauge(
             "defectdet_drift_z",
             "EWMA of each statistic in reference standard deviations (alert beyond defectdet_drift_limit)",
             ["statistic"],
             registry=registry,
+            multiprocess_mode="liveall",
         )
         self.drift_limit = Gauge(
             "defectdet_drift_limit", "Alert limit of each chart, in reference standard deviations", ["statistic"],
-            registry=registry,
+            registry=registry, multiprocess_mode="max",
         )  # fmt: skip
         self.drift_chart_level = Gauge(
             "defectdet_drift_chart_level",
             "Per chart: 0 ok, 1 warn, 2 alert",
             ["statistic"],
             registry=registry,
+            multiprocess_mode="livemax",
         )
         for name in class_names:
             self.detections.labels(name)
@@ -128,4 +149,18 @@ class ServiceMetrics:
                 self.drift_chart_level.labels(name).set(LEVELS.index(chart["level"]))
 
     def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        """The exposition text: this app's registry, or every worker's values in multiprocess mode."""
+        if not self.multiprocess:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+
+    def close(self) -> None:
+        """At shutdown: in multiprocess mode, drop this worker's live gauges."""
+        if self.multiprocess:
+            from prometheus_client.multiprocess import mark_process_dead
+
+            mark_process_dead(os.getpid())

@@ -1,30 +1,43 @@
 """The inspection service: FastAPI app serving one bundle through `Predictor`, with the drift monitor.
 
-`create_app(bundle_or_predictor, settings)` builds the app; `defectdet serve` runs it under uvicorn.
-Inference runs in a thread pool of `max_concurrency` workers, off the event loop; at most `max_queue`
-more requests wait, beyond that the answer is 503 with Retry-After at once. Bodies are read as a stream
-with a byte limit (413 as soon as it is exceeded). Every refusal is a 4xx JSON `{"error": one line}`.
+`create_app(bundle_or_predictor, settings)` builds the app; `defectdet serve` runs it under uvicorn
+(`uvicorn_config`: our h11 protocol, which closes connections that send no complete request head in
+`header_timeout_s`, keeps the health probes answering past `max_connections`, and answers its own
+refusals in JSON). Bodies are read as a stream with a byte limit (413 as soon as it is exceeded) before
+the request takes a place: inference runs in a thread pool of `max_concurrency` workers, off the event
+loop; at most `max_queue` more inferences wait, beyond that the answer is 503 with Retry-After at once.
+Access: an optional bearer token, a trusted Host list and cross-site refusals (`_Guard`). Every error is
+JSON `{"error": one line, "status": N}`; an unexpected exception is logged and answered 500 in JSON.
 No torch import.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import hmac
 import io
+import ipaddress
 import json
 import logging
 import math
+import os
+import re
+import shutil
+import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
+from urllib.parse import urlsplit
 
+import h11
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -32,6 +45,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from defectdet.data.imageio import decode_image, decode_pair
 from defectdet.deploy.metrics import ServiceMetrics
@@ -69,9 +83,24 @@ DETECT_BODY_SCHEMA = {
 }
 
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+HEALTH_ROUTES = frozenset({"/healthz", "/readyz"})
+STATE_CHANGING_ROUTES = frozenset({"/v1/drift/reset"})
+REQUEST_MARK = "X-Defectdet-Request"  # the custom header a state-changing request must carry
+TOKEN_ENV = "DEFECTDET_TOKEN"
+_ADDRESS = re.compile(r"\s*\bat 0x[0-9a-fA-F]+|0x[0-9a-fA-F]{6,}")
+
+
 @dataclass(frozen=True)
 class ServeSettings:
-    """Service limits. `max_bytes` bounds a whole request body, `max_pixels` each decoded image."""
+    """Service limits and access. `max_bytes` bounds a whole request body, `max_pixels` each decoded image.
+
+    `token`: when set, every route but /healthz and /readyz (and the static page) needs
+    `Authorization: Bearer <token>`. `allowed_hosts`: Host header names served ("*": any; IP literals
+    always). `header_timeout_s`: a connection that sends no complete request head in this time is closed.
+    `max_connections`: open connections beyond it get 503 (health probes excepted); None: concurrency +
+    queue + 64.
+    """
 
     max_concurrency: int = 2
     max_queue: int = 8
@@ -81,6 +110,11 @@ class ServeSettings:
     retry_after_s: int = 1
     body_timeout_s: float = 30.0  # a client that trickles its upload longer than this gets 408
     history: int = 50  # results kept for the page
+    token: str | None = field(default=None, repr=False)
+    allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
+    header_timeout_s: float = 10.0
+    keep_alive_s: int = 5
+    max_connections: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_concurrency", "max_bytes", "max_pixels", "history"):
@@ -88,6 +122,20 @@ class ServeSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
+        if self.header_timeout_s <= 0 or self.keep_alive_s <= 0:
+            raise ValueError("header_timeout_s and keep_alive_s must be > 0")
+        if self.token is not None and not self.token.strip():
+            raise ValueError("the token is empty")
+        object.__setattr__(self, "allowed_hosts", tuple(host.lower() for host in self.allowed_hosts))
+
+    @property
+    def connection_limit(self) -> int:
+        """Open connections served before new requests (not health probes) get 503."""
+        if self.max_connections is not None:
+            return self.max_connections
+        return self.max_concurrency + self.max_queue + 64
 
 
 class Service:
@@ -102,7 +150,8 @@ class Service:
         self.monitor = DriftMonitor(reference) if reference else None
         self.metrics = ServiceMetrics(self.metadata.class_names, self.monitor)
         self.executor = ThreadPoolExecutor(settings.max_concurrency, thread_name_prefix="defectdet-infer")
-        self.admitted = 0  # requests inside /v1/detect: reading, queued or running
+        self.admitted = 0  # inferences queued or running (uploads still arriving do not count)
+        self.reading = 0  # uploads being read
         self.ready = threading.Event()
         self.readiness = "not started"
         self._warm_up_started = False
@@ -137,18 +186,22 @@ class Service:
         logger.info("warm-up inference took %.0f ms; ready", (time.perf_counter() - started) * 1e3)
 
     # ---------------------------------------------------------------- admission
-    def admit(self) -> None:
-        """Take a place in the service or refuse: 503 when not ready or more than max_queue would wait."""
+    def check_ready(self) -> None:
+        """503 until the warm-up inference ran."""
         if not self.ready.is_set():
             self.start()
             raise UploadError(
                 503, f"not ready: {self.readiness}", {"Retry-After": str(self.settings.retry_after_s)}
             )
-        capacity = self.settings.max_concurrency + self.settings.max_queue
-        if self.admitted >= capacity:
+
+    def admit(self) -> None:
+        """Take an inference place or refuse: 503 when max_concurrency run and max_queue already wait."""
+        concurrency, queue = self.settings.max_concurrency, self.settings.max_queue
+        if self.admitted >= concurrency + queue:
             raise UploadError(
                 503,
-                f"overloaded: {self.settings.max_concurrency} running and {self.settings.max_queue} waiting",
+                f"overloaded: {concurrency} running and {queue} waiting (serve --max-concurrency "
+                f"{concurrency} --max-queue {queue}); retry after {self.settings.retry_after_s} s",
                 {"Retry-After": str(self.settings.retry_after_s)},
             )
         self.admitted += 1
@@ -166,14 +219,27 @@ class Service:
         meta = self.metadata
         started = time.perf_counter()
         limit = self.settings.max_pixels
-        _check_pixels(image, "image", limit)
-        if template is not None:
-            _check_pixels(template, "template", limit)
-            decoded, decoded_template = decode_pair(
-                image, template, "image", "template", meta.channels, limit
-            )
-        else:
-            decoded, decoded_template = decode_image(image, "image", meta.channels, limit), None
+        try:
+            _check_pixels(image, "image", limit)
+            if template is not None:
+                _check_pixels(template, "template", limit)
+                decoded, decoded_template = decode_pair(
+                    image, template, "image", "template", meta.channels, limit
+                )
+            else:
+                decoded, decoded_template = decode_image(image, "image", meta.channels, limit), None
+        except (ImageReadError, UploadError):
+            raise
+        except MemoryError:
+            raise UploadError(413, "the image is too large to decode in the memory available") from None
+        except Exception as error:  # any decoder's own failure on hostile bytes is the input's fault
+            logger.info("decoder failed on an upload: %r", error)
+            raise ImageReadError(
+                f"image: not a decodable image ({type(error).__name__}: {_one_line(error)})"
+            ) from None
+        for array, name in ((decoded, "image"), (decoded_template, "template")):
+            if array is not None and array.shape[2:] != ((3,) if meta.channels == 3 else ()):
+                raise ImageReadError(f"{name}: decoded to an unexpected shape {array.shape}")
         decode_ms = (time.perf_counter() - started) * 1e3
         result = self.predictor.predict(decoded, template=decoded_template, conf=conf)
         result.timings["decode"] = result.timings.get("decode", 0.0) + decode_ms
@@ -192,10 +258,12 @@ class Service:
         return result, drift, started
 
     async def detect(self, request: Request) -> dict[str, Any]:
-        self.admit()
-        submitted = False
+        """Read the upload (no place taken yet), then take an inference place and run it."""
+        self.check_ready()
+        arrived = time.perf_counter()
+        self.reading += 1
+        self.metrics.reading.set(self.reading)
         try:
-            arrived = time.perf_counter()
             fields = {
                 "image": self.settings.max_bytes,
                 "template": self.settings.max_bytes,
@@ -213,18 +281,24 @@ class Service:
                 raise UploadError(
                     408, f"the upload took longer than {self.settings.body_timeout_s:g} s"
                 ) from None
-            if "image" not in form:
-                raise UploadError(422, "missing form field 'image' (the image file to inspect)")
-            conf = _parse_conf(form["conf"].data) if "conf" in form else None
-            template = bytes(form["template"].data) if "template" in form else None
-            if self.metadata.template and template is None:
-                raise UploadError(
-                    422,
-                    "this bundle compares each image to its defect-free template: send the 'template' field",
-                )
-            if not self.metadata.template and template is not None:
-                raise UploadError(422, "this bundle takes no template: drop the 'template' field")
-            received = time.perf_counter()
+        finally:
+            self.reading -= 1
+            self.metrics.reading.set(self.reading)
+        if "image" not in form:
+            raise UploadError(422, "missing form field 'image' (the image file to inspect)")
+        conf = _parse_conf(form["conf"].data) if "conf" in form else None
+        template = bytes(form["template"].data) if "template" in form else None
+        if self.metadata.template and template is None:
+            raise UploadError(
+                422,
+                "this bundle compares each image to its defect-free template: send the 'template' field",
+            )
+        if not self.metadata.template and template is not None:
+            raise UploadError(422, "this bundle takes no template: drop the 'template' field")
+        received = time.perf_counter()
+        self.admit()
+        submitted = False
+        try:
             job = self.executor.submit(self._timed_infer, bytes(form["image"].data), template, conf)
             submitted = True
             # the place is given back when the work ends, not when this coroutine does: a client that
@@ -384,8 +458,46 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _error(status: int, reason: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": " ".join(str(reason).split()), "status": status}, status, headers=headers)
+def _one_line(reason: object) -> str:
+    """One line without object addresses (`<object at 0x7f...>` says nothing to a client)."""
+    return " ".join(_ADDRESS.sub("", str(reason)).split())
+
+
+def _error_body(status: int, reason: object) -> bytes:
+    return json.dumps({"error": _one_line(reason) or "error", "status": status}).encode()
+
+
+def _error(status: int, reason: object, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": _one_line(reason) or "error", "status": status}, status, headers=headers)
+
+
+async def _send_error(send: Any, status: int, reason: object, headers: dict[str, str] | None = None) -> None:
+    """A JSON error answer straight on the ASGI `send` (middlewares, before any route runs)."""
+    body = _error_body(status, reason)
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [
+        (key.lower().encode("latin-1"), value.encode("latin-1")) for key, value in (headers or {}).items()
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _looks_like_path(text: str) -> bool:
+    if "://" in text or any(char.isspace() for char in text):
+        return False
+    return text.startswith(("/", "~", "./", "../", "\\\\")) or re.match(r"^[A-Za-z]:[\\/]", text) is not None
+
+
+def _redact_paths(value: Any) -> Any:
+    """File names instead of absolute (or relative) paths, anywhere in a JSON-ready value."""
+    if isinstance(value, str) and _looks_like_path(value):
+        windows = "\\" in value or re.match(r"^[A-Za-z]:", value) is not None
+        return (PureWindowsPath(value) if windows else PurePosixPath(value)).name
+    if isinstance(value, dict):
+        return {key: _redact_paths(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_redact_paths(item) for item in value]
+    return value
 
 
 def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = None) -> FastAPI:
@@ -403,15 +515,21 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
         service.start()
         yield
         service.executor.shutdown(wait=False, cancel_futures=True)
+        service.metrics.close()
 
     app = FastAPI(
         title="defectdet inspection service",
         version=service.version,
         description="POST an image (and its template) to /v1/detect; scrape /metrics; open / for the page.",
         lifespan=lifespan,
+        docs_url=None,  # Swagger UI and ReDoc load their assets from a CDN: blank offline; /openapi.json stays
+        redoc_url=None,
     )
     app.state.service = service
+    # outermost last: errors (any exception -> JSON 500) > metrics (counts every answer) > guard (access)
+    app.add_middleware(_Guard, settings=settings)
     app.add_middleware(_MetricsMiddleware, metrics=service.metrics)
+    app.add_middleware(_JSONErrors)
 
     @app.exception_handler(UploadError)
     async def upload_error(request: Request, error: UploadError) -> JSONResponse:
@@ -459,7 +577,7 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
     async def model() -> dict[str, Any]:
         return {
             "model_version": service.version,
-            "metadata": service.metadata.model_dump(mode="json"),
+            "metadata": _redact_paths(service.metadata.model_dump(mode="json")),
             "settings": {
                 "max_concurrency": settings.max_concurrency,
                 "max_queue": settings.max_queue,
@@ -474,6 +592,7 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
 
     @app.post("/v1/drift/reset", summary="Restart the drift charts (after cleaning the lens, a new lamp)")
     async def drift_reset() -> dict[str, Any]:
+        """Needs `Content-Type: application/json` and `X-Defectdet-Request: 1` (no cross-site form can send them)."""
         if service.monitor is not None:
             service.monitor.reset()
         return service.drift_report()
@@ -520,25 +639,357 @@ class _MetricsMiddleware:
             self.metrics.observe_request(scope.get("path", ""), status["code"], time.perf_counter() - started)
 
 
-def serve(
-    bundle: str | Path, host: str = "127.0.0.1", port: int = 8000, settings: ServeSettings | None = None
-) -> None:
-    """Run the service under uvicorn until interrupted (what `defectdet serve` does)."""
+class _JSONErrors:
+    """Pure ASGI, outermost: an exception no handler took is logged and answered as a JSON 500."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as error:
+            logger.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
+            if not started:
+                reason = f"internal error ({type(error).__name__}: {_one_line(error)[:200]}); it is logged"
+                await _send_error(send, 500, reason)
+
+
+class _Guard:
+    """Pure ASGI access control in front of every route but the health probes.
+
+    1. Host: the Host header's name must be in `allowed_hosts` (or an IP literal): a DNS-rebinding page
+       names its own domain. 400 otherwise.
+    2. Token: with `settings.token`, `Authorization: Bearer <token>` (constant-time compare); 401
+       otherwise. The page (`/`, `/static/`) holds no data and stays open: its script asks for the token.
+    3. Cross-site: a request that is not GET/HEAD with an `Origin` of another origin, or
+       `Sec-Fetch-Site` other than same-origin/none, is refused (403). State-changing routes
+       (`/v1/drift/reset`) also need `X-Defectdet-Request` and a JSON body, which no cross-site form can
+       send without a CORS preflight (never granted here).
+    """
+
+    def __init__(self, app: Any, settings: ServeSettings) -> None:
+        self.app = app
+        self.any_host = "*" in settings.allowed_hosts
+        self.hosts = frozenset(host.strip("[]") for host in settings.allowed_hosts)
+        self.token = settings.token.strip().encode() if settings.token else None
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("path", "") in HEALTH_ROUTES:
+            await self.app(scope, receive, send)
+            return
+        refusal = self.refusal(scope)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        status, reason, headers = refusal
+        await _send_error(send, status, reason, headers)
+
+    def refusal(self, scope: dict) -> tuple[int, str, dict[str, str] | None] | None:
+        """(status, reason, headers) when the request is refused, else None."""
+        headers: dict[bytes, bytes] = {}
+        for key, value in scope.get("headers", []):
+            headers.setdefault(key.lower(), value)
+        host = headers.get(b"host", b"").decode("latin-1").strip()
+        if not self.any_host and not self.host_allowed(host):
+            shown = host[:80] or "(none)"
+            return 400, f"Host {shown!r} is not served here; start serve with --allowed-host NAME", None
+        path = scope.get("path", "")
+        public = path == "/" or path.startswith("/static/")
+        if self.token is not None and not public:
+            given = headers.get(b"authorization", b"")
+            scheme, _, credential = given.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(credential.strip(), self.token):
+                reason = "missing or wrong token: send 'Authorization: Bearer <token>' (serve --token-file)"
+                return 401, reason, {"WWW-Authenticate": 'Bearer realm="defectdet"'}
+        if scope.get("method", "GET") in ("GET", "HEAD", "OPTIONS"):
+            return None
+        origin = headers.get(b"origin")
+        if origin is not None:
+            text = origin.decode("latin-1").strip()
+            if text == "null" or urlsplit(text).netloc.lower() != host.lower():
+                return 403, f"cross-site request refused (Origin {text[:80]!r} is not this service)", None
+        fetch_site = headers.get(b"sec-fetch-site", b"").decode("latin-1").strip().lower()
+        if fetch_site and fetch_site not in ("same-origin", "none"):
+            return 403, f"cross-site request refused (Sec-Fetch-Site: {fetch_site[:30]})", None
+        if path in STATE_CHANGING_ROUTES:
+            if not headers.get(REQUEST_MARK.lower().encode(), b"").strip():
+                return (
+                    403,
+                    f"this route changes state: send the header '{REQUEST_MARK}: 1' and a JSON body",
+                    None,
+                )
+            content_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+            if content_type != b"application/json":
+                shown = content_type.decode("latin-1")[:60] or "none"
+                return (
+                    415,
+                    f"this route takes a JSON body (Content-Type: application/json), got {shown}",
+                    None,
+                )
+        return None
+
+    def host_allowed(self, host: str) -> bool:
+        if not host:
+            return False
+        name = host
+        if host.startswith("["):  # [::1]:8000
+            name = host[1 : host.find("]")] if "]" in host else host
+        elif host.count(":") == 1:
+            name = host.split(":")[0]
+        name = name.lower().rstrip(".")
+        if name in self.hosts:
+            return True
+        try:
+            ipaddress.ip_address(name)  # an IP literal: no DNS name a rebinding page could have chosen
+        except ValueError:
+            return False
+        return True
+
+
+def _internal_error(error: BaseException) -> JSONResponse:
+    return _error(500, f"internal error ({type(error).__name__}: {_one_line(error)[:200]})")
+
+
+class _ConnectionLimit:
+    """Pure ASGI, in uvicorn's protocol: beyond `limit` open connections (or running requests), requests
+    get a JSON 503 — except the health probes, which always answer."""
+
+    def __init__(self, app: Any, protocol: H11Protocol, limit: int, retry_after_s: int) -> None:
+        self.app = app
+        self.protocol = protocol
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        connections, tasks = len(self.protocol.connections), len(self.protocol.tasks)
+        busy = connections > self.limit or tasks > self.limit
+        if scope["type"] != "http" or not busy or scope.get("path", "") in HEALTH_ROUTES:
+            await self.app(scope, receive, send)
+            return
+        logger.warning("%d connections open, limit %d: 503", connections, self.limit)
+        reason = (
+            f"server busy: {connections} connections open, {tasks} requests in progress, the limit is "
+            f"{self.limit} (serve --max-connections); retry after {self.retry_after_s} s"
+        )
+        headers = {"Retry-After": str(self.retry_after_s), "Connection": "close"}
+        await _send_error(send, 503, reason, headers)
+
+
+class ServiceProtocol(H11Protocol):
+    """uvicorn's h11 protocol with: a request-head timeout (h11 has none: a socket that sends nothing, or
+    trickles its headers, is closed after `header_timeout_s`), the connection limit of `_ConnectionLimit`
+    (health probes exempt) and a JSON body on its own 400 for malformed HTTP."""
+
+    def __init__(
+        self,
+        config: Any,
+        server_state: Any,
+        app_state: dict[str, Any] | None = None,
+        _loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        header_timeout_s: float = 10.0,
+        max_connections: int = 74,
+        retry_after_s: int = 1,
+    ) -> None:
+        super().__init__(config, server_state, app_state if app_state is not None else {}, _loop)
+        self.limit_concurrency = None  # ours below: JSON, health probes exempt
+        self.app = _ConnectionLimit(self.app, self, max_connections, retry_after_s)
+        self.header_timeout_s = header_timeout_s
+        self.head_timer: asyncio.TimerHandle | None = None
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self.head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
+
+    def _cancel_head_timer(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
+    def _head_timeout(self) -> None:
+        self.head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            logger.debug("closing a connection that sent no complete request in %g s", self.header_timeout_s)
+            self.transport.close()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state is not h11.IDLE:  # a request head arrived
+            self._cancel_head_timer()
+
+    def on_response_complete(self) -> None:
+        self._arm_head_timer()  # the next request's head must come in time too (keep-alive)
+        super().on_response_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        body = _error_body(400, f"malformed HTTP request: {msg}")
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        for event in (
+            h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+            h11.Data(data=body),
+        ):
+            self.transport.write(self.conn.send(event))
+        self.transport.write(self.conn.send(h11.EndOfMessage()))
+        self.transport.close()
+
+
+def uvicorn_config(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    settings: ServeSettings | None = None,
+    workers: int = 1,
+) -> Any:
+    """The uvicorn.Config `serve` runs: our protocol and timeouts; `app` may be an import string (workers)."""
     import uvicorn
 
+    settings = settings or ServeSettings()
+    protocol = functools.partial(
+        ServiceProtocol,
+        header_timeout_s=settings.header_timeout_s,
+        max_connections=settings.connection_limit,
+        retry_after_s=settings.retry_after_s,
+    )
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=protocol,  # type: ignore[arg-type]
+        timeout_keep_alive=settings.keep_alive_s,
+        workers=workers,
+        factory=isinstance(app, str),
+        access_log=False,
+        log_config=None,
+    )
+
+
+def _run_uvicorn(app: Any, config: Any) -> None:
+    """Run `config` until interrupted: one process, or `config.workers` processes on one socket."""
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    if config.workers > 1:
+        Multiprocess(config, sockets=[config.bind_socket()]).run()
+    else:
+        uvicorn.Server(config).run()
+
+
+_WORKER_ENV = "DEFECTDET_SERVE_WORKER"
+
+
+def worker_app() -> FastAPI:
+    """The app of one worker process of `serve --workers N` (bundle and settings from the environment)."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+    spec = json.loads(os.environ[_WORKER_ENV])
+    values = spec["settings"]
+    values["allowed_hosts"] = tuple(values["allowed_hosts"])
+    values["token"] = os.environ.get(TOKEN_ENV) if spec["token_from_env"] else None
+    return create_app(spec["bundle"], ServeSettings(**values))
+
+
+def _loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(
+    bundle: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    settings: ServeSettings | None = None,
+    workers: int = 1,
+) -> None:
+    """Run the service under uvicorn until interrupted (what `defectdet serve` does).
+
+    `workers` > 1: that many processes share the port; /metrics sums them (Prometheus multiprocess mode,
+    in `PROMETHEUS_MULTIPROC_DIR` or a temporary folder made and removed here). Drift state, the results
+    list and readiness are kept per worker process.
+    """
     from defectdet.deploy.runtime import MAX_DEFAULT_THREADS, physical_cores
 
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
     settings = settings or ServeSettings()
-    if settings.threads is None:  # share the cores between the concurrent inferences
+    if settings.threads is None:  # share the cores between the concurrent inferences of all workers
         cores = min(physical_cores(), MAX_DEFAULT_THREADS)
-        settings = replace(settings, threads=max(1, cores // settings.max_concurrency))
-    app = create_app(bundle, settings)
-    service: Service = app.state.service
+        settings = replace(settings, threads=max(1, cores // (settings.max_concurrency * workers)))
+    names = [host.lower().strip("[]")]
+    if not _loopback(host):
+        import socket
+
+        names.append(socket.gethostname().lower())
+    hosts = tuple(dict.fromkeys([*settings.allowed_hosts, *names]))
+    settings = replace(settings, allowed_hosts=hosts)
+    if not _loopback(host) and settings.token is None:
+        logger.warning(
+            "serving on %s without a token: anyone who can reach the port can inspect images and reset "
+            "the drift charts; pass --token-file (or set %s), and put TLS in front (README: Security)",
+            host, TOKEN_ENV,
+        )  # fmt: skip
     logger.info(
-        "serving %s (version %s) on http://%s:%d: %d worker(s) x %d thread(s), queue %d, drift monitor %s",
-        bundle, service.version, host, port, settings.max_concurrency, settings.threads, settings.max_queue,
-        "on" if service.monitor else "off (no reference in the bundle)",
+        "serving %s on http://%s:%d: %d process(es) x %d inference worker(s) x %d thread(s), queue %d, "
+        "token %s, hosts %s",
+        bundle, host, port, workers, settings.max_concurrency, settings.threads, settings.max_queue,
+        "on" if settings.token else "off", ", ".join(settings.allowed_hosts),
     )  # fmt: skip
-    # uvicorn's own cap answers 503 for connections far beyond ours (probes and the page keep headroom)
-    limit = settings.max_concurrency + settings.max_queue + 64
-    uvicorn.run(app, host=host, port=port, limit_concurrency=limit, access_log=False, log_config=None)
+    if workers == 1:
+        app = create_app(bundle, settings)
+        _run_uvicorn(app, uvicorn_config(app, host, port, settings))
+        return
+    logger.info(
+        "%d worker processes: drift state, readiness and /v1/results are kept per worker process "
+        "(each sees its share of the images); /metrics sums counters and histograms over the workers",
+        workers,
+    )
+    own_dir = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    metrics_dir = (
+        tempfile.mkdtemp(prefix="defectdet-metrics-") if own_dir else os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    )
+    values = asdict(settings)
+    values.pop("token")
+    spec = {"bundle": str(Path(bundle).resolve()), "settings": values, "token_from_env": bool(settings.token)}
+    saved = {key: os.environ.get(key) for key in ("PROMETHEUS_MULTIPROC_DIR", _WORKER_ENV, TOKEN_ENV)}
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    os.environ[_WORKER_ENV] = json.dumps(spec)
+    if settings.token:
+        os.environ[TOKEN_ENV] = settings.token
+    try:
+        target = "defectdet.deploy.server:worker_app"
+        _run_uvicorn(target, uvicorn_config(target, host, port, settings, workers=workers))
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if own_dir:
+            shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -9,8 +9,28 @@ function escapeHtml(text) {
   return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 }
 
+// With `serve --token-file`, the API wants `Authorization: Bearer <token>`: asked once, kept for this tab.
+const TOKEN_KEY = "defectdet-token";
+let tokenAsked = false;  // one prompt per page load, not one per refresh
+
+function withToken(options) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const headers = new Headers((options && options.headers) || {});
+  if (token) headers.set("Authorization", "Bearer " + token);
+  return { ...(options || {}), headers };
+}
+
 async function getJson(url, options) {
-  const response = await fetch(url, options);
+  const sent = sessionStorage.getItem(TOKEN_KEY);
+  let response = await fetch(url, withToken(options));
+  if (response.status === 401) {
+    if (sessionStorage.getItem(TOKEN_KEY) === sent && !tokenAsked) {
+      tokenAsked = true;
+      const token = window.prompt("This service needs its access token (serve --token-file):");
+      if (token) { sessionStorage.setItem(TOKEN_KEY, token.trim()); tokenAsked = false; }
+    }
+    if (sessionStorage.getItem(TOKEN_KEY) !== sent) response = await fetch(url, withToken(options));
+  }
   let body = null;
   try { body = await response.json(); } catch (e) { body = { error: response.statusText }; }
   return { ok: response.ok, status: response.status, body };
@@ -157,7 +177,8 @@ async function refreshResults() {
 }
 
 $("detect-form").addEventListener("submit", inspect);
-$("drift-reset").addEventListener("click", async () => { await getJson("/v1/drift/reset", { method: "POST" }); refreshDrift(); });
+$("drift-reset").addEventListener("click", async () => { await getJson("/v1/drift/reset", { method: "POST", body: "{}",
+  headers: { "Content-Type": "application/json", "X-Defectdet-Request": "1" } }); refreshDrift(); });
 loadModel();
 refreshReady();
 refreshDrift();

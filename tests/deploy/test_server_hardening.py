@@ -1,0 +1,462 @@
+"""Hardening of the inspection service (issue 23): access control, JSON errors everywhere and no 500,
+idle and stalled connections, no leaks in answers, and several worker processes behind one /metrics.
+
+Event-driven: stalled uploads wait on an Event, servers are polled until they answer; no fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import cv2
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+from PIL import Image
+from server_fakes import FakePredictor, board, encode
+
+from defectdet.deploy import server as server_module
+from defectdet.deploy.server import ServeSettings, create_app, uvicorn_config
+
+BASE = "http://127.0.0.1"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _ready_app(predictor: FakePredictor | None = None, **settings: object):  # noqa: ANN202
+    app = create_app(predictor or FakePredictor(), ServeSettings(**settings))
+    app.state.service.start()
+    assert app.state.service.ready.wait(10)
+    return app
+
+
+def _client(app) -> TestClient:  # noqa: ANN001
+    return TestClient(app, base_url=BASE, raise_server_exceptions=False)
+
+
+def _json_error(response: httpx.Response, status: int, words: str = "") -> dict:
+    assert response.status_code == status, (response.status_code, response.text)
+    assert response.headers["content-type"].startswith("application/json"), response.headers
+    body = response.json()
+    assert body["status"] == status and body["error"] and "\n" not in body["error"]
+    assert words.lower() in body["error"].lower(), body["error"]
+    return body
+
+
+# ------------------------------------------------------------------ item 2: access control
+def test_a_token_guards_every_route_but_the_health_probes() -> None:
+    app = _ready_app(token="s3cret-token")
+    png = encode(board(1))
+    with _client(app) as client:
+        for method, path in [
+            ("GET", "/v1/model"), ("GET", "/metrics"), ("GET", "/v1/drift"), ("GET", "/v1/results"),
+            ("GET", "/openapi.json"), ("POST", "/v1/detect"), ("POST", "/v1/drift/reset"),
+        ]:  # fmt: skip
+            response = client.request(method, path)
+            _json_error(response, 401, "token")
+            assert response.headers["www-authenticate"].startswith("Bearer")
+            wrong = client.request(method, path, headers={"Authorization": "Bearer s3cret-tokeX"})
+            _json_error(wrong, 401, "token")
+        assert client.get("/healthz").status_code == 200
+        assert client.get("/readyz").status_code == 200
+        auth = {"Authorization": "Bearer s3cret-token"}
+        assert client.get("/v1/model", headers=auth).status_code == 200
+        ok = client.post("/v1/detect", files={"image": png}, headers=auth)
+        assert ok.status_code == 200, ok.text
+        reset = client.post("/v1/drift/reset", json={}, headers={**auth, "X-Defectdet-Request": "1"})
+        assert reset.status_code == 200, reset.text
+        # the page and its assets hold no data: they load, and the page asks for the token
+        assert client.get("/").status_code == 200
+        assert "Authorization" in client.get("/static/app.js").text
+
+
+def test_state_changing_routes_refuse_cross_site_requests() -> None:
+    app = _ready_app()
+    with _client(app) as client:
+        form_post = client.post(
+            "/v1/drift/reset", content=b"x=1", headers={"Content-Type": "text/plain"}
+        )  # what a web page's <form enctype="text/plain"> sends
+        _json_error(form_post, 403, "X-Defectdet-Request")
+        _json_error(client.post("/v1/drift/reset"), 403, "X-Defectdet-Request")
+        no_json = client.post(
+            "/v1/drift/reset",
+            content=b"{}",
+            headers={"X-Defectdet-Request": "1", "Content-Type": "text/plain"},
+        )
+        _json_error(no_json, 415, "application/json")
+        mark = {"X-Defectdet-Request": "1"}
+        _json_error(
+            client.post("/v1/drift/reset", json={}, headers={**mark, "Origin": "http://evil.example"}),
+            403,
+            "cross-site",
+        )
+        _json_error(
+            client.post("/v1/drift/reset", json={}, headers={**mark, "Sec-Fetch-Site": "cross-site"}),
+            403,
+            "cross-site",
+        )
+        png = encode(board(2))
+        cross = client.post("/v1/detect", files={"image": png}, headers={"Origin": "null"})
+        _json_error(cross, 403, "cross-site")
+        assert app.state.service.monitor.state().images == 0  # the cross-site image never reached the charts
+        same = {"Origin": BASE, "Sec-Fetch-Site": "same-origin"}
+        assert client.post("/v1/drift/reset", json={}, headers={**mark, **same}).status_code == 200
+        assert client.post("/v1/detect", files={"image": png}, headers=same).status_code == 200
+        assert client.post("/v1/detect", files={"image": png}).status_code == 200  # curl: no Origin
+
+
+def test_only_trusted_host_names_are_served() -> None:
+    app = _ready_app(allowed_hosts=("localhost", "127.0.0.1", "::1", "inspect.line3"))
+    with _client(app) as client:
+        _json_error(client.get("/v1/model", headers={"Host": "evil.example"}), 400, "host")
+        _json_error(client.get("/", headers={"Host": "evil.example:8000"}), 400, "host")
+        for host in ("localhost:8000", "127.0.0.1", "[::1]:8000", "INSPECT.line3:80", "10.1.2.3:8000"):
+            assert client.get("/v1/model", headers={"Host": host}).status_code == 200, host
+        assert client.get("/healthz", headers={"Host": "evil.example"}).status_code == 200
+    with _client(_ready_app(allowed_hosts=("*",))) as anywhere:
+        assert anywhere.get("/v1/model", headers={"Host": "evil.example"}).status_code == 200
+
+
+def test_serve_reads_the_token_warns_beyond_loopback_and_trusts_the_bind_host(
+    bundle_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from defectdet.cli import app as cli
+
+    calls: list[ServeSettings] = []
+    monkeypatch.setattr(
+        server_module, "_run_uvicorn", lambda app, config: calls.append(app.state.service.settings)
+    )
+    monkeypatch.delenv("DEFECTDET_TOKEN", raising=False)
+
+    def run(*args: str) -> str:
+        result = CliRunner().invoke(cli, ["serve", str(bundle_path), *args])
+        assert result.exit_code == 0, result.output
+        return " ".join(result.output.split())
+
+    assert "without a token" in run("--host", "0.0.0.0")
+    assert calls[-1].token is None and "0.0.0.0" in calls[-1].allowed_hosts
+    assert "without a token" not in run()
+    token_file = tmp_path / "token"
+    token_file.write_text("file-token\n")
+    output = run("--host", "10.0.0.5", "--token-file", str(token_file), "--allowed-host", "inspect.line3")
+    assert "without a token" not in output and "file-token" not in output
+    settings = calls[-1]
+    assert settings.token == "file-token"
+    assert {"10.0.0.5", "inspect.line3", "localhost", "127.0.0.1"} <= set(settings.allowed_hosts)
+    assert "file-token" not in repr(settings)
+    monkeypatch.setenv("DEFECTDET_TOKEN", "env-token")
+    run()
+    assert calls[-1].token == "env-token"
+    (tmp_path / "empty").write_text("  \n")
+    refused = CliRunner().invoke(cli, ["serve", str(bundle_path), "--token-file", str(tmp_path / "empty")])
+    assert refused.exit_code == 2 and "empty" in refused.output
+
+
+# ------------------------------------------------------------------ item 4: JSON errors, no 500
+class _Exploding(FakePredictor):
+    def predict(self, image, template=None, conf=None):  # noqa: ANN001, ANN201
+        if self.calls >= 1:  # after the warm-up
+            raise RuntimeError(f"session failed on {object()!r}")
+        return super().predict(image, template, conf)
+
+
+def test_an_unexpected_exception_is_a_logged_json_500_without_addresses(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    predictor = _Exploding()
+    app = _ready_app(predictor)
+    predictor.calls = 1
+    with _client(app) as client, caplog.at_level(logging.ERROR):
+        body = _json_error(client.post("/v1/detect", files={"image": encode(board(1))}), 500, "internal")
+    assert "0x" not in body["error"] and "session failed" in body["error"]
+    assert "session failed" in caplog.text
+
+
+@pytest.mark.parametrize("error", [NotImplementedError("no codec"), TypeError("bad"), AttributeError("x")])
+def test_any_decoder_failure_is_a_4xx(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
+    app = _ready_app()
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(server_module, "decode_image", broken)
+    with _client(app) as client:
+        _json_error(client.post("/v1/detect", files={"image": encode(board(1))}), 422, "image")
+
+
+def test_starlette_errors_are_json_and_docs_are_off() -> None:
+    with _client(_ready_app()) as client:
+        _json_error(client.get("/static/nothing.js"), 404, "not found")
+        _json_error(client.get("/docs"), 404, "not found")
+        _json_error(client.get("/redoc"), 404, "not found")
+        _json_error(client.put("/healthz"), 405, "not allowed")
+        assert client.get("/openapi.json").status_code == 200
+
+
+def _samples() -> dict[str, bytes]:
+    """One small valid file per format a decoder here accepts."""
+    gray = board(5, size=48)
+    color = cv2.cvtColor(gray, cv2.COLOR_GRAY2BGR)
+    files = {
+        ext: encode(gray, ext) for ext in (".png", ".jpg", ".bmp", ".tif", ".webp", ".pgm", ".pbm", ".sr")
+    }
+    files[".jp2"] = encode(color, ".jp2")
+    files[".ppm"] = encode(color, ".ppm")
+    files[".hdr"] = encode(color.astype(np.float32) / 255, ".hdr")
+    files[".pfm"] = encode(color.astype(np.float32) / 255, ".pfm")
+    for fmt, mode in (("DDS", "RGB"), ("SPIDER", "F"), ("TGA", "L"), ("GIF", "L"), ("PCX", "L"),
+                      ("SGI", "L"), ("IM", "L"), ("ICO", "L")):  # fmt: skip
+        buffer = io.BytesIO()
+        Image.fromarray(gray).convert(mode).save(buffer, format=fmt)
+        files[fmt.lower()] = buffer.getvalue()
+    return files
+
+
+def _mutants(data: bytes, rng: np.random.Generator, count: int) -> Iterator[bytes]:
+    """Bit flips, byte runs overwritten with extremes, truncations and header fields set to huge values."""
+    for index in range(count):
+        array = bytearray(data)
+        kind = index % 4
+        head = min(len(array), 64)
+        if kind == 0:
+            for at in rng.integers(0, len(array), 1 + index % 8):
+                array[at] ^= 1 << int(rng.integers(0, 8))
+        elif kind == 1:
+            at = int(rng.integers(0, head))
+            array[at : at + 4] = bytes([0xFF, 0xFF, 0x7F, 0xFF][: len(array[at : at + 4])])
+        elif kind == 2:
+            array = array[: int(rng.integers(1, len(array)))]
+        else:
+            at = int(rng.integers(0, head))
+            array[at : at + 2] = bytes([0, 0])
+        yield bytes(array)
+
+
+def test_fuzzed_files_of_every_format_never_give_a_500() -> None:
+    rng = np.random.default_rng(23)
+    app = _ready_app(max_pixels=4_000_000)
+    seen: dict[int, int] = {}
+    with _client(app) as client:
+        for name, data in _samples().items():
+            for mutant in _mutants(data, rng, 12):
+                response = client.post("/v1/detect", files={"image": (f"f{name}", mutant)})
+                seen[response.status_code] = seen.get(response.status_code, 0) + 1
+                assert response.status_code < 500, (name, response.status_code, response.text[:200])
+                assert response.headers["content-type"].startswith("application/json"), (name, response.text)
+                if response.status_code != 200:
+                    assert "Traceback" not in response.text and "0x" not in response.json()["error"]
+    assert seen.get(200, 0) > 0 and sum(seen.values()) > 200
+
+
+# ------------------------------------------------------------------ item 5: stalled and idle connections
+def test_uploads_being_read_take_no_compute_slot() -> None:
+    app = _ready_app(max_concurrency=1, max_queue=1)
+    service = app.state.service
+    image = encode(board(9))
+    head = b'--b\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n\r\n'
+
+    async def scenario() -> tuple[list[int], int, int, httpx.Response]:
+        release = asyncio.Event()
+        reading = [asyncio.Event() for _ in range(4)]
+
+        def stalled(event: asyncio.Event) -> AsyncIterator[bytes]:
+            async def chunks() -> AsyncIterator[bytes]:
+                yield head
+                event.set()  # the server asked for more: it is reading this upload
+                await release.wait()
+                yield image + b"\r\n--b--\r\n"
+
+            return chunks()
+
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE, timeout=30) as client:
+            headers = {"content-type": "multipart/form-data; boundary=b"}
+            held = [
+                asyncio.create_task(client.post("/v1/detect", content=stalled(event), headers=headers))
+                for event in reading
+            ]
+            await asyncio.gather(*(event.wait() for event in reading))
+            ok = await client.post("/v1/detect", files={"image": image})
+            health = (await client.get("/healthz")).status_code
+            release.set()
+            statuses = [response.status_code for response in await asyncio.gather(*held)]
+            return statuses, health, ok.status_code, ok
+
+    statuses, health, status, ok = asyncio.run(scenario())
+    assert status == 200, ok.text  # 4 uploads still arriving did not fill 1 running + 1 waiting
+    assert health == 200
+    assert all(code in (200, 503) for code in statuses), statuses
+    assert service.admitted == 0
+
+
+def test_overload_message_counts_only_inferences() -> None:
+    predictor = FakePredictor()
+    app = _ready_app(predictor, max_concurrency=1, max_queue=1)
+    service = app.state.service
+    image = encode(board(9))
+
+    async def scenario() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE, timeout=30) as client:
+            predictor.gate.clear()
+            held = [asyncio.create_task(client.post("/v1/detect", files={"image": image})) for _ in range(2)]
+            while service.admitted < 2:
+                await asyncio.sleep(0)
+            refused = await client.post("/v1/detect", files={"image": image})
+            predictor.gate.set()
+            await asyncio.gather(*held)
+            return refused
+
+    body = _json_error(asyncio.run(scenario()), 503, "1 running")
+    assert "1 waiting" in body["error"]
+
+
+@contextlib.contextmanager
+def _uvicorn(app, settings: ServeSettings) -> Iterator[tuple[str, int, uvicorn.Server]]:  # noqa: ANN001
+    """The app under uvicorn, configured as `serve` does, on a free loopback port in a thread."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn_config(app, "127.0.0.1", port, settings)
+    config.log_level = "warning"
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield "127.0.0.1", port, server
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def _raw(host: str, port: int, data: bytes) -> bytes:
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(data)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_uvicorn_level_refusals_are_json_and_health_outlives_idle_sockets() -> None:
+    settings = ServeSettings(max_connections=4, header_timeout_s=60)
+    app = _ready_app(max_connections=4, header_timeout_s=60)
+    with _uvicorn(app, settings) as (host, port, server):
+        answer = _raw(host, port, b"NOT HTTP AT ALL\r\n\r\n")
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head.lower(), answer
+        assert json.loads(body)["status"] == 400
+        idle = [socket.create_connection((host, port), timeout=10) for _ in range(6)]
+        try:
+            while len(server.server_state.connections) < 6:
+                time.sleep(0.01)
+            with httpx.Client(base_url=f"http://{host}:{port}") as client:
+                assert client.get("/healthz").status_code == 200
+                assert client.get("/readyz").status_code == 200
+                busy = client.get("/v1/model")
+            _json_error(busy, 503, "connections")
+            assert "retry-after" in busy.headers
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def test_connections_that_send_no_complete_request_are_closed() -> None:
+    settings = ServeSettings(header_timeout_s=0.2)
+    app = _ready_app(header_timeout_s=0.2)
+    with _uvicorn(app, settings) as (host, port, _server):
+        assert _raw(host, port, b"") == b""  # an idle socket: closed by the server, not by our timeout
+        assert _raw(host, port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n") == b""  # headers trickle
+        with httpx.Client(base_url=f"http://{host}:{port}") as client:
+            assert client.get("/healthz").status_code == 200
+
+
+# ------------------------------------------------------------------ item 9: leaks
+def test_model_answer_names_files_not_paths() -> None:
+    predictor = FakePredictor()
+    predictor.metadata = predictor.metadata.model_copy(
+        update={
+            "train_config": {"data": "/home/alice/secret/line3/data.yaml", "out": "/srv/runs/exp7",
+                             "windows": "C:\\Users\\bob\\data.yaml", "preset": "nano", "lr": 0.01},
+            "metrics": {"checkpoint": "/home/alice/runs/best.pt", "map50": 0.5},
+        }
+    )  # fmt: skip
+    with _client(_ready_app(predictor)) as client:
+        text = client.get("/v1/model").text
+    assert "/home" not in text and "/srv" not in text and "Users" not in text, text
+    body = json.loads(text)
+    config = body["metadata"]["train_config"]
+    assert config["data"] == "data.yaml" and config["out"] == "exp7" and config["windows"] == "data.yaml"
+    assert config["preset"] == "nano" and body["metadata"]["metrics"]["checkpoint"] == "best.pt"
+
+
+# ------------------------------------------------------------------ item 12: several workers
+def _get(url: str) -> httpx.Response | None:
+    try:
+        return httpx.get(url, timeout=5)
+    except httpx.TransportError:
+        return None
+
+
+def test_two_workers_share_one_metrics_view(bundle_path: Path, tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONWARNINGS": "ignore"}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    command = [sys.executable, "-m", "defectdet.cli", "serve", str(bundle_path), "--port", str(port),
+               "--workers", "2", "--threads", "1"]  # fmt: skip
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    healthy = 0
+    try:
+        deadline = time.monotonic() + 120
+        while (response := _get(base + "/healthz")) is None or response.status_code != 200:
+            assert process.poll() is None, process.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the service never answered /healthz"
+            time.sleep(0.1)
+        healthy = 1
+        pids: set[str] = set()
+        for _ in range(200):  # each on a new connection, so the kernel spreads them over the workers
+            response = httpx.get(base + "/healthz", timeout=10)
+            assert response.status_code == 200
+            healthy += 1
+            text = httpx.get(base + "/metrics", timeout=10).text
+            pids |= set(re.findall(r'defectdet_drift_z\{pid="(\d+)"', text))
+            if len(pids) >= 2 and healthy >= 20:
+                break
+        text = httpx.get(base + "/metrics", timeout=10).text
+        assert len(pids) == 2, pids  # both workers' gauges, whichever worker answered
+        total = re.search(r'defectdet_requests_total\{route="/healthz",status="200"\} (\S+)', text)
+        assert total is not None and float(total.group(1)) == healthy, text[:3000]
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            output = process.communicate(timeout=30)[0].decode()
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output = process.communicate()[0].decode()
+    flat = " ".join(output.lower().split())
+    assert "drift state" in flat and "per worker" in flat, output[-3000:]
+    assert not [path for path in tmp_path.iterdir() if path.name.startswith("defectdet-metrics")]
