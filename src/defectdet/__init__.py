@@ -7,6 +7,9 @@ Exports are resolved lazily so that `import defectdet` stays cheap and torch-fre
 from __future__ import annotations
 
 from defectdet._lazy import lazy_exports
+from defectdet._limits import cap_opencv_pixels
+
+cap_opencv_pixels()  # before any module imports cv2, which reads the cap only once
 
 __version__ = "0.1.0"
 

@@ -168,8 +168,9 @@ def test_over_max_pixels_names_the_limit(tmp_path: Path) -> None:
         read_image(jpeg, max_pixels=5_000)
 
 
-def test_pillow_fallback_for_formats_opencv_lacks(tmp_path: Path) -> None:
+def test_formats_outside_the_accepted_list_are_refused(tmp_path: Path) -> None:
+    # GIF used to go through the Pillow fallback; only the accepted formats are decoded now (issue 23)
     path = tmp_path / "board.gif"
     Image.fromarray(np.full((4, 6), 90, np.uint8)).save(path)
-    out = read_image(path)
-    assert out.shape == (4, 6) and abs(int(out[0, 0]) - 90) <= 1
+    with pytest.raises(ImageReadError, match=r"board\.gif: not an accepted image format"):
+        read_image(path)

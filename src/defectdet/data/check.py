@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from defectdet.data.formats import available_splits, detect_format, load_dataset
-from defectdet.data.imageio import decode_image, read_image_size
+from defectdet.data.imageio import decode_image, read_file_bytes, read_image_size
 from defectdet.data.sample import DatasetSplit, Problem
 from defectdet.errors import DefectDetError, ImageReadError, describe_failure
 
@@ -117,9 +117,9 @@ def _inspect_images(paths: list[Path], deep: bool, workers: int | None) -> dict[
 
 def _decode_one(path: Path) -> _ImageResult:
     try:
-        data = path.read_bytes()
-    except OSError as error:
-        return _ImageResult(None, None, f"cannot read image ({error.strerror or error})")
+        data = read_file_bytes(path)  # regular files only: a FIFO would block
+    except ImageReadError as error:
+        return _ImageResult(None, None, str(error).removeprefix(f"{path}: "))
     digest = hashlib.blake2b(data, digest_size=16).hexdigest()
     try:
         image = decode_image(data, path, channels=1)

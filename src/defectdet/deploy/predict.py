@@ -53,12 +53,18 @@ def list_sources(source: str | Path) -> list[Path]:
     """A file, a folder (its images, sorted, not recursive) or a glob pattern -> image paths."""
     text = str(source)
     path = Path(text)
+    # Everything named like an image is kept, file or not: a folder, FIFO or symlink loop named *.jpg then
+    # fails to read with its reason and is listed, instead of vanishing from the run.
     if path.is_dir():
-        found = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-    elif path.is_file():
+        found = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    elif path.exists() or path.is_symlink():
         found = [path]
     elif any(char in text for char in "*?["):
-        found = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
+        found = sorted(
+            Path(p)
+            for p in glob.glob(text, recursive=True)
+            if Path(p).is_file() or Path(p).suffix.lower() in IMAGE_SUFFIXES
+        )
     else:
         raise InputError(f"{source}: no such file, folder or glob match")
     if not found:

@@ -22,6 +22,7 @@ from defectdet.data.imageio import (
     decode_image,
     decode_pair,
     effective_bit_depth,
+    read_file_bytes,
     to_uint8,
 )
 from defectdet.data.letterbox import LetterboxTransform, letterbox_image
@@ -286,10 +287,7 @@ class Predictor:
             return bytes(source), name
         if isinstance(source, (str, os.PathLike)):
             path = Path(source)
-            try:
-                return path.read_bytes(), path
-            except OSError as error:
-                raise InputError(f"{path}: cannot read ({error.strerror or error})") from None
+            return read_file_bytes(path), path  # regular files only: a FIFO would block
         raise InputError(f"{name}: expected a path, bytes or a numpy array, got {type(source).__name__}")
 
     def prepare(self, image: np.ndarray, template: np.ndarray | None) -> Prepared:

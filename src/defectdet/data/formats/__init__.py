@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import stat
 from pathlib import Path
 
 from defectdet.data.sample import DatasetSplit, Problem
@@ -84,9 +85,26 @@ def is_deeppcb_list(path: Path) -> bool:
     return False
 
 
-def list_images(folder: Path) -> list[Path]:
-    """Image files under `folder`, recursively, in sorted order."""
-    return sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+def list_images(folder: Path, problems: list[Problem] | None = None) -> list[Path]:
+    """Image files under `folder`, recursively, in sorted order. Entries named like an image that are not
+    regular files (a folder ``x.jpg``, a symlink loop, a FIFO) are skipped with a warning in `problems`."""
+    found = []
+    for path in sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS):
+        if path.is_file():
+            found.append(path)
+        elif problems is not None:
+            problems.append(Problem("warning", str(path), f"skipped: {_not_a_file(path)}"))
+    return found
+
+
+def _not_a_file(path: Path) -> str:
+    try:
+        mode = path.stat().st_mode
+    except OSError as error:  # a broken link or a symlink loop
+        return f"cannot be read ({error.strerror or error})"
+    if stat.S_ISDIR(mode):
+        return "a folder named like an image"
+    return "not a regular file (FIFO, device or socket)"
 
 
 def order_splits(names: set[str] | list[str]) -> list[str]:

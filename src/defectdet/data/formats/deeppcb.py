@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from defectdet.data.formats import check_box, is_deeppcb_list, order_splits
-from defectdet.data.imageio import read_image_size
+from defectdet.data.imageio import read_image_size, read_text_file
 from defectdet.data.sample import DatasetSplit, Problem, Sample
 from defectdet.errors import DatasetError, ImageReadError, describe_failure
 
@@ -159,7 +159,7 @@ def _read_pair(
         template = None
     label_path = root / label_name
     try:
-        label_lines = label_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        label_lines = read_text_file(label_path).splitlines()  # a FIFO is refused, not waited on
     except FileNotFoundError:
         problems.append(Problem("error", list_path, f"label file {label_path} not found", line_number))
         return None

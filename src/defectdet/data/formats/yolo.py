@@ -16,7 +16,7 @@ import numpy as np
 import yaml
 
 from defectdet.data.formats import IMAGE_EXTENSIONS, check_box, list_images, order_splits
-from defectdet.data.imageio import read_image_size
+from defectdet.data.imageio import read_image_size, read_text_file
 from defectdet.data.sample import DatasetSplit, Problem, Sample
 from defectdet.errors import DatasetError, ImageReadError, describe_failure
 
@@ -120,7 +120,7 @@ def _split_images(
         location = Path(str(item)).expanduser()
         location = location if location.is_absolute() else root / location
         if location.is_dir():
-            entries.extend((image, location) for image in list_images(location))
+            entries.extend((image, location) for image in list_images(location, problems))
         elif location.is_file() and location.suffix.lower() == ".txt":
             entries.extend((image, None) for image in _read_image_list(location, root, problems))
         elif location.is_file() and location.suffix.lower() in IMAGE_EXTENSIONS:
@@ -157,7 +157,7 @@ def _read_sample(
     image_path: Path, label_path: Path, num_classes: int, problems: list[Problem]
 ) -> Sample | None:
     try:
-        lines = label_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = read_text_file(label_path).splitlines()  # a FIFO is refused, not waited on
     except FileNotFoundError:
         lines = []  # no label file: an image without defects
     except OSError as error:
