@@ -1,3 +1,7 @@
+import pickle
+import random
+import zipfile
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -222,3 +226,44 @@ def test_pickled_models_in_a_dict_are_migrated_to_state_dicts(tmp_path):
     assert result.loads_strictly
     fixed = torch.load(tmp_path / "fixed.pt", weights_only=True)  # no pickled classes left
     assert set(fixed["ema"]) == set(model.state_dict()) and fixed["epoch"] == 3
+
+
+def _written(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "says"),
+    [
+        ("random.pt", lambda: b"\x13\x37" + random.Random(0).randbytes(4094), "unknown bytes (13 37"),
+        ("empty.pt", lambda: b"", "an empty file"),
+        ("text.pt", lambda: b"epoch,loss\n1,0.5\n" * 4, "a text file (starts with 'epoch,loss"),
+        ("damaged.pt", lambda: b"PK\x03\x04" + random.Random(1).randbytes(300), "a damaged zip archive"),
+        ("pickle.pt", lambda: b"\x80\x04" + random.Random(2).randbytes(300), "a pickle stream (protocol 4)"),
+    ],
+)
+def test_a_file_that_is_not_a_checkpoint_is_named_for_what_it_is(tmp_path, name, make, says):
+    """Random bytes are not "pickled Python objects": the error says what the file is (empty, text, a zip
+    archive, a pickle stream, unknown bytes) and never suggests --unsafe for bytes that hold no objects."""
+    path = _written(tmp_path / name, make())
+    with pytest.raises(CheckpointError) as caught:
+        checkpoint_report(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ") and says in message, message
+    assert "pickled Python objects" not in message
+
+
+def test_a_zip_archive_without_torch_data_is_named(tmp_path):
+    path = tmp_path / "notes.pt"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("notes.txt", "not weights")
+    with pytest.raises(CheckpointError, match=r"notes.pt: .*a zip archive that is not a torch checkpoint"):
+        checkpoint_report(path)
+
+
+def test_a_plain_pickle_is_named_and_only_loads_with_unsafe(tmp_path):
+    path = tmp_path / "plain.pkl"
+    path.write_bytes(pickle.dumps({"weights": [1, 2]}, protocol=4))
+    with pytest.raises(CheckpointError, match=r"plain.pkl: .*a pickle stream \(protocol 4\).*--unsafe"):
+        checkpoint_report(path)

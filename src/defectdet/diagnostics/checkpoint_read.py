@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import pickle
 import re
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -67,19 +68,72 @@ def _torch_load(path: Path, unsafe: bool) -> tuple[Any, dict[int, str]]:
     try:
         return torch.load(path, map_location=to_cpu, weights_only=not unsafe), locations
     except pickle.UnpicklingError as error:
-        if not unsafe:
-            found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
-            what = f" ({found.group(1)})" if found else ""
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
+        if not unsafe and found:
             raise CheckpointError(
-                f"{path}: holds pickled Python objects{what} (a whole saved model?) that weights_only loading "
-                "refuses; re-save it as a state_dict, or pass --unsafe if you trust the file"
+                f"{path}: holds pickled Python objects ({found.group(1)}) (a whole saved model?) that weights_only "
+                "loading refuses; re-save it as a state_dict, or pass --unsafe if you trust the file"
             ) from None
-        raise CheckpointError(f"{path}: cannot be unpickled ({error})") from None
-    except Exception as error:
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        kind = describe_bytes(path)
+        if not unsafe and kind.startswith("a pickle stream"):
+            raise CheckpointError(
+                f"{path}: {kind}, not a torch.save archive, and weights_only loading cannot read it "
+                f"({_weights_only_reason(error)}); re-save it with torch.save, or pass --unsafe if you trust the file"
+            ) from None
         raise CheckpointError(
-            f"{path}: corrupt or not a torch checkpoint ({type(error).__name__}: {message})"
+            f"{path}: not a torch checkpoint: {kind} ({_weights_only_reason(error)})"
         ) from None
+    except Exception as error:
+        raise CheckpointError(
+            f"{path}: corrupt or not a torch checkpoint: {describe_bytes(path)} ({_first_line(error)})"
+        ) from None
+
+
+def describe_bytes(path: Path) -> str:
+    """What a file that torch cannot load actually is, from its first bytes: empty, a torch zip archive, another
+    zip archive, a damaged zip archive, a pickle stream (with its protocol), text, or unknown bytes."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(64)
+    except OSError as error:
+        return f"an unreadable file ({error.strerror or error})"
+    if not head:
+        return "an empty file"
+    if head.startswith(b"PK\x03\x04"):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+            return "a damaged zip archive (truncated or overwritten?)"
+        if any(name == "data.pkl" or name.endswith("/data.pkl") for name in names):
+            return f"a torch zip archive ({len(names)} entries)"
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        return f"a zip archive that is not a torch checkpoint (no data.pkl; holds {shown or 'nothing'})"
+    if head[0] == 0x80 and len(head) > 1 and 2 <= head[1] <= 5:
+        return f"a pickle stream (protocol {head[1]})"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and all(char.isprintable() or char in "\r\n\t" for char in text):
+        first = text.splitlines()[0][:24] if text.splitlines() else ""
+        return f"a text file (starts with {first!r})"
+    return f"unknown bytes ({head[:8].hex(' ')} ...), neither a zip archive nor a pickle stream"
+
+
+def _first_line(error: BaseException) -> str:
+    """The exception's type and its first sentence (torch's messages run for paragraphs)."""
+    text = str(error).strip()
+    if not text:
+        return type(error).__name__
+    sentence = text.splitlines()[0].split(". ")[0].rstrip(".")
+    return f"{type(error).__name__}: {sentence[:160]}"
+
+
+def _weights_only_reason(error: BaseException) -> str:
+    """The part of torch's long weights_only message that says what was refused."""
+    found = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\s{2,}|\n|$)", str(error))
+    return found.group(1).strip() if found else _first_line(error)
 
 
 def _find_weights(raw: Any) -> tuple[dict[str, torch.Tensor], str | None, str]:
