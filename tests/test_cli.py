@@ -165,3 +165,67 @@ def test_package_exports_the_python_api_lazily() -> None:
         assert getattr(defectdet, name) is not None, name
     with pytest.raises(AttributeError):
         defectdet.no_such_thing  # noqa: B018
+
+
+def _coco_folder(root: Path) -> Path:
+    """A COCO dataset folder as many tools write it: train.json, val.json and images/."""
+    import cv2
+    import numpy as np
+
+    (root / "images").mkdir(parents=True)
+    for index, split in enumerate(("train", "val")):
+        cv2.imwrite(str(root / "images" / f"{split}.png"), np.full((60, 80), 40 * index + 20, np.uint8))
+        document = {
+            "images": [{"id": 1, "file_name": f"{split}.png", "width": 80, "height": 60}],
+            "categories": [{"id": 1, "name": "short"}],
+            "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 5, 20, 10]}],
+        }
+        (root / f"{split}.json").write_text(json.dumps(document))
+    return root
+
+
+def test_check_detects_a_coco_folder(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["check", str(_coco_folder(tmp_path / "coco"))])
+    assert result.exit_code == 0, result.output
+    assert "(coco)" in result.output and "OK" in result.output
+
+
+class _Stop(Exception):
+    """Raised by a stand-in once it has seen the arguments the command passed."""
+
+
+@pytest.mark.parametrize("command", ["check", "train", "val", "doctor loader", "doctor nan"])
+def test_every_command_that_takes_data_has_a_format_option(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--format` reaches the dataset reader for every command with a DATA argument."""
+    import defectdet.data.check
+    import defectdet.diagnostics.loader_doctor
+    import defectdet.diagnostics.sources
+    import defectdet.engine.trainer
+    import defectdet.engine.validate
+
+    seen: dict[str, object] = {}
+
+    def record(name: str):
+        def stand_in(*args, **kwargs):
+            config = kwargs.get("overrides") or (args[0] if name == "train" else kwargs)
+            seen["format"] = getattr(config, "format", None) if name == "train" else config.get("format")
+            raise _Stop
+
+        return stand_in
+
+    data = _coco_folder(tmp_path / "coco")
+    monkeypatch.setattr(defectdet.data.check, "run_check", record("check"))
+    monkeypatch.setattr(defectdet.engine.trainer, "build_train_data", record("train"))
+    monkeypatch.setattr(defectdet.engine.validate, "validate", record("val"))
+    monkeypatch.setattr(defectdet.diagnostics.loader_doctor, "loader_report", record("loader"))
+    monkeypatch.setattr(defectdet.diagnostics.sources, "checkpoint_nan_report", record("nan"))
+    checkpoint = tmp_path / "best.pt"
+    checkpoint.write_bytes(b"unused")
+    args = {"val": [str(checkpoint), str(data)], "doctor nan": [str(checkpoint), str(data)]}.get(
+        command, [str(data)]
+    )
+    result = runner.invoke(app, [*command.split(), *args, "--format", "coco"])
+    assert isinstance(result.exception, _Stop), result.output
+    assert seen["format"] == "coco"

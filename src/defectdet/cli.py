@@ -179,6 +179,7 @@ def train(
     train_split: str | None = typer.Option(None, help="Split to train on (default train)."),
     val_split: str | None = typer.Option(None, help="Split to validate on (default val)."),
     on_nonfinite: str | None = typer.Option(None, help="skip|stop on a NaN/Inf loss or gradient."),
+    format: str | None = typer.Option(None, "--format", help="yolo|coco|voc|deeppcb (default: detected)."),
     set_: list[str] = typer.Option([], "--set", help="Any other TrainConfig field: --set ema_decay=0.999"),
 ) -> None:
     """Train a detector. Writes last.pt, best.pt, metrics.csv, plots and report.html into the run folder.
@@ -210,6 +211,7 @@ def train(
         "train_split": train_split,
         "val_split": val_split,
         "on_nonfinite": on_nonfinite,
+        "format": format,
     }
     overrides.update({key: value for key, value in named.items() if value is not None})
     if from_scratch:

@@ -20,6 +20,9 @@ doctor_app = typer.Typer(
 )
 
 JSON_OPTION = typer.Option(False, "--json", help="Print the report as JSON instead of tables.")
+FORMAT_OPTION = typer.Option(
+    None, "--format", help="Dataset format: yolo|coco|voc|deeppcb (default: detected)."
+)
 
 
 def _finish(report: Any, as_json: bool, render: Any, **render_options: Any) -> None:
@@ -147,6 +150,7 @@ def loader(
     batches: int = typer.Option(6, help="Batches per loader setting."),
     scan: int | None = typer.Option(None, help="Scan only the first N samples (default: all; 0: no scan)."),
     timeout: float = typer.Option(30.0, help="Seconds after which one sample counts as hung."),
+    format: str | None = FORMAT_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Loader speed over workers/batch/prefetch/persistent/pin, the bottleneck, and which sample breaks it.
@@ -166,7 +170,7 @@ def loader(
         batches_per_setting=batches,
         scan_limit=scan,
         sample_timeout=timeout,
-        overrides={"imgsz": imgsz} if imgsz else None,
+        overrides={key: value for key, value in {"imgsz": imgsz, "format": format}.items() if value} or None,
     )
     _finish(report, as_json, render_loader)
 
@@ -187,6 +191,7 @@ def nan(
         [], "--dtype", help="Autocast dtypes to try (default: bfloat16 on CPU, float16 on CUDA)."
     ),
     ema: bool = typer.Option(False, help="Use the EMA weights instead of the training weights."),
+    format: str | None = FORMAT_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Forward and backward with hooks on every module, in float32 and under autocast: the first NaN/Inf source.
@@ -205,6 +210,7 @@ def nan(
         device=device,
         dtypes=dtype,
         use_ema=ema,
+        format=format,
     )
     _finish(report, as_json, render_nan)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -261,3 +262,41 @@ def test_unknown_format_says_what_was_looked_for(tmp_path: Path, writers) -> Non
         detect_format(tmp_path)
     with pytest.raises(DatasetError, match="not found"):
         load_dataset(tmp_path / "nope")
+
+
+def _coco_folder(root: Path, writers, annotations_folder: bool = False) -> Path:
+    """A COCO dataset folder: train.json and val.json (or annotations/instances_*.json) and images/."""
+    json_folder = root / "annotations" if annotations_folder else root
+    for index, split in enumerate(("train", "val")):
+        writers.image(root / "images" / f"{split}.png", 80, 60, value=index)
+        document = {
+            "info": {"description": "a tiny set"},
+            "images": [{"id": 1, "file_name": f"{split}.png", "width": 80, "height": 60}],
+            "categories": [{"id": 1, "name": "short"}],
+            "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 5, 20, 10]}],
+        }
+        name = f"instances_{split}.json" if annotations_folder else f"{split}.json"
+        writers.text(json_folder / name, json.dumps(document))
+    return root
+
+
+@pytest.mark.parametrize("annotations_folder", [False, True], ids=["beside", "annotations"])
+def test_a_coco_folder_is_detected(tmp_path: Path, writers, annotations_folder: bool) -> None:
+    root = _coco_folder(tmp_path / "coco", writers, annotations_folder)
+    assert detect_format(root) == "coco"
+    names = ["instances_train", "instances_val"] if annotations_folder else ["train", "val"]
+    assert available_splits(root) == names
+    split = load_dataset(root, names[1])
+    assert split.format == "coco" and len(split.samples) == 1 and split.samples[0].boxes.shape == (1, 4)
+
+
+def test_a_folder_of_other_json_is_not_coco(tmp_path: Path, writers) -> None:
+    writers.text(tmp_path / "settings.json", json.dumps({"threshold": 0.5}))
+    with pytest.raises(DatasetError, match=r"--format"):
+        detect_format(tmp_path)
+
+
+def test_other_json_beside_a_coco_folder_is_not_a_split(tmp_path: Path, writers) -> None:
+    root = _coco_folder(tmp_path / "coco", writers)
+    writers.text(root / "settings.json", json.dumps({"threshold": 0.5}))
+    assert detect_format(root) == "coco" and available_splits(root) == ["train", "val"]

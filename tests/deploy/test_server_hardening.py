@@ -189,6 +189,14 @@ def test_an_unexpected_exception_is_a_logged_json_500_without_addresses(
     assert "session failed" in caplog.text
 
 
+def test_error_lines_drop_addresses_but_keep_sizes() -> None:
+    from defectdet.deploy.server import _one_line
+
+    assert _one_line(f"bad {object()!r} here") == "bad <object object> here"
+    assert _one_line("ptr 0x7f3a2b1c4d5e\nnext") == "ptr next"
+    assert _one_line("image is 100000x100000 pixels") == "image is 100000x100000 pixels"
+
+
 @pytest.mark.parametrize("error", [NotImplementedError("no codec"), TypeError("bad"), AttributeError("x")])
 def test_any_decoder_failure_is_a_4xx(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
     app = _ready_app()

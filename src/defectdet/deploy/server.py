@@ -88,7 +88,7 @@ HEALTH_ROUTES = frozenset({"/healthz", "/readyz"})
 STATE_CHANGING_ROUTES = frozenset({"/v1/drift/reset"})
 REQUEST_MARK = "X-Defectdet-Request"  # the custom header a state-changing request must carry
 TOKEN_ENV = "DEFECTDET_TOKEN"
-_ADDRESS = re.compile(r"\s*\bat 0x[0-9a-fA-F]+|0x[0-9a-fA-F]{6,}")
+_ADDRESS = re.compile(r"\s*\bat 0x[0-9a-fA-F]+|\b0x[0-9a-fA-F]{6,}")  # not the 0x in '100000x100000'
 
 
 @dataclass(frozen=True)

@@ -42,15 +42,19 @@ def nan_batches(
     batches: int = 2,
     batch_size: int = 2,
     split: str | None = None,
+    format: str | None = None,
 ) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
     """The first `batches` training batches of `data`, preprocessed as the checkpoint's run did (its imgsz, crop,
-    channels; no augmentation, so a rerun sees the same pixels)."""
+    channels; no augmentation, so a rerun sees the same pixels). `format`: the dataset format (default: the run's
+    when `data` is the run's dataset, else detected)."""
     from defectdet.data.dataset import DetectionDataset, collate_detections
     from defectdet.data.formats import load_dataset
 
     config = checkpoint.get("config") or {}
     split_name = split or config.get("train_split") or "train"
-    dataset_split = load_dataset(data, split_name, format=config.get("format"))
+    if format is None and str(data) == str(config.get("data")):
+        format = config.get("format")
+    dataset_split = load_dataset(data, split_name, format=format)
     if not dataset_split.samples:
         raise CheckpointError(f"{data}: split {split_name!r} has no samples")
     in_channels = int(getattr(model, "in_channels", 2))
@@ -98,6 +102,7 @@ def checkpoint_nan_report(
     device: str = "auto",
     dtypes: list[str] | None = None,
     use_ema: bool = False,
+    format: str | None = None,
 ) -> Any:
     """`defectdet doctor nan CKPT DATA`: `nan_report` on the checkpoint's training model and the first batches of
     `data`; `dtypes` are autocast dtypes to try besides float32 (default: bfloat16 on CPU, float16 on CUDA)."""
@@ -110,7 +115,9 @@ def checkpoint_nan_report(
         raise ConfigError(f"--dtype: unknown {unknown}; use float16, bfloat16 or float32")
     chosen = resolve_device(device)
     model, state = training_model(checkpoint_path, use_ema=use_ema)
-    inputs = nan_batches(state, model, data, batches=batches, batch_size=batch_size, split=split)
+    inputs = nan_batches(
+        state, model, data, batches=batches, batch_size=batch_size, split=split, format=format
+    )
     if dtypes:
         order = [torch.float32] + [valid[name] for name in dtypes if name != "float32"]
     else:

@@ -21,6 +21,8 @@ IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", 
 BOX_TOLERANCE = 0.01
 TINY_BOX_PIXELS = 2.0
 
+_COCO_KEY = re.compile(r'"(?:images|annotations|categories)"\s*:\s*\[')
+_COCO_SNIFF_CHARS = 64 * 1024
 _DEEPPCB_LINE = re.compile(r"^\S+\.(?:jpg|jpeg|png|bmp|tif|tiff)\s+\S+\.txt$", re.IGNORECASE)
 
 
@@ -46,11 +48,15 @@ def detect_format(path: str | Path) -> str:
             return "voc"
         if any(is_deeppcb_list(candidate) for candidate in sorted(path.glob("*.txt"))):
             return "deeppcb"
+        jsons = sorted(path.glob("*.json")) or sorted((path / "annotations").glob("*.json"))
+        if jsons and any(is_coco_json(candidate) for candidate in jsons):
+            return "coco"
     raise DatasetError(
         f"{path}: cannot tell the dataset format. Looked for a YOLO data.yaml (a .yaml/.yml file or a folder "
-        "holding data.yaml), a COCO .json file, a Pascal VOC folder (Annotations/*.xml, or *.xml beside the "
-        "images) and a DeepPCB root (*.txt list files with lines 'groupG/G/ID.jpg groupG/G_not/ID.txt'). "
-        f"Pass the format explicitly (one of {', '.join(FORMATS)})."
+        "holding data.yaml), a COCO .json file (or a folder of them, e.g. train.json and val.json beside images/, "
+        "or annotations/*.json), a Pascal VOC folder (Annotations/*.xml, or *.xml beside the images) and a DeepPCB "
+        "root (*.txt list files with lines 'groupG/G/ID.jpg groupG/G_not/ID.txt'). "
+        f"Pass --format (one of {', '.join(FORMATS)})."
     )
 
 
@@ -71,6 +77,17 @@ def _reader(path: str | Path, format: str | None):
     if not Path(path).exists():
         raise DatasetError(f"{path}: dataset not found")
     return importlib.import_module(f"defectdet.data.formats.{name}")
+
+
+def is_coco_json(path: Path) -> bool:
+    """True when the start of the JSON object at `path` names a COCO key ('images', 'annotations' or
+    'categories'); reads at most 64 KiB, so a large annotation file is not parsed to detect it."""
+    try:
+        with path.open("r", encoding="utf-8", errors="replace") as handle:
+            head = handle.read(_COCO_SNIFF_CHARS)
+    except OSError:
+        return False
+    return head.lstrip().startswith("{") and bool(_COCO_KEY.search(head))
 
 
 def is_deeppcb_list(path: Path) -> bool:

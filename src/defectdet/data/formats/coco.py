@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from defectdet.data.formats import check_box, order_splits
+from defectdet.data.formats import check_box, is_coco_json, order_splits
 from defectdet.data.sample import DatasetSplit, Problem, Sample
 from defectdet.errors import DatasetError
 
@@ -98,7 +98,8 @@ def _json_files(path: Path) -> list[Path]:
     found = sorted(path.glob("*.json")) or sorted((path / "annotations").glob("*.json"))
     if not found:
         raise DatasetError(f"{path}: no COCO .json file here or in annotations/")
-    return found
+    coco = [candidate for candidate in found if is_coco_json(candidate)]
+    return coco or found  # other json files beside (settings, results) are not splits
 
 
 def _read_json(path: Path) -> dict[str, Any]:
