@@ -104,7 +104,12 @@ def test_bundle_metadata_round_trips_and_describes_the_model(
     checkpoint = torch.load(trained_checkpoint, map_location="cpu", weights_only=False)
     assert meta.train_config["imgsz"] == checkpoint["config"]["imgsz"] and len(meta.config_hash) == 16
     reference = meta.drift_reference
-    assert reference is not None and reference["images"] == len(load_dataset(tiny_dataset, "val").samples)
+    # the drift reference profiles the training images (the val split is a few boards), groups and all
+    assert reference is not None and reference["split"] == "train"
+    assert (
+        reference["images"] == len(load_dataset(tiny_dataset, "train").samples) == reference["sampled_from"]
+    )
+    assert reference["groups"]["count"] >= 1 and "within_std" in reference["statistics"]["brightness"]
     onnx.checker.check_model(onnx.load(str(bundle_path)))
     batch = np.random.default_rng(1).random((3, 2, 192, 192), dtype=np.float32)  # dynamic batch
     predictions, features = predictor.run(batch)

@@ -1,8 +1,9 @@
 """`export_bundle`: a training checkpoint -> one self-describing `.onnx` file (and optionally TorchScript,
 `torch.export` and int8 variants). The only deploy module that imports torch.
 
-The operating thresholds and the drift reference are measured on the validation split by running the
-exported file itself through `val`'s prediction path, so the numbers in the bundle are the bundle's own.
+The operating thresholds are measured on the validation split, and the drift reference on a bounded sample
+of the training split spread over its groups, by running the exported file itself through `val`'s
+prediction path, so the numbers in the bundle are the bundle's own.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from defectdet.deploy.bundle import (
     config_hash,
     write_metadata,
 )
-from defectdet.errors import ConfigError, DefectDetError
+from defectdet.errors import ConfigError, DatasetError, DefectDetError
 from defectdet.model.postprocess import PostprocessSettings
 
 logger = logging.getLogger(__name__)
@@ -172,8 +173,9 @@ def export_bundle(
 ) -> ExportResult:
     """Export ``checkpoint`` (EMA weights, BatchNorm folded) to a bundle at ``out`` (default: beside the
     checkpoint, ``<stem>.onnx``). With validation data (``data``, default the training config's dataset and
-    ``split``, default its validation split) the bundle carries thresholds, metrics and a drift reference
-    measured on it; without, the checkpoint's logged thresholds and no drift reference."""
+    ``split``, default its validation split) the bundle carries thresholds and metrics measured on it, and
+    a drift reference from the same dataset's training split (the split itself when that is missing);
+    without, the checkpoint's logged thresholds and no drift reference."""
     from defectdet.engine.validate import load_detector
 
     for name in formats:
@@ -201,7 +203,8 @@ def export_bundle(
     split = split or config.get("val_split") or "val"
     measured_on = None
     if data and Path(str(data)).exists():
-        metadata = _measure(bundle, metadata, data, split, target_recall, console)
+        train_split = config.get("train_split") or "train"
+        metadata = _measure(bundle, metadata, data, split, target_recall, console, train_split)
         write_metadata(bundle, metadata)
         measured_on = f"{data}, split {split}"
     else:
@@ -234,9 +237,16 @@ def export_bundle(
 
 
 def _measure(
-    bundle: Path, metadata: BundleMetadata, data: str | Path, split: str, target_recall: float, console: Any
+    bundle: Path,
+    metadata: BundleMetadata,
+    data: str | Path,
+    split: str,
+    target_recall: float,
+    console: Any,
+    reference_split: str | None = None,
 ) -> BundleMetadata:
-    """Thresholds and metrics from `val` on the bundle itself; the drift reference from the same images."""
+    """Thresholds and metrics from `val` on the bundle itself; the drift reference from `reference_split`
+    (the training images: the validation split alone is a few boards), else from `split`."""
     from defectdet.engine.validate import validate
 
     with tempfile.TemporaryDirectory() as folder:
@@ -248,7 +258,14 @@ def _measure(
         thresholds.score_source = f"best F1 on {Path(str(data)).name}, split {split}"
     thresholds.recall_target = target_recall
     thresholds.recall_threshold = headline.get("target_recall_threshold")
-    reference = drift_reference(bundle, data, split)
+    reference = None
+    if reference_split and reference_split != split:
+        try:
+            reference = drift_reference(bundle, data, reference_split)
+        except DatasetError as error:
+            logger.warning("drift reference: no %s split (%s); using %s", reference_split, error, split)
+    if reference is None:
+        reference = drift_reference(bundle, data, split)
     kept = {
         key: value for key, value in headline.items() if isinstance(value, (int, float)) and value is not None
     }
@@ -258,17 +275,28 @@ def _measure(
 
 
 def drift_reference(
-    bundle: Path, data: str | Path, split: str, max_images: int = 500
+    bundle: Path, data: str | Path, split: str, max_images: int = 400, seed: int = 0
 ) -> dict[str, Any] | None:
-    """Image statistics and pooled activations of the split's images, as the monitor's reference profile."""
+    """Image statistics and pooled activations of at most `max_images` of the split's images, taken in turn
+    from each group (`reference_groups`: board folders, name prefixes or runs of names; seeded), as the
+    monitor's reference profile with the spread between the groups."""
     from defectdet.data.formats import load_dataset
-    from defectdet.deploy.monitor import build_reference, image_statistics
+    from defectdet.deploy.monitor import (
+        build_reference,
+        image_statistics,
+        reference_groups,
+        sample_reference,
+    )
     from defectdet.deploy.runtime import Predictor
 
     predictor = Predictor(bundle, tiles=False)  # the monitor profiles the whole-image pass only
-    samples = load_dataset(data, split).samples[:max_images]
-    stats, features = [], []
-    for sample in samples:
+    samples = load_dataset(data, split).samples
+    if not samples:
+        return None
+    labels, group_by = reference_groups([sample.image_path for sample in samples])
+    stats, features, groups = [], [], []
+    for index in sample_reference(labels, max_images, seed):
+        sample = samples[index]
         try:
             image, template = predictor.load_pair(
                 sample.image_path, sample.template_path if predictor.metadata.template else None
@@ -279,9 +307,16 @@ def drift_reference(
             continue
         stats.append(image_statistics(prepared.content))
         features.append(predictor.run(prepared.tensor[None])[1][0])
+        groups.append(labels[index])
     if not stats:
         return None
-    return build_reference(stats, np.stack(features))
+    try:
+        reference = build_reference(stats, np.stack(features), groups=groups, group_by=group_by)
+    except ValueError as error:  # every image degenerate
+        logger.warning("drift reference: %s", error)
+        return None
+    reference.update(split=split, sampled_from=len(samples), seed=seed)
+    return reference
 
 
 def export_torchscript(detector: nn.Module, path: Path, metadata: BundleMetadata) -> Path:

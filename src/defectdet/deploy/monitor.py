@@ -3,22 +3,29 @@
 NumPy + OpenCV only (no torch): it runs beside `Predictor` and inside the service.
 
 * `image_statistics` measures one letterboxed uint8 image (about 0.3-0.5 ms at 640x640 gray).
-* `build_reference` turns the statistics (and the bundle's pooled activations) of the validation
-  images into a JSON profile; `defectdet export` stores it as `metadata.drift_reference`.
+* `build_reference` turns the statistics (and the bundle's pooled activations) of the training images
+  (a bounded sample spread over their groups: `reference_groups`, `sample_reference`) into a JSON profile
+  with the spread between groups; `defectdet export` stores it as `metadata.drift_reference`.
 * `DriftMonitor` runs one EWMA chart per statistic, plus one on the activation score, with limits
-  derived from a target in-control run length (see `ewma_limit` and docs/deploy.md).
+  derived from a target in-control run length (see `ewma_limit` and docs/deploy.md), widened by the
+  reference's between-group spread (`group_inflation`). Degenerate images (`degenerate_reason`) are
+  counted and kept out of the charts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
+import os
+import re
 import statistics
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import cv2
@@ -30,8 +37,21 @@ logger = logging.getLogger(__name__)
 
 Level = Literal["ok", "warn", "alert"]
 LEVELS: tuple[Level, ...] = ("ok", "warn", "alert")
-REFERENCE_FORMAT = 1
-STATISTICS = ("brightness", "contrast", "sharpness", "saturation", "detail", "acutance")
+REFERENCE_FORMAT = 2  # 2: black/white levels, image geometry, between-group spread, held-out feature score
+STATISTICS = (
+    "brightness",
+    "contrast",
+    "sharpness",
+    "saturation",
+    "detail",
+    "acutance",
+    "black_level",
+    "white_level",
+)
+GEOMETRY = ("width", "height")  # measured, never charted: they only tell a degenerate image
+LEVEL_QUANTILES = (0.01, 0.99)  # black / white level: these grey-level quantiles
+MIN_SIDE = 16  # letterboxed content narrower than this (pixels) is a thin strip or a speck: not charted
+CONSTANT_CONTRAST = 0.5  # grey-level sd below this: a constant image, not charted
 FEATURES = "features"
 QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 # Smallest scale a chart uses per statistic (units of the statistic): a reference in which a statistic
@@ -43,6 +63,9 @@ SCALE_FLOORS = {
     "saturation": 0.002,
     "detail": 0.05,
     "acutance": 0.005,
+    # levels are pinned at 0 / 255 on binarised imagery: a few grey levels of exposure jitter is no drift
+    "black_level": 6.0,
+    "white_level": 6.0,
     FEATURES: 0.01,
 }
 RELATIVE_SCALE_FLOOR = 0.01  # and at least 1 % of the reference mean
@@ -60,6 +83,9 @@ def image_statistics(letterboxed_uint8: np.ndarray) -> dict[str, float]:
     acutance: at half size, the lowest over a 4x4 grid of tiles of mean |Laplacian| / mean morphological
     gradient. Edge density cancels in that ratio, so it measures how steep the edges are where they are
     softest: a smudge over part of the lens lowers it even when the global sharpness barely moves.
+    black_level / white_level: the 1st / 99th percentile grey level. Unlike brightness and contrast they
+    do not follow how much of the board is copper, so exposure and contrast faults show against a
+    reference of many different boards. width / height: the measured size (`GEOMETRY`, not charted).
     """
     image = np.asarray(letterboxed_uint8)
     if image.dtype != np.uint8:
@@ -77,6 +103,8 @@ def image_statistics(letterboxed_uint8: np.ndarray) -> dict[str, float]:
     _, laplacian_std = cv2.meanStdDev(laplacian)
     pixels = image.size
     mid_tones = cv2.countNonZero(cv2.inRange(image, 1, 254))
+    cumulative = np.cumsum(cv2.calcHist([image], [0], None, [256], [0, 256]).reshape(-1))
+    black, white = np.searchsorted(cumulative, [q * pixels for q in LEVEL_QUANTILES])
     return {
         "brightness": float(mean[0, 0]),
         "contrast": float(std[0, 0]),
@@ -84,7 +112,23 @@ def image_statistics(letterboxed_uint8: np.ndarray) -> dict[str, float]:
         "saturation": (pixels - mid_tones) / pixels,
         "detail": float(cv2.norm(laplacian, cv2.NORM_L1)) / pixels,
         "acutance": _acutance(image),
+        "black_level": float(black),
+        "white_level": float(white),
+        "width": float(image.shape[1]),
+        "height": float(image.shape[0]),
     }
+
+
+def degenerate_reason(image_stats: Mapping[str, float]) -> tuple[str, str] | None:
+    """(kind, message) when the image must stay out of the charts (a speck, a thin strip, a constant
+    image: they say nothing about the lens or the lamp), else None."""
+    width, height = image_stats.get("width"), image_stats.get("height")
+    if width is not None and height is not None and min(width, height) < MIN_SIDE:
+        return "too small", f"{width:.0f}x{height:.0f} px after letterboxing (a side under {MIN_SIDE} px)"
+    contrast = image_stats.get("contrast")
+    if contrast is not None and contrast < CONSTANT_CONTRAST:
+        return "constant", f"constant image (grey-level sd {contrast:.2f} < {CONSTANT_CONTRAST})"
+    return None
 
 
 _GRADIENT_KERNEL = np.ones((3, 3), np.uint8)
@@ -142,29 +186,142 @@ def feature_score(features: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np
     return np.abs(z).mean(axis=-1)
 
 
-def build_reference(stats: list[dict[str, float]], features: np.ndarray | None = None) -> dict[str, Any]:
-    """JSON-ready reference profile from the validation images.
+_TRAILING_NUMBER = re.compile(r"[\W_]*\d+$")
+
+
+def reference_groups(paths: Sequence[str | Path], chunks: int = 8) -> tuple[list[str], str]:
+    """One group label per image, and how they were found: the parent folder (DeepPCB's board groups,
+    one folder per batch or board); else the file name without its trailing number (`boardA_012`); else,
+    with no such structure, `chunks` runs of consecutive sorted file names (capture order, when names
+    follow it; random chunks otherwise). Used where there are 2 .. N/2 groups."""
+    paths = [Path(path) for path in paths]
+    count = len(paths)
+    folders = [str(path.parent) for path in paths]
+    if _usable_groups(folders, count):
+        common = os.path.commonpath(folders)
+        return [os.path.relpath(folder, common) for folder in folders], "parent folder"
+    prefixes = [_TRAILING_NUMBER.sub("", path.stem) for path in paths]
+    if _usable_groups(prefixes, count):
+        return prefixes, "file-name prefix"
+    runs = max(1, min(chunks, count // 2))
+    order = sorted(range(count), key=lambda index: str(paths[index]))
+    labels = [""] * count
+    for rank, index in enumerate(order):
+        labels[index] = f"chunk{rank * runs // count}"
+    return labels, f"{runs} runs of consecutive file names"
+
+
+def _usable_groups(labels: list[str], count: int) -> bool:
+    return 2 <= len(set(labels)) <= count // 2
+
+
+def sample_reference(groups: Sequence[str], max_images: int, seed: int = 0) -> list[int]:
+    """Indices of at most `max_images` images, taken in turn from each group (seeded order inside each),
+    so small groups are kept whole and large ones do not crowd them out. Sorted."""
+    rng = np.random.default_rng(seed)
+    members: dict[str, list[int]] = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(index)
+    queues = [list(rng.permutation(indices)) for indices in members.values()]
+    chosen: list[int] = []
+    while len(chosen) < max_images and any(queues):
+        for queue in queues:
+            if queue and len(chosen) < max_images:
+                chosen.append(int(queue.pop()))
+    return sorted(chosen)
+
+
+SPREAD_CONFIDENCE = 0.8  # the between-group sd a chart allows for: its upper 80 % bound (few groups)
+
+
+def group_spread(values: np.ndarray, groups: Sequence[str]) -> tuple[float, float, float]:
+    """(within, between, between_upper) standard deviations of `values` by group: one-way random-effects
+    ANOVA (unbalanced), between = max(0, (MSB - MSW) / n0), and its upper `SPREAD_CONFIDENCE` bound from
+    MSB ~ (MSW + n0 between^2) chi2(k - 1) / (k - 1): five groups say little about the sixth."""
+    values = np.asarray(values, dtype=np.float64)
+    labels = np.asarray(list(groups))
+    names = list(dict.fromkeys(labels.tolist()))
+    total, kinds = len(values), len(names)
+    if kinds < 2 or total < 2:
+        return (float(values.std(ddof=1)) if total > 1 else 0.0), 0.0, 0.0
+    sizes = np.array([np.sum(labels == name) for name in names], dtype=np.float64)
+    means = np.array([values[labels == name].mean() for name in names])
+    within_ss = sum(
+        float(((values[labels == name] - mean) ** 2).sum()) for name, mean in zip(names, means, strict=True)
+    )
+    within_ms = within_ss / (total - kinds) if total > kinds else 0.0
+    between_ms = float((sizes * (means - values.mean()) ** 2).sum()) / (kinds - 1)
+    n0 = (total - float((sizes**2).sum()) / total) / (kinds - 1)
+    if n0 <= 0:
+        return math.sqrt(within_ms), 0.0, 0.0
+    between = max(0.0, (between_ms - within_ms) / n0)
+    bound = between_ms * (kinds - 1) / _chi2_quantile(1.0 - SPREAD_CONFIDENCE, kinds - 1)
+    return math.sqrt(within_ms), math.sqrt(between), math.sqrt(max(0.0, (bound - within_ms) / n0))
+
+
+def _chi2_quantile(p: float, dof: int) -> float:
+    """Chi-square quantile, Wilson-Hilferty (within 1 % of the exact value from 2 degrees of freedom)."""
+    z = _NORMAL.inv_cdf(p)
+    return max(dof * (1.0 - 2.0 / (9.0 * dof) + z * math.sqrt(2.0 / (9.0 * dof))) ** 3, 1e-9)
+
+
+def group_inflation(summary: Mapping[str, Any], lam: float) -> float:
+    """How much wider a chart must be for a new group to look in-control (>= 1; 1 without groups).
+
+    A group shifts every image by the same offset b ~ N(0, between^2) (`between_std_upper`, the upper
+    bound, when the reference has it), which the EWMA does not average away, while the within-group noise is averaged down by lam / (2 - lam). The limits assume i.i.d.
+    noise of the reference sd, so the scale is multiplied by
+    sqrt((within^2 + between^2 (2 - lam) / lam) / (within^2 + between^2)): the chart's in-control EWMA
+    spread then matches the design, and the run-length target holds per new group, not only per image.
+    """
+    between = float(summary.get("between_std_upper", summary.get("between_std")) or 0.0)
+    within = float(summary.get("within_std") or 0.0)
+    if between <= 0.0:
+        return 1.0
+    total = within**2 + between**2
+    return max(1.0, math.sqrt((within**2 + between**2 * (2.0 - lam) / lam) / total))
+
+
+def build_reference(
+    stats: list[dict[str, float]],
+    features: np.ndarray | None = None,
+    groups: Sequence[str] | None = None,
+    group_by: str | None = None,
+) -> dict[str, Any]:
+    """JSON-ready reference profile from the reference (training) images.
 
     `stats`: one `image_statistics` dict per image; `features`: (N, F) pooled activations of the same
-    images in the same order, or None. Per statistic: mean, std, min, max and quantiles; per feature
-    channel: mean and std, plus the summary of the per-image feature score (mean |z| over channels).
+    images in the same order, or None; `groups`: one label per image (`reference_groups`), or None.
+    Degenerate images are dropped (counted in "skipped"). Per statistic: mean, std, min, max and
+    quantiles over all images, plus the within- and between-group sd; per feature channel: mean and std;
+    the per-image feature score (mean |z| over channels) is summarised held out, each group's images
+    against the other groups' channels (with 3+ groups), as the monitor will meet an unseen board.
     """
-    if not stats:
-        raise ValueError("build_reference needs the statistics of at least one image")
-    names = [name for name in stats[0] if all(name in row for row in stats)]
-    table = np.array([[float(row[name]) for name in names] for row in stats], dtype=np.float64)
+    if groups is not None and len(groups) != len(stats):
+        raise ValueError(f"build_reference: {len(groups)} group labels for {len(stats)} images")
+    kept = [index for index, row in enumerate(stats) if degenerate_reason(row) is None]
+    if not kept:
+        raise ValueError("build_reference needs the statistics of at least one (non-degenerate) image")
+    labels = [str(groups[index]) for index in kept] if groups is not None else ["all"] * len(kept)
+    rows = [stats[index] for index in kept]
+    names = [name for name in rows[0] if name not in GEOMETRY and all(name in row for row in rows)]
+    table = np.array([[float(row[name]) for name in names] for row in rows], dtype=np.float64)
     if not np.isfinite(table).all():
         raise ValueError("build_reference: non-finite image statistic in the reference images")
+    sizes = Counter(labels)
     reference: dict[str, Any] = {
         "format_version": REFERENCE_FORMAT,
-        "images": len(stats),
-        "statistics": {name: _summary(table[:, index]) for index, name in enumerate(names)},
+        "images": len(rows),
+        "skipped": len(stats) - len(rows),
+        "groups": {"count": len(sizes), "by": group_by, "images": dict(sizes)},
+        "statistics": {name: _spread_summary(table[:, index], labels) for index, name in enumerate(names)},
         "features": None,
     }
     if features is not None:
         features = np.asarray(features, dtype=np.float64)
         if features.ndim != 2 or features.shape[0] != len(stats):
             raise ValueError(f"build_reference: features must be ({len(stats)}, F), got {features.shape}")
+        features = features[kept]
         if not np.isfinite(features).all():
             raise ValueError("build_reference: non-finite feature value in the reference images")
         mean = features.mean(axis=0)
@@ -173,9 +330,32 @@ def build_reference(stats: list[dict[str, float]], features: np.ndarray | None =
             "channels": int(features.shape[1]),
             "mean": [float(v) for v in mean],
             "std": [float(v) for v in std],
-            "score": _summary(feature_score(features, mean, std)),
+            "score": _spread_summary(_held_out_scores(features, labels, mean, std), labels),
+            "score_held_out": len(sizes) >= 3,
         }
     return reference
+
+
+def _spread_summary(values: np.ndarray, labels: list[str]) -> dict[str, Any]:
+    summary = _summary(values)
+    within, between, upper = group_spread(values, labels)
+    return {**summary, "within_std": within, "between_std": between, "between_std_upper": upper}
+
+
+def _held_out_scores(
+    features: np.ndarray, labels: list[str], mean: np.ndarray, std: np.ndarray
+) -> np.ndarray:
+    """Feature score of each image: against the other groups' channels with 3+ groups, else in-sample."""
+    names = list(dict.fromkeys(labels))
+    if len(names) < 3:
+        return feature_score(features, mean, std)
+    array = np.asarray(labels)
+    scores = np.empty(len(features))
+    for name in names:
+        inside = array == name
+        others = features[~inside]
+        scores[inside] = feature_score(features[inside], others.mean(axis=0), others.std(axis=0, ddof=1))
+    return scores
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -264,6 +444,9 @@ class DriftState:
     images: int
     message: str
     charts: dict[str, ChartState] = field(default_factory=dict)
+    skipped_images: int = 0  # degenerate images kept out of the charts
+    skip_reasons: dict[str, int] = field(default_factory=dict)
+    last_skip: str | None = None  # why the latest image was skipped; None when it was charted
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -274,6 +457,9 @@ class DriftState:
             "images": self.images,
             "message": self.message,
             "charts": {name: chart.to_dict() for name, chart in self.charts.items()},
+            "skipped_images": self.skipped_images,
+            "skip_reasons": dict(self.skip_reasons),
+            "last_skip": self.last_skip,
         }
 
 
@@ -324,6 +510,7 @@ class _Chart:
     two_sided: bool
     warn_limit: float  # on the EWMA of z
     alert_limit: float
+    inflation: float = 1.0  # scale widening for the between-group spread (`group_inflation`)
     ewma: float = 0.0
     last: float = float("nan")
     level: Level = "ok"
@@ -354,11 +541,18 @@ class DriftMonitor:
     to +-`clip`, so one odd image moves a chart by at most lam * clip, and smoothed:
     E_t = (1 - lam) E_{t-1} + lam z_t.
 
+    Groups: when the reference records the sd between its groups (boards, batches), the scale of each
+    chart is widened by `group_inflation`: a new board shifts the EWMA as a whole, which the i.i.d. limits
+    would take for drift. Degenerate images (`degenerate_reason`: a side under 16 px, a constant image) do
+    not touch the charts; they are counted (`skipped_images`, `skip_reasons`).
+
     Limits: a chart is in alert when |E_t| exceeds h_alert, the limit whose in-control average run length
     for N(0, 1) observations (Brook-Evans Markov chain, `ewma_limit`) is `alert_run_length` x the number
     of charts, so that the monitor as a whole raises a false alarm about once per `alert_run_length`
-    images (charts taken as independent: a union bound); warn likewise with `warn_run_length`. The
-    activation chart is one-sided (only a rise of the mean |z| is drift; E is reset at 0). Clipping lowers
+    images (charts taken as independent: a union bound); warn likewise with `warn_run_length`. On
+    binarised reference images (median share of pixels at 0 or 255 above 0.5) saturation is not charted,
+    nor are brightness and contrast when the reference has the black / white levels: there they measure
+    the board's copper share (`skipped` says why). The activation chart is one-sided (only a rise of the mean |z| is drift; E is reset at 0). Clipping lowers
     the in-control variance, so the real run lengths are longer than the targets. A level is left only
     when the chart falls below 0.8 x its limit (hysteresis); each change of the overall state is logged
     once. Thread-safe.
@@ -400,6 +594,15 @@ class DriftMonitor:
                     f"reference images are binarised ({median:.0%} of pixels at 0 or 255): "
                     "the share follows any exposure change and is not charted"
                 )
+                if all(level in names for level in ("black_level", "white_level")):
+                    for name in ("brightness", "contrast"):
+                        if name in names:
+                            names.remove(name)
+                            self.skipped[name] = (
+                                f"reference images are binarised: {name} follows how much of each board is "
+                                "copper (its design), not the lamp; black_level / white_level chart exposure "
+                                "and contrast instead"
+                            )
         features = reference.get("features")
         use_features = features is not None and (statistics is None or FEATURES in names)
         names = [name for name in names if name != FEATURES]
@@ -418,6 +621,8 @@ class DriftMonitor:
             self._charts[FEATURES] = self._make_chart(FEATURES, features["score"], False, charts)
         self._images = 0
         self._level: Level = "ok"
+        self._skips: Counter[str] = Counter()
+        self._last_skip: str | None = None
         self._lock = threading.Lock()
         self._history: deque[dict[str, float]] = deque(maxlen=history)
 
@@ -425,7 +630,15 @@ class DriftMonitor:
         floor = max(SCALE_FLOORS.get(name, 0.0), RELATIVE_SCALE_FLOOR * abs(float(summary["mean"])), 1e-12)
         warn = ewma_limit(self.lam, self.warn_run_length * charts, two_sided)
         alert = ewma_limit(self.lam, self.alert_run_length * charts, two_sided)
-        return _Chart(name, _standardizer(summary, floor, self.transform), two_sided, warn, alert)
+        standardizer = _standardizer(summary, floor, self.transform)
+        inflation = group_inflation(summary, self.lam)
+        if inflation > 1.0:
+            standardizer = dataclasses.replace(
+                standardizer,
+                knots_z=tuple(z / inflation for z in standardizer.knots_z),
+                scale=standardizer.scale * inflation,
+            )
+        return _Chart(name, standardizer, two_sided, warn, alert, inflation)
 
     @property
     def charts(self) -> list[str]:
@@ -440,12 +653,20 @@ class DriftMonitor:
                 "two_sided": chart.two_sided,
                 "warn_limit": chart.warn_limit,
                 "alert_limit": chart.alert_limit,
+                "group_inflation": chart.inflation,
             }
             for name, chart in self._charts.items()
         }
 
     def update(self, image_stats: Mapping[str, float], features: np.ndarray | None = None) -> DriftState:
-        """Feed one image's statistics (and pooled activations); returns the state after it."""
+        """Feed one image's statistics (and pooled activations); returns the state after it. A degenerate
+        image (`degenerate_reason`) is counted and leaves the charts as they were."""
+        skip = degenerate_reason(image_stats)
+        if skip is not None:
+            with self._lock:
+                self._skips[skip[0]] += 1
+                self._last_skip = skip[1]
+                return self._state()
         observations = {name: float(image_stats[name]) for name in self._charts if name in image_stats}
         if FEATURES in self._charts and features is not None:
             vector = np.asarray(features, dtype=np.float64).reshape(-1)
@@ -453,6 +674,7 @@ class DriftMonitor:
                 observations[FEATURES] = float(feature_score(vector, self._feature_mean, self._feature_std))
         with self._lock:
             self._images += 1
+            self._last_skip = None
             for name, value in observations.items():
                 if math.isfinite(value):
                     self._observe(self._charts[name], value)
@@ -499,6 +721,8 @@ class DriftMonitor:
                 f"{level}: {worst.name} {_fmt(worst.standardizer.inverse(worst.ewma))} {where} "
                 f"(EWMA, lambda {self.lam:g})"
             )
+        if self._skips:
+            message += f"; {sum(self._skips.values())} degenerate image(s) not charted"
         band = worst.band(worst.warn_limit if level != "alert" else worst.alert_limit)
         return DriftState(
             level=level,
@@ -508,6 +732,9 @@ class DriftMonitor:
             images=self._images,
             message=message,
             charts=charts,
+            skipped_images=sum(self._skips.values()),
+            skip_reasons=dict(self._skips),
+            last_skip=self._last_skip,
         )
 
     def _log_change(self, previous: Level, state: DriftState) -> None:
@@ -534,6 +761,8 @@ class DriftMonitor:
                 logger.info("drift %s -> ok: monitor reset", self._level)
             self._level = "ok"
             self._images = 0
+            self._skips.clear()
+            self._last_skip = None
 
 
 def _json_band(band: tuple[float, float] | None) -> list[float | None] | None:
