@@ -19,6 +19,8 @@ import re
 import stat
 import struct
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -200,18 +202,26 @@ def read_text_file(path: str | Path) -> str:
         return handle.read().decode("utf-8", errors="replace")
 
 
-def read_file_bytes(path: str | Path) -> bytes:
-    """The bytes of an image file; `ImageReadError` naming it when missing, empty or not a regular file."""
-    path = Path(path)
+@contextmanager
+def _open_image_file(path: Path) -> Iterator[BinaryIO]:
+    """`open_regular(path)`, with a missing, irregular or unreadable file (also while reading) as an
+    `ImageReadError` naming it."""
     try:
-        with open_regular(path) as handle:  # works for non-ASCII paths where cv2.imread does not
-            data = handle.read()
+        with open_regular(path) as handle:
+            yield handle
     except FileNotFoundError as error:
         raise ImageReadError(f"{path}: image file not found") from error
     except NotRegularFileError as error:
         raise ImageReadError(f"{path}: {error}; give an image file") from None
     except OSError as error:
         raise ImageReadError(f"{path}: cannot read image file ({error.strerror or error})") from error
+
+
+def read_file_bytes(path: str | Path) -> bytes:
+    """The bytes of an image file; `ImageReadError` naming it when missing, empty or not a regular file."""
+    path = Path(path)
+    with _open_image_file(path) as handle:  # works for non-ASCII paths where cv2.imread does not
+        data = handle.read()
     if not data:
         raise ImageReadError(f"{path}: image file is empty (0 bytes)")
     return data
@@ -314,23 +324,16 @@ def _jpeg_ends_early(data: bytes, image: np.ndarray, flags: int) -> bool:
 def read_image_size(path: str | Path) -> tuple[int, int]:
     """(width, height) as `read_image` would return it (EXIF rotation applied), from the header only."""
     path = Path(path)
-    try:
-        with open_regular(path) as handle:
-            head = handle.read(_HEAD_BYTES)
-            name = _accepted_format(head, path) if head else None
-            size = _header_size(head, name) if name else None
-            while size is None and name and len(head) < _MAX_HEAD_BYTES:
-                more = handle.read(len(head))  # a header behind large metadata (JPEG APPn, TIFF IFD)
-                if not more:
-                    break
-                head += more
-                size = _header_size(head, name)
-    except FileNotFoundError as error:
-        raise ImageReadError(f"{path}: image file not found") from error
-    except NotRegularFileError as error:
-        raise ImageReadError(f"{path}: {error}; give an image file") from None
-    except OSError as error:
-        raise ImageReadError(f"{path}: cannot read image file ({error.strerror or error})") from error
+    with _open_image_file(path) as handle:
+        head = handle.read(_HEAD_BYTES)
+        name = _accepted_format(head, path) if head else None
+        size = _header_size(head, name) if name else None
+        while size is None and name and len(head) < _MAX_HEAD_BYTES:
+            more = handle.read(len(head))  # a header behind large metadata (JPEG APPn, TIFF IFD)
+            if not more:
+                break
+            head += more
+            size = _header_size(head, name)
     if not head:
         raise ImageReadError(f"{path}: image file is empty (0 bytes)")
     if size is None:
