@@ -45,10 +45,22 @@ BROWSER_ARGS = [
 
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
+    yield from _serve(ServeSettings())
+
+
+@pytest.fixture(scope="module")
+def token_url() -> Iterator[str]:
+    yield from _serve(ServeSettings(token=PAGE_TOKEN))
+
+
+PAGE_TOKEN = "line-7-secret"
+
+
+def _serve(settings: ServeSettings) -> Iterator[str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    app = create_app(FakePredictor(), ServeSettings())
+    app = create_app(FakePredictor(), settings)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -98,5 +110,36 @@ def test_page_uploads_and_draws_boxes(base_url: str, tmp_path: Path) -> None:
             page.screenshot(path=str(screenshot), full_page=True)
             assert screenshot.stat().st_size > 10_000
             assert all(url.startswith(base_url) or url.startswith("blob:") for url in requests), requests
+        finally:
+            browser.close()
+
+
+def test_with_a_token_the_page_asks_for_it_once_and_then_inspects(token_url: str, tmp_path: Path) -> None:
+    image_path = tmp_path / "board.png"
+    cv2.imwrite(str(image_path), board(12, size=320))
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            prompts: list[str] = []
+
+            def answer(dialog) -> None:
+                prompts.append(dialog.message)
+                dialog.accept(PAGE_TOKEN)
+
+            page.on("dialog", answer)
+            statuses: list[tuple[str, int]] = []
+            page.on("response", lambda response: statuses.append((response.url, response.status)))
+            page.goto(token_url + "/")
+            page.wait_for_function("document.getElementById('ready').textContent === 'ready'", timeout=15_000)
+            page.set_input_files("#image", str(image_path))
+            page.click("#submit")
+            page.wait_for_function(
+                "Number(document.getElementById('canvas').dataset.boxes || 0) > 0", timeout=15_000
+            )
+            assert page.text_content("#verdict").startswith("defective")
+            assert len(prompts) == 1 and "token" in prompts[0]
+            assert any(status == 401 for _, status in statuses)  # refused until the token was given
+            assert any(url.endswith("/v1/detect") and status == 200 for url, status in statuses)
         finally:
             browser.close()
