@@ -99,13 +99,19 @@ def run_arm(
 
 def summary(minutes: float) -> int:
     """One table (and `pretrained.json`) from the arms' files: mAP@0.5 by dataset and init."""
-    rows, table = [], {}
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, table, curves = [], {}, {}
     for dataset in DATASETS:
         arms = {}
         for init in INITS:
             path = RESULTS_DIR / f"pretrained_{dataset}_{init}_{minutes:g}min.json"
             if path.is_file():
                 document = json.loads(path.read_text())
+                curves[(dataset, init)] = document["curve"]
                 arms[init] = {
                     "mAP50": document["final"]["mAP50"],
                     "mAP50_95": document["final"]["mAP50_95"],
@@ -115,9 +121,26 @@ def summary(minutes: float) -> int:
         if not arms:
             continue
         table[dataset] = arms
+        if len(arms) == 2:  # how soon the pretrained run passes the scratch run's best validation score
+            target = max(point["mAP50"] for point in curves[(dataset, "scratch")])
+            reached = [p["time_s"] for p in curves[(dataset, "pretrained")] if p["mAP50"] >= target]
+            arms["pretrained"]["minutes_to_scratch_best"] = round(reached[0] / 60, 2) if reached else None
         cells = [f"{arms[i]['mAP50']:.3f}" if i in arms else "not run" for i in INITS]
         gain = f"{arms['pretrained']['mAP50'] - arms['scratch']['mAP50']:+.3f}" if len(arms) == 2 else "n/a"
         rows.append([dataset, *cells, gain])
+    figure, axes = plt.subplots(1, len(table), figsize=(4.5 * len(table), 3.6), squeeze=False)
+    for axis, dataset in zip(axes[0], table, strict=True):
+        for init, style in zip(INITS, ("--", "-"), strict=True):
+            curve = curves.get((dataset, init), [])
+            axis.plot([p["time_s"] / 60 for p in curve], [p["mAP50"] for p in curve], style, label=init)
+        axis.set_title(f"{dataset} (nano)")
+        axis.set_xlabel("training minutes (1 thread, two runs side by side)")
+        axis.set_ylabel("held-out mAP@0.5")
+        axis.set_ylim(0, 1)
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(RESULTS_DIR / f"pretrained_{minutes:g}min.png", dpi=100)
     print_table(
         f"nano, {minutes:g} min, held-out mAP@0.5", ["dataset", "from scratch", "pretrained", "gain"], rows
     )
