@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import cv2
@@ -73,73 +74,66 @@ def _serve(settings: ServeSettings) -> Iterator[str]:
     thread.join(10)
 
 
-def test_page_uploads_and_draws_boxes(base_url: str, tmp_path: Path) -> None:
-    image_path = tmp_path / "board.png"
-    cv2.imwrite(str(image_path), board(11, size=320))
+@contextmanager
+def _page(image_path: Path, seed: int) -> Iterator:
+    """A Chromium page (1280 x 900) and a synthetic board written to `image_path`."""
+    cv2.imwrite(str(image_path), board(seed, size=320))
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            requests: list[str] = []
-            page.on("request", lambda request: requests.append(request.url))
-            page.goto(base_url + "/")
-            page.wait_for_function("document.getElementById('ready').textContent === 'ready'", timeout=15_000)
-            assert "short" in page.text_content("#model")
-            page.set_input_files("#image", str(image_path))
-            page.click("#submit")
-            page.wait_for_function(
-                "Number(document.getElementById('canvas').dataset.boxes || 0) > 0", timeout=15_000
-            )
-            assert page.text_content("#verdict").startswith("defective")
-            red = page.evaluate(
-                """() => { const c = document.getElementById('canvas');
-                           const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-                           let n = 0; for (let i = 0; i < d.length; i += 4)
-                             if (d[i] > 200 && d[i + 1] < 80 && d[i + 2] < 80) n++; return n; }"""
-            )
-            assert red > 100, f"only {red} box-coloured pixels on the canvas"
-            assert "short" in page.text_content("#detections")
-            page.wait_for_function(
-                "document.querySelectorAll('#results tbody tr').length >= 1", timeout=10_000
-            )
-            page.wait_for_function(
-                "document.querySelectorAll('#drift-charts svg polyline').length >= 4", timeout=10_000
-            )
-            assert page.text_content("#drift-level") in ("ok", "warn", "alert")
-            screenshot = Path(os.environ.get("DEFECTDET_PAGE_SCREENSHOT", tmp_path / "page.png"))
-            page.screenshot(path=str(screenshot), full_page=True)
-            assert screenshot.stat().st_size > 10_000
-            assert all(url.startswith(base_url) or url.startswith("blob:") for url in requests), requests
+            yield browser.new_page(viewport={"width": 1280, "height": 900})
         finally:
             browser.close()
+
+
+def _inspect(page, url: str, image_path: Path) -> None:
+    """Open the page, wait until the service is ready, upload the image and wait for its boxes."""
+    page.goto(url + "/")
+    page.wait_for_function("document.getElementById('ready').textContent === 'ready'", timeout=15_000)
+    page.set_input_files("#image", str(image_path))
+    page.click("#submit")
+    page.wait_for_function("Number(document.getElementById('canvas').dataset.boxes || 0) > 0", timeout=15_000)
+
+
+def test_page_uploads_and_draws_boxes(base_url: str, tmp_path: Path) -> None:
+    with _page(tmp_path / "board.png", 11) as page:
+        requests: list[str] = []
+        page.on("request", lambda request: requests.append(request.url))
+        _inspect(page, base_url, tmp_path / "board.png")
+        assert "short" in page.text_content("#model")
+        assert page.text_content("#verdict").startswith("defective")
+        red = page.evaluate(
+            """() => { const c = document.getElementById('canvas');
+                       const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                       let n = 0; for (let i = 0; i < d.length; i += 4)
+                         if (d[i] > 200 && d[i + 1] < 80 && d[i + 2] < 80) n++; return n; }"""
+        )
+        assert red > 100, f"only {red} box-coloured pixels on the canvas"
+        assert "short" in page.text_content("#detections")
+        page.wait_for_function("document.querySelectorAll('#results tbody tr').length >= 1", timeout=10_000)
+        page.wait_for_function(
+            "document.querySelectorAll('#drift-charts svg polyline').length >= 4", timeout=10_000
+        )
+        assert page.text_content("#drift-level") in ("ok", "warn", "alert")
+        screenshot = Path(os.environ.get("DEFECTDET_PAGE_SCREENSHOT", tmp_path / "page.png"))
+        page.screenshot(path=str(screenshot), full_page=True)
+        assert screenshot.stat().st_size > 10_000
+        assert all(url.startswith(base_url) or url.startswith("blob:") for url in requests), requests
 
 
 def test_with_a_token_the_page_asks_for_it_once_and_then_inspects(token_url: str, tmp_path: Path) -> None:
-    image_path = tmp_path / "board.png"
-    cv2.imwrite(str(image_path), board(12, size=320))
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            prompts: list[str] = []
+    with _page(tmp_path / "board.png", 12) as page:
+        prompts: list[str] = []
 
-            def answer(dialog) -> None:
-                prompts.append(dialog.message)
-                dialog.accept(PAGE_TOKEN)
+        def answer(dialog) -> None:
+            prompts.append(dialog.message)
+            dialog.accept(PAGE_TOKEN)
 
-            page.on("dialog", answer)
-            statuses: list[tuple[str, int]] = []
-            page.on("response", lambda response: statuses.append((response.url, response.status)))
-            page.goto(token_url + "/")
-            page.wait_for_function("document.getElementById('ready').textContent === 'ready'", timeout=15_000)
-            page.set_input_files("#image", str(image_path))
-            page.click("#submit")
-            page.wait_for_function(
-                "Number(document.getElementById('canvas').dataset.boxes || 0) > 0", timeout=15_000
-            )
-            assert page.text_content("#verdict").startswith("defective")
-            assert len(prompts) == 1 and "token" in prompts[0]
-            assert any(status == 401 for _, status in statuses)  # refused until the token was given
-            assert any(url.endswith("/v1/detect") and status == 200 for url, status in statuses)
-        finally:
-            browser.close()
+        page.on("dialog", answer)
+        statuses: list[tuple[str, int]] = []
+        page.on("response", lambda response: statuses.append((response.url, response.status)))
+        _inspect(page, token_url, tmp_path / "board.png")
+        assert page.text_content("#verdict").startswith("defective")
+        assert len(prompts) == 1 and "token" in prompts[0]
+        assert any(status == 401 for _, status in statuses)  # refused until the token was given
+        assert any(url.endswith("/v1/detect") and status == 200 for url, status in statuses)
