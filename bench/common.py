@@ -150,3 +150,26 @@ def _format(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
     return str(value)
+
+
+def wait_until_ready(
+    process: Any, base_url: str, timeout_s: float = 120.0, log_path: str | None = None
+) -> None:
+    """Polls `base_url`/readyz until 200; raises RuntimeError when the server process exits or the time runs out."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            where = f"; see {log_path}" if log_path else ""
+            raise RuntimeError(f"the server exited with {process.returncode}{where}")
+        try:
+            if httpx.get(base_url + "/readyz", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the server did not become ready in {timeout_s:g} s")
+        time.sleep(0.2)

@@ -38,7 +38,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table, write_result  # noqa: E402
+from common import print_table, wait_until_ready, write_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BOUNDARY = "abuse"
@@ -79,19 +79,11 @@ def service(bundle: Path, *extra: str) -> Iterator[str]:
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(f"serve exited: {log.read().decode()[-2000:]}")
-            try:
-                if httpx.get(base + "/readyz", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("serve never became ready")
-            time.sleep(0.2)
+        try:
+            wait_until_ready(process, base)
+        except RuntimeError as error:
+            log.seek(0)
+            raise RuntimeError(f"{error}: {log.read().decode()[-2000:]}") from None
         yield base
     finally:
         process.terminate()

@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table, summarize, write_result  # noqa: E402
+from common import print_table, summarize, wait_until_ready, write_result  # noqa: E402
 
 from defectdet.data.formats import load_dataset  # noqa: E402
 
@@ -187,18 +187,10 @@ def main() -> None:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"the server exited with {server.returncode}; see {log.name}")
-            try:
-                if httpx.get(base + "/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("the server did not become ready in 120 s")
-            time.sleep(0.2)
+        try:
+            wait_until_ready(server, base, log_path=log.name)
+        except RuntimeError as error:
+            raise SystemExit(str(error)) from None
         rss_ready = rss_mib(server.pid)
         url = base + "/v1/detect"
         warm = asyncio.run(drive(url, payloads, args.warmup, args.clients, args.time_limit))
