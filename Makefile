@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: install test demo bench bench-peers pretrain lint lock check-lock clean
+.PHONY: install test demo bench bench-peers bench-pretrained bench-scaling pretrain lint lock check-lock clean
 
 install: $(STAMP)
 
@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/int8.py --checkpoint runs/bench_deeppcb/best.pt
 	$(BIN)/python bench/drift.py --bundle runs/bench_deeppcb/model.onnx
 	$(BIN)/python bench/serve_load.py --bundle runs/bench_deeppcb/model.onnx
+	$(BIN)/python bench/serve_abuse.py
 	$(BIN)/python bench/train_surface.py
 	$(BIN)/python bench/tiles.py
 	$(BIN)/python bench/demo.py --out runs/demo_check
@@ -71,6 +72,22 @@ bench-peers: $(STAMP) $(PEERS_STAMP)
 # DeepPCB with templates (bench/results/pretrained_deeppcb_template_*_10min.json).
 pretrain: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python bench/pretrain.py --layout plain --epochs 20
+
+# Shipped weights against random ones (issue 19): per dataset the two inits side by side at 1 thread each,
+# 10 minutes per arm, about 25 minutes in all; then the table and PNG. The template-layout pair needs weights that
+# do not ship: bench/pretrain.py --layout template --epochs 30 --weights-dir runs/pretrain/unshipped, then
+# bench/pretrained.py --dataset deeppcb_template --init pretrained --threads 1 --weights-dir runs/pretrain/unshipped
+# beside --init scratch.
+bench-pretrained: $(STAMP)
+	for dataset in deeppcb_plain surface; do \
+	  $(BIN)/python bench/pretrained.py --dataset $$dataset --init scratch --threads 1 & \
+	  $(BIN)/python bench/pretrained.py --dataset $$dataset --init pretrained --threads 1; wait; \
+	done
+	$(BIN)/python bench/pretrained.py --summary
+
+# The budget ladder (issue 19): every rung without a result file yet (about 8 hours for all), then the curves.
+bench-scaling: $(STAMP)
+	$(BIN)/python bench/scaling.py --all
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

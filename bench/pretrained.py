@@ -158,6 +158,13 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--summary", action="store_true")
+    parser.add_argument(
+        "--weights-dir",
+        type=Path,
+        default=None,
+        help="take <preset>_<layout>.pt from here instead of the package (weights that do not ship, e.g. the "
+        "template layout written by bench/pretrain.py --layout template --weights-dir DIR)",
+    )
     args = parser.parse_args()
     if args.summary:
         return summary(args.minutes)
@@ -169,6 +176,10 @@ def main() -> int:
 
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
         torch.set_num_threads(args.threads)
+    if args.weights_dir is not None:
+        from defectdet.model import pretrained as pretrained_weights
+
+        pretrained_weights.WEIGHTS_DIR = args.weights_dir.resolve()
     name = f"pretrained_{args.dataset}_{args.init}_{args.minutes:g}min"
     out = Path("runs/bench_pretrained") / name
     body = run_arm(args.dataset, args.init == "pretrained", args.minutes, out, args.seed)
