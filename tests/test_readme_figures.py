@@ -1,10 +1,14 @@
-"""README figures must come from bench/results/: a quoted number no result file holds fails here.
+"""README figures must come from the result file they name: a figure no named file holds fails here.
 
-Checked: every number with a decimal point in a README table row or in **bold** text. A table row that
-names result files (`bench/results/<name>.json`) must find its figures in those files; other figures in
-any result file. A figure is held when some number in the file, rounded to the figure's decimals,
-equals it: as stored, seconds shown as minutes (/60), or a fraction shown as a percentage (x100).
-Numbers are taken from JSON values, keys (`time_to_mAP50_0.95_s`) and strings. Skipped: code spans
+Checked: every number with a decimal point in a README table row or in **bold** text. Each must name the
+result file(s) it came from (`bench/results/<name>.json`), and only those files are searched:
+- a table row: the files named in that row; when the row names none, the files named in the table's header
+  row (e.g. `| fault (`bench/results/drift.json`) | ... |`), which then hold for every row of that table;
+- bold text outside tables: the files named in the same paragraph (the run of non-blank lines around it).
+A figure whose row, table header or paragraph names no result file fails, and so does a named file that
+does not exist. A figure is held when some number in the file, rounded to the figure's decimals, equals it:
+as stored, seconds shown as minutes (/60), or a fraction shown as a percentage (x100). Numbers are taken
+from JSON values, keys (`time_to_mAP50_0.95_s`) and strings. Skipped: fenced code blocks, code spans
 (commands), metric names (`mAP@0.5:0.95`), and numbers after a comparison (`IoU>0.33`, `<= 15.0`: targets).
 """
 
@@ -13,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -40,18 +45,51 @@ def figures_in(text: str) -> list[str]:
     return found
 
 
-def claims(readme: str) -> Iterator[tuple[str, list[str], list[str]]]:
-    """(line, figures, result files named on that line) for table rows and bold text."""
-    for line in readme.splitlines():
+@dataclass(frozen=True)
+class Claim:
+    line_number: int  # 1-based, in the README
+    line: str
+    figures: list[str]
+    named: list[str]  # result files the figures must come from
+
+
+def _table_claims(rows: list[tuple[int, str]]) -> Iterator[Claim]:
+    header_files = _RESULT_FILE.findall(rows[0][1])
+    for number, row in rows:
+        if set(row) <= set("|-: "):
+            continue  # the header separator
+        named = _RESULT_FILE.findall(row) or header_files
+        yield Claim(number, row, figures_in(row), named)
+
+
+def claims(readme: str) -> Iterator[Claim]:
+    """Every table row, and every line with bold text, with its figures and the result files they must
+    come from (the row's, else its table header's; for bold text, its paragraph's)."""
+    blocks: list[list[tuple[int, str]]] = []  # tables and paragraphs, outside fenced code
+    fenced = False
+    for number, line in enumerate(readme.splitlines(), start=1):
         stripped = line.strip()
-        if stripped.startswith("|"):
-            if set(stripped) <= set("|-: "):
-                continue  # the header separator
-            yield line, figures_in(stripped), _RESULT_FILE.findall(stripped)
+        if stripped.startswith("```"):
+            fenced = not fenced
+            blocks.append([])
+            continue
+        if fenced or not stripped:
+            blocks.append([])
+            continue
+        is_row = stripped.startswith("|")
+        if blocks and blocks[-1] and blocks[-1][-1][1].startswith("|") == is_row:
+            blocks[-1].append((number, stripped))
         else:
-            bold = " ".join(_BOLD.findall(stripped))
+            blocks.append([(number, stripped)])
+    for block in filter(None, blocks):
+        if block[0][1].startswith("|"):
+            yield from _table_claims(block)
+            continue
+        paragraph_files = _RESULT_FILE.findall(" ".join(line for _, line in block))
+        for number, line in block:
+            bold = " ".join(_BOLD.findall(_CODE_SPAN.sub(" ", line)))
             if bold:
-                yield line, figures_in(bold), _RESULT_FILE.findall(stripped)
+                yield Claim(number, line, figures_in(bold), paragraph_files)
 
 
 def numbers_in(document: object) -> Iterator[float]:
@@ -83,19 +121,26 @@ def holds(figure: str, numbers: set[float]) -> bool:
 
 
 def unheld_figures(readme: str, results: dict[str, set[float]]) -> list[str]:
-    """Messages for figures that no (named) result file holds; empty when the README is clean."""
-    everything = set().union(*results.values()) if results else set()
+    """Messages for figures that name no result file or that the named file does not hold; empty when clean."""
     problems = []
-    for line, figures, named in claims(readme):
-        missing_files = [name for name in named if name not in results]
-        if missing_files:
-            problems.append(f"names missing result file(s) {missing_files}: {line.strip()}")
+    for claim in claims(readme):
+        if not claim.figures:
             continue
-        pool = set().union(*(results[name] for name in named)) if named else everything
-        where = ", ".join(named) if named else "any bench/results/*.json"
+        where = f"README line {claim.line_number}"
+        if not claim.named:
+            problems.append(
+                f"{where}: {', '.join(claim.figures)} name(s) no result file (name `bench/results/<file>.json` in "
+                f"the row, the table's header row or the bold text's paragraph): {claim.line}"
+            )
+            continue
+        missing_files = [name for name in claim.named if name not in results]
+        if missing_files:
+            problems.append(f"{where}: names missing result file(s) {missing_files}: {claim.line}")
+            continue
+        pool = set().union(*(results[name] for name in claim.named))
         problems += [
-            f"{figure} is in no result file ({where}): {line.strip()}"
-            for figure in figures
+            f"{where}: {figure} is not in {', '.join(claim.named)}: {claim.line}"
+            for figure in claim.figures
             if not holds(figure, pool)
         ]
     return problems
@@ -112,22 +157,44 @@ def test_every_readme_figure_is_in_a_result_file() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     results = load_results(RESULTS)
     assert results, f"no result files in {RESULTS}"
-    checked = sum(len(figures) for _, figures, _ in claims(readme))
+    checked = sum(len(claim.figures) for claim in claims(readme))
     assert checked >= 5, "the README results table seems to have moved; update this test"
     problems = unheld_figures(readme, results)
     assert not problems, "\n".join(problems)
+
+
+_TABLE_WITH_HEADER_SOURCE = """\
+| phase (`bench/results/run.json`) | mAP@0.5 |
+| --- | --- |
+| steady | 0.962 |
+| steady | {figure} |
+"""
 
 
 @pytest.mark.parametrize(
     ("readme", "expected"),
     [
         ("| nano | mAP@0.5 **0.962** after 7.5 min | `bench/results/run.json` |", []),
-        ("| nano | mAP@0.5 **0.971** | `bench/results/run.json` |", ["0.971"]),  # not in the file
-        ("| nano | 6.3 ms |  |", []),  # no file named: any result file may hold it
+        ("| nano | mAP@0.5 **0.971** | `bench/results/run.json` |", ["line 1: 0.971 is not in run.json"]),
+        (
+            "| nano | 6.29 ms | `bench/results/run.json` |",
+            ["6.29 is not in run.json"],
+        ),  # in latency.json only
+        ("| nano | 6.3 ms | `bench/results/latency.json` |", []),
+        ("| nano | 6.3 ms |  |", ["line 1: 6.3 name(s) no result file"]),  # held by latency.json, but unnamed
         ("| nano | 0.962, 12.5 % escape | `bench/results/run.json` |", []),  # 0.125 shown as a percentage
         ("| target | mAP@0.5 >= 0.986, <= 15.0 ms | `python bench/x.py --time 0.5` |", []),
-        ("Reaches **0.970** on held-out boards.", ["0.970"]),
         ("| nano | 0.962 | `bench/results/other.json` |", ["missing result file"]),
+        (_TABLE_WITH_HEADER_SOURCE.format(figure="0.96"), []),  # rows take the header row's file
+        (_TABLE_WITH_HEADER_SOURCE.format(figure="0.97"), ["line 4: 0.97 is not in run.json"]),
+        # no file in the row nor in the header row
+        ("| nano | 0.962 |\n| --- | --- |\n| tiny | 0.962 |", ["line 1:", "line 3:"]),
+        ("Reaches **0.970** on held-out boards.", ["line 1: 0.970 name(s) no result file"]),
+        ("Reaches **0.962**\non held-out boards (`bench/results/run.json`).", []),  # named in its paragraph
+        ("Reaches **0.971**\non held-out boards (`bench/results/run.json`).", ["line 1: 0.971 is not in"]),
+        ("Named here: `bench/results/run.json`.\n\nReaches **0.962**.", ["line 3: 0.962 name(s) no result"]),
+        # code blocks, code spans and plain prose hold no checked figures
+        ("```\n| nano | 0.971 |\n```\nplain text 0.971, `**0.971**`", []),
     ],
 )
 def test_checker_catches_unheld_figures(readme: str, expected: list[str]) -> None:
@@ -136,6 +203,17 @@ def test_checker_catches_unheld_figures(readme: str, expected: list[str]) -> Non
         "latency.json": set(numbers_in({"ort_p50_ms": 6.29})),
     }
     problems = unheld_figures(readme, results)
-    assert len(problems) == len(expected)
+    assert len(problems) == len(expected), problems
     for problem, needle in zip(problems, expected, strict=True):
         assert needle in problem
+
+
+def test_a_wrong_figure_in_the_readme_fails() -> None:
+    """The real README with one figure changed (0.990 -> 0.970 in its first results row) no longer passes."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in readme.splitlines() if line.startswith("| defectdet tiny |"))
+    assert "| 0.990 |" in row
+    problems = unheld_figures(
+        readme.replace(row, row.replace("| 0.990 |", "| 0.970 |", 1)), load_results(RESULTS)
+    )
+    assert len(problems) == 1 and "0.970 is not in peers.json" in problems[0]
