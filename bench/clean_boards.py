@@ -40,7 +40,7 @@ from defectdet.data.sample import DatasetSplit, Sample  # noqa: E402
 from defectdet.engine.predict import predict_records, registration_summary  # noqa: E402
 from defectdet.engine.validate import load_detector  # noqa: E402
 from defectdet.evaluation.threshold import board_rates, threshold_for_escape  # noqa: E402
-from defectdet.model.postprocess import PostprocessSettings  # noqa: E402
+from defectdet.postprocess import PostprocessSettings  # noqa: E402
 
 TARGET_ESCAPE = 0.01
 

@@ -58,7 +58,7 @@ from defectdet.data.sample import DatasetSplit, Sample  # noqa: E402
 from defectdet.evaluation.report import evaluate_records  # noqa: E402
 from defectdet.evaluation.types import ImageRecord  # noqa: E402
 from defectdet.model import model_info  # noqa: E402
-from defectdet.model.postprocess import postprocess  # noqa: E402
+from defectdet.postprocess import postprocess  # noqa: E402
 
 ROOT = BENCH.parent
 DEFAULT_DATA = ROOT.parent / "shared" / "datasets" / "deeppcb"
@@ -150,7 +150,7 @@ def ours_records(checkpoint: Path, samples: list[Sample]) -> tuple[torch.nn.Modu
     `samples`."""
     from defectdet.engine.predict import predict_records
     from defectdet.engine.validate import load_detector
-    from defectdet.model.postprocess import PostprocessSettings
+    from defectdet.postprocess import PostprocessSettings
 
     model, state = load_detector(checkpoint)
     config = state.get("config") or {}

@@ -54,7 +54,7 @@ from defectdet.engine.checkpoint import load_checkpoint  # noqa: E402
 from defectdet.evaluation.operating_point import box_iou, confusion_matrix  # noqa: E402
 from defectdet.evaluation.report import evaluate_records  # noqa: E402
 from defectdet.evaluation.types import ImageRecord  # noqa: E402
-from defectdet.model.postprocess import PostprocessSettings, postprocess  # noqa: E402
+from defectdet.postprocess import PostprocessSettings, postprocess  # noqa: E402
 
 ROOT = BENCH.parent
 DEFAULT_CHECKPOINT = ROOT / "runs" / "demo_check" / "run" / "best.pt"

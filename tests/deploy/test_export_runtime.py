@@ -27,7 +27,7 @@ from defectdet.deploy.runtime import Predictor
 from defectdet.engine.validate import validate
 from defectdet.errors import ImageReadError, InputError
 from defectdet.model import PRESETS, build_model
-from defectdet.model.postprocess import postprocess
+from defectdet.postprocess import postprocess
 
 runner = CliRunner()
 PARITY_SIZE = 128
@@ -328,7 +328,7 @@ def test_tiled_runtime_matches_the_tiled_val_path(
     from defectdet.data.sample import Sample
     from defectdet.engine.predict import predict_records
     from defectdet.engine.validate import load_detector
-    from defectdet.model.postprocess import PostprocessSettings
+    from defectdet.postprocess import PostprocessSettings
 
     predictor = Predictor(bundle_path, tiles=True)
     meta = predictor.metadata

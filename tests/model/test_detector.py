@@ -8,7 +8,7 @@ import torch
 
 from defectdet.errors import ConfigError, DatasetError
 from defectdet.model import PRESETS, Detector, build_model, detector_from_config, model_info, preset_summaries
-from defectdet.model.postprocess import postprocess
+from defectdet.postprocess import postprocess
 
 CHANNEL_CASES = [(1, False), (3, False), (2, True), (6, True)]
 

@@ -26,7 +26,7 @@ import cv2
 import numpy as np
 
 from defectdet.data.letterbox import LetterboxTransform, boxes_from_letterbox
-from defectdet.model.postprocess import Detections
+from defectdet.postprocess import Detections
 
 TILE_TRIGGER = 1.5  # tile when the long side is over this many letterbox sizes
 TILE_OVERLAP = 0.25  # least overlap between neighbouring tiles, as a share of the tile

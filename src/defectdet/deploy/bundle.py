@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from defectdet.errors import CheckpointError
-from defectdet.model.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_THRESHOLD
+from defectdet.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_THRESHOLD
 
 METADATA_KEY = "defectdet"
 FORMAT_VERSION = 1

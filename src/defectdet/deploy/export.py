@@ -31,7 +31,7 @@ from defectdet.deploy.bundle import (
     write_metadata,
 )
 from defectdet.errors import ConfigError, DatasetError, DefectDetError
-from defectdet.model.postprocess import PostprocessSettings
+from defectdet.postprocess import PostprocessSettings
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from defectdet.deploy.bundle import (
     parse_metadata,
 )
 from defectdet.errors import CheckpointError, InputError
-from defectdet.model.postprocess import postprocess
+from defectdet.postprocess import postprocess
 
 ImageInput = str | os.PathLike | bytes | bytearray | memoryview | np.ndarray
 MAX_DEFAULT_THREADS = 4

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from defectdet.data.augment import AugmentConfig
 from defectdet.errors import ConfigError
-from defectdet.model.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_THRESHOLD
+from defectdet.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_THRESHOLD
 
 DEFAULT_EPOCHS = 50
 VAL_BUDGET_SHARE = 0.1  # with a time budget and no val_every: about ten validations per run
@@ -88,7 +88,7 @@ class TrainConfig(BaseModel):
     # each VAL_BUDGET_SHARE of the budget, so validation does not eat a third of a short CPU budget
     val_every: int | None = Field(None, ge=1)
     protocol: Literal["coco", "deeppcb", "both"] = "both"
-    score_threshold: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)  # defaults: model.postprocess
+    score_threshold: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)  # defaults: defectdet.postprocess
     nms_iou_threshold: float = Field(DEFAULT_NMS_IOU, gt=0, le=1)
     max_detections: int = Field(DEFAULT_MAX_DETECTIONS, ge=1)
     # align each template to its tested image (data.registration) in training and evaluation

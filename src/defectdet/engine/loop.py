@@ -19,7 +19,7 @@ from defectdet.diagnostics.nonfinite import NonFiniteGuard, diagnose_nonfinite
 from defectdet.engine.distributed import DistributedContext, all_ranks_true, broadcast_values, unwrap_model
 from defectdet.engine.ema import ModelEMA
 from defectdet.engine.optim import WarmupCosineSchedule
-from defectdet.model.postprocess import PostprocessSettings
+from defectdet.postprocess import PostprocessSettings
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ or bundle) both call `predict_records`.
 Per sample: decode the tested image (and its template with one intensity mapping, `read_pair`) -> register
 the template to the tested image (`data.registration`, on by default with templates) -> letterbox (with
 `tiles`, also native-resolution tiles of a large image, `data.tiling`) -> model -> score floor + class-aware
-NMS (`model.postprocess.PostprocessSettings`) -> boxes mapped back to original pixels, tile detections merged
+NMS (`defectdet.postprocess.PostprocessSettings`) -> boxes mapped back to original pixels, tile detections merged
 in. Ground truth is the sample's label-file boxes in original pixels (no letterbox round trip).
 """
 
@@ -28,7 +28,7 @@ from defectdet.data.sample import Sample
 from defectdet.data.tiling import TilePlan, combine_passes, plan_tiles, tile_canvases
 from defectdet.errors import ImageReadError
 from defectdet.evaluation.types import ImageRecord
-from defectdet.model.postprocess import PostprocessSettings, postprocess
+from defectdet.postprocess import PostprocessSettings, postprocess
 
 logger = logging.getLogger(__name__)
 

@@ -62,7 +62,7 @@ from defectdet.engine.loop import (
 from defectdet.engine.optim import WarmupCosineSchedule, build_optimizer, check_optimizer_coverage
 from defectdet.engine.progress import TrainProgress
 from defectdet.errors import CheckpointError, ConfigError
-from defectdet.model.postprocess import PostprocessSettings
+from defectdet.postprocess import PostprocessSettings
 
 LOGGER_NAME = "defectdet.engine.trainer"
 HOLD_OUT_FRACTION = 0.2  # validation share when a dataset has a single split

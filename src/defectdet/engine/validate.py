@@ -34,7 +34,7 @@ from defectdet.evaluation.threshold import (
     threshold_for_f1,
 )
 from defectdet.evaluation.types import ImageRecord
-from defectdet.model.postprocess import PostprocessSettings
+from defectdet.postprocess import PostprocessSettings
 
 logger = logging.getLogger(__name__)
 

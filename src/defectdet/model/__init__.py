@@ -1,7 +1,7 @@
-"""Template-aware anchor-free detector: presets, builder, info, post-processing.
+"""Template-aware anchor-free detector: presets, builder, info (post-processing is ``defectdet.postprocess``,
+a torch-free leaf module that data.tiling and the runtime share).
 
-Exports are resolved lazily (PEP 562) so that ``defectdet.model.postprocess`` —
-NumPy + OpenCV only, used by the deployment runtime — never pulls in torch.
+Exports are resolved lazily (PEP 562) so that ``import defectdet.model`` does not pull in torch by itself.
 """
 
 from __future__ import annotations

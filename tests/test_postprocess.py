@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from defectdet.model.postprocess import Detections, postprocess
+from defectdet.postprocess import Detections, postprocess
 
 
 def _predictions(rows: list[tuple[list[float], list[float]]]) -> np.ndarray:
@@ -57,6 +57,6 @@ def test_empty_inputs() -> None:
 
 
 def test_postprocess_does_not_import_torch() -> None:
-    code = "import sys, defectdet.model.postprocess; print('torch' in sys.modules)"
+    code = "import sys, defectdet.postprocess; print('torch' in sys.modules)"
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert output.stdout.strip() == "False"

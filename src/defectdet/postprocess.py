@@ -1,4 +1,7 @@
-"""Score filtering + class-aware NMS on decoded predictions (NumPy + OpenCV only, no torch)."""
+"""Score filtering + class-aware NMS on decoded predictions (NumPy + OpenCV only, no torch).
+
+A leaf module (imports nothing from defectdet): data.tiling, model, engine, runtime and export all use it.
+"""
 
 from __future__ import annotations
 
