@@ -37,8 +37,8 @@ from defectdet.data.formats import load_dataset  # noqa: E402
 from defectdet.data.formats.deeppcb import group_of  # noqa: E402
 from defectdet.data.recapture import RecaptureConfig, make_clean_boards  # noqa: E402
 from defectdet.data.sample import DatasetSplit, Sample  # noqa: E402
+from defectdet.engine.checkpoint import load_detector  # noqa: E402
 from defectdet.engine.predict import predict_records, registration_summary  # noqa: E402
-from defectdet.engine.validate import load_detector  # noqa: E402
 from defectdet.evaluation.threshold import board_rates, threshold_for_escape  # noqa: E402
 from defectdet.postprocess import PostprocessSettings  # noqa: E402
 

@@ -21,9 +21,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
 import common  # noqa: E402
 
+from defectdet.engine.checkpoint import load_detector  # noqa: E402
 from defectdet.engine.config import config_from_dict  # noqa: E402
 from defectdet.engine.trainer import train  # noqa: E402
-from defectdet.engine.validate import load_detector  # noqa: E402
 
 ARMS = {
     "control": {"register_pairs": False, "pair_jitter_prob": 0.0},

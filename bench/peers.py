@@ -148,8 +148,8 @@ def peer_records(samples: list[Sample], predictions: dict[str, dict]) -> list[Im
 def ours_records(checkpoint: Path, samples: list[Sample]) -> tuple[torch.nn.Module, dict, list[ImageRecord]]:
     """Our one prediction path (engine.predict.predict_records, registration as the model was trained) on
     `samples`."""
+    from defectdet.engine.checkpoint import load_detector
     from defectdet.engine.predict import predict_records
-    from defectdet.engine.validate import load_detector
     from defectdet.postprocess import PostprocessSettings
 
     model, state = load_detector(checkpoint)

@@ -31,9 +31,10 @@ import peers  # noqa: E402
 import train_surface  # noqa: E402
 
 from defectdet.data.formats import load_dataset  # noqa: E402
+from defectdet.engine.checkpoint import load_detector  # noqa: E402
 from defectdet.engine.config import TrainConfig  # noqa: E402
 from defectdet.engine.trainer import train  # noqa: E402
-from defectdet.engine.validate import load_detector, validate  # noqa: E402
+from defectdet.engine.validate import validate  # noqa: E402
 from defectdet.evaluation.report import evaluate_records  # noqa: E402
 from defectdet.model import model_info  # noqa: E402
 

@@ -29,9 +29,9 @@ from common import print_table, write_result
 from defectdet.data.dataset import DetectionDataset
 from defectdet.data.formats import load_dataset
 from defectdet.data.sample import DatasetSplit, Sample
+from defectdet.engine.checkpoint import load_detector
 from defectdet.engine.config import TrainConfig
 from defectdet.engine.trainer import TrainData, cache_budget_bytes, train
-from defectdet.engine.validate import load_detector
 from defectdet.model.pretrained import WEIGHTS_DIR, layout_name, save_weights
 
 ROOT = Path(__file__).resolve().parents[1]

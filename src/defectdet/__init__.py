@@ -18,7 +18,7 @@ _EXPORTS = {
     "load_config": "defectdet.engine.config",
     "train": "defectdet.engine.trainer",
     "validate": "defectdet.engine.validate",
-    "load_detector": "defectdet.engine.validate",
+    "load_detector": "defectdet.engine.checkpoint",
     "build_model": "defectdet.model",
     "load_dataset": "defectdet.data.formats",
     "check_dataset": "defectdet.data.check",

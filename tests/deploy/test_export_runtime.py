@@ -280,7 +280,7 @@ def test_torchscript_and_pt2_match_the_bundle(
     bundle_path: Path, trained_checkpoint: Path, tmp_path: Path
 ) -> None:
     from defectdet.deploy.export import export_pt2, export_torchscript
-    from defectdet.engine.validate import load_detector
+    from defectdet.engine.checkpoint import load_detector
 
     detector = fold_batchnorm(load_detector(trained_checkpoint)[0])
     meta = read_metadata(bundle_path)
@@ -326,8 +326,8 @@ def test_tiled_runtime_matches_the_tiled_val_path(
     inputs (whole letterbox, then tiles) are the same, the raw outputs agree elementwise, and the same raw
     outputs give exactly the same merged detections in both paths."""
     from defectdet.data.sample import Sample
+    from defectdet.engine.checkpoint import load_detector
     from defectdet.engine.predict import predict_records
-    from defectdet.engine.validate import load_detector
     from defectdet.postprocess import PostprocessSettings
 
     predictor = Predictor(bundle_path, tiles=True)

@@ -7,10 +7,10 @@ import pytest
 import torch
 from fakes import TinyDataset, TinyDetector
 
-from defectdet.diagnostics.nonfinite import NonFiniteGuard
 from defectdet.engine.checkpoint import load_checkpoint
 from defectdet.engine.config import TrainConfig
 from defectdet.engine.loop import LoopOptions, TrainState, train_one_epoch
+from defectdet.engine.nonfinite import NonFiniteGuard
 from defectdet.engine.optim import build_optimizer
 from defectdet.engine.trainer import TrainData, train
 from defectdet.errors import NonFiniteError

@@ -176,7 +176,7 @@ def export_bundle(
     ``split``, default its validation split) the bundle carries thresholds and metrics measured on it, and
     a drift reference from the same dataset's training split (the split itself when that is missing);
     without, the checkpoint's logged thresholds and no drift reference."""
-    from defectdet.engine.validate import load_detector
+    from defectdet.engine.checkpoint import load_detector
 
     for name in formats:
         if name not in FORMATS:

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from defectdet.diagnostics.grad_stats import layer_gradient_norms
-from defectdet.diagnostics.nonfinite import _tensors, nonfinite_gradients, nonfinite_parameters, tensor_stats
 from defectdet.diagnostics.report import Finding
+from defectdet.engine.grad_stats import layer_gradient_norms
+from defectdet.engine.nonfinite import _tensors, nonfinite_gradients, nonfinite_parameters, tensor_stats
 
 DTYPE_MAX = {
     "float32": torch.finfo(torch.float32).max,

@@ -29,7 +29,7 @@ def training_data(
 
 def training_model(checkpoint_path: str | Path, use_ema: bool = False) -> tuple[nn.Module, dict[str, Any]]:
     """The detector of a defectdet checkpoint with its training weights (`use_ema` for the EMA ones), train mode."""
-    from defectdet.engine.validate import load_detector
+    from defectdet.engine.checkpoint import load_detector
 
     model, checkpoint = load_detector(checkpoint_path, use_ema=use_ema)
     return model.train(), checkpoint

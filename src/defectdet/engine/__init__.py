@@ -1,4 +1,5 @@
-"""Training engine: config, loop, optimizer/schedule, EMA, checkpoints, DDP.
+"""Training engine: config, loop, optimizer/schedule, EMA, checkpoints (`load_detector`), DDP, and the training
+guards (gradient statistics, non-finite handling, checked state_dict loading).
 
 Imported lazily: `from defectdet.engine import train` pulls in torch only when used.
 """

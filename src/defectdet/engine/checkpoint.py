@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from defectdet.engine.state_dict import load_state_dict_checked
 from defectdet.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -132,3 +133,26 @@ def restore_rng_state(state: dict[str, Any]) -> None:
                 len(cuda_states),
                 torch.cuda.device_count(),
             )
+
+
+def load_detector(
+    checkpoint_path: str | Path, use_ema: bool = True
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Rebuild the detector stored in a training checkpoint (EMA weights when present) in eval mode."""
+    from defectdet.model import detector_from_config
+
+    checkpoint = load_checkpoint(checkpoint_path)
+    model_config = checkpoint.get("model_config")
+    if not isinstance(model_config, dict):
+        raise CheckpointError(
+            f"{checkpoint_path}: no 'model_config' in the checkpoint, so the detector cannot be rebuilt; "
+            "was it written by `defectdet train`?"
+        )
+    model = detector_from_config(model_config)
+    key = "ema" if use_ema and checkpoint.get("ema") is not None else "model"
+    weights = checkpoint[key]
+    if key == "ema" and isinstance(weights, dict) and "module" in weights:
+        weights = weights["module"]
+    load_state_dict_checked(model, weights, source=f"{checkpoint_path} '{key}'")
+    model.eval()
+    return model, checkpoint

@@ -49,7 +49,7 @@ class ModelEMA:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        from defectdet.diagnostics.state_dict import load_state_dict_checked
+        from defectdet.engine.state_dict import load_state_dict_checked
 
         load_state_dict_checked(self.module, state["module"], source="checkpoint 'ema'")
         self.updates = int(state["updates"])

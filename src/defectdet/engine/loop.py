@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from defectdet.diagnostics.grad_stats import GradStatsMonitor
-from defectdet.diagnostics.nonfinite import NonFiniteGuard, diagnose_nonfinite
 from defectdet.engine.distributed import DistributedContext, all_ranks_true, broadcast_values, unwrap_model
 from defectdet.engine.ema import ModelEMA
+from defectdet.engine.grad_stats import GradStatsMonitor
+from defectdet.engine.nonfinite import NonFiniteGuard, diagnose_nonfinite
 from defectdet.engine.optim import WarmupCosineSchedule
 from defectdet.postprocess import PostprocessSettings
 

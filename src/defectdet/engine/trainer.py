@@ -28,9 +28,6 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from defectdet.diagnostics.grad_stats import GradStatsMonitor
-from defectdet.diagnostics.nonfinite import NonFiniteGuard
-from defectdet.diagnostics.state_dict import load_state_dict_checked
 from defectdet.engine.checkpoint import (
     CHECKPOINT_VERSION,
     capture_rng_state,
@@ -50,6 +47,7 @@ from defectdet.engine.distributed import (
     wrap_model,
 )
 from defectdet.engine.ema import ModelEMA
+from defectdet.engine.grad_stats import GradStatsMonitor
 from defectdet.engine.loader import build_loader, start_epoch
 from defectdet.engine.loop import (
     LoopOptions,
@@ -59,8 +57,10 @@ from defectdet.engine.loop import (
     resolve_amp,
     train_one_epoch,
 )
+from defectdet.engine.nonfinite import NonFiniteGuard
 from defectdet.engine.optim import WarmupCosineSchedule, build_optimizer, check_optimizer_coverage
 from defectdet.engine.progress import TrainProgress
+from defectdet.engine.state_dict import load_state_dict_checked
 from defectdet.errors import CheckpointError, ConfigError
 from defectdet.postprocess import PostprocessSettings
 

@@ -22,10 +22,9 @@ from rich.table import Table
 
 from defectdet.data.recapture import RecaptureConfig, make_clean_boards
 from defectdet.data.sample import DatasetSplit
-from defectdet.diagnostics.state_dict import load_state_dict_checked
-from defectdet.engine.checkpoint import load_checkpoint
+from defectdet.engine.checkpoint import load_detector
 from defectdet.engine.predict import DEFAULT_EVAL_BATCH, predict_records, registration_summary
-from defectdet.errors import CheckpointError, ConfigError
+from defectdet.errors import ConfigError
 from defectdet.evaluation.threshold import (
     DEFAULT_TARGET_ESCAPE,
     ThresholdChoice,
@@ -40,29 +39,6 @@ logger = logging.getLogger(__name__)
 
 PROTOCOLS = ("coco", "deeppcb", "both")
 CONF_RULES = ("escape", "f1")
-
-
-def load_detector(
-    checkpoint_path: str | Path, use_ema: bool = True
-) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """Rebuild the detector stored in a training checkpoint (EMA weights when present) in eval mode."""
-    from defectdet.model import detector_from_config
-
-    checkpoint = load_checkpoint(checkpoint_path)
-    model_config = checkpoint.get("model_config")
-    if not isinstance(model_config, dict):
-        raise CheckpointError(
-            f"{checkpoint_path}: no 'model_config' in the checkpoint, so the detector cannot be rebuilt; "
-            "was it written by `defectdet train`?"
-        )
-    model = detector_from_config(model_config)
-    key = "ema" if use_ema and checkpoint.get("ema") is not None else "model"
-    weights = checkpoint[key]
-    if key == "ema" and isinstance(weights, dict) and "module" in weights:
-        weights = weights["module"]
-    load_state_dict_checked(model, weights, source=f"{checkpoint_path} '{key}'")
-    model.eval()
-    return model, checkpoint
 
 
 def _resolve_register(

@@ -4,7 +4,7 @@ import logging
 import torch
 from torch import nn
 
-from defectdet.diagnostics.grad_stats import GradStatsMonitor
+from defectdet.engine.grad_stats import GradStatsMonitor
 
 
 def test_explosion_and_vanishing_warnings(caplog):

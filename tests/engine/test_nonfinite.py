@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from defectdet.diagnostics.nonfinite import (
+from defectdet.engine.nonfinite import (
     NonFiniteGuard,
     diagnose_nonfinite,
     locate_nonfinite_module,

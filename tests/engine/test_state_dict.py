@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from defectdet.diagnostics.state_dict import diagnose_state_dict, load_state_dict_checked
+from defectdet.engine.state_dict import diagnose_state_dict, load_state_dict_checked
 from defectdet.errors import CheckpointError
 
 
