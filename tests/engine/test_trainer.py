@@ -1,6 +1,8 @@
+import itertools
 import json
 import logging
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -113,11 +115,17 @@ def test_run_dir_outputs_validation_and_best_checkpoint(tmp_path):
     assert 0.0 <= result.best_metrics["mAP50"] <= 1.0
 
 
-def test_time_budget_stops_training_and_saves(tmp_path):
+def test_time_budget_stops_training_and_saves(tmp_path, monkeypatch):
+    """A one-second budget on a fake clock that moves 0.02 s per reading, so the budget ends after the same
+    steps however loaded the machine is (on the real clock one slow step could end it before the LR decayed)."""
+    import defectdet.engine.trainer as trainer_module
+
+    readings = itertools.count()
+    monkeypatch.setattr(trainer_module, "time", SimpleNamespace(perf_counter=lambda: 0.02 * next(readings)))
     config = make_config(tmp_path, "timed", epochs=None, time_minutes=1.0 / 60)  # one second
     result = train(config, data=data(), model=fresh_model())
-    assert result.state.elapsed_seconds >= 1.0
-    assert result.state.step > 0 and result.last_checkpoint.is_file()
+    assert 1.0 <= result.state.elapsed_seconds < 1.1  # stopped at the first reading past the budget
+    assert result.state.step > 10 and result.last_checkpoint.is_file()
     checkpoint = load_checkpoint(result.last_checkpoint)
     assert checkpoint["scheduler"]["time_budget_seconds"] == pytest.approx(1.0)
     # the LR followed elapsed / budget down to the final ratio
