@@ -173,7 +173,8 @@ def _run_model(
     autocast: Callable[[], contextlib.AbstractContextManager] | None,
 ) -> np.ndarray:
     """One forward pass: ``(B, C, S, S)`` -> ``(B, A, 4 + K)`` float array."""
-    if is_module:  # as in training: channels_last is ~25% faster for depthwise convs on CPU
+    if is_module:  # channels_last input as in training (engine.loop): the convolutions then run in NHWC,
+        # which oneDNN's depthwise kernels prefer on CPU (the speed-up is not benchmarked in bench/results)
         batch = batch.to(device, memory_format=torch.channels_last)
     with autocast() if autocast is not None else contextlib.nullcontext():
         output = model(batch)
