@@ -41,15 +41,15 @@ from rich.console import Console  # noqa: E402
 from defectdet.data.formats import load_dataset  # noqa: E402
 from defectdet.data.formats.deeppcb import group_of  # noqa: E402
 from defectdet.data.imageio import read_image  # noqa: E402
-from defectdet.deploy.monitor import (  # noqa: E402
+from defectdet.evaluation.coco import coco_metrics  # noqa: E402
+from defectdet.evaluation.types import ImageRecord  # noqa: E402
+from defectdet.runtime.monitor import (  # noqa: E402
     DriftMonitor,
     build_reference,
     image_statistics,
     sample_reference,
 )
-from defectdet.deploy.runtime import PredictionResult, Predictor  # noqa: E402
-from defectdet.evaluation.coco import coco_metrics  # noqa: E402
-from defectdet.evaluation.types import ImageRecord  # noqa: E402
+from defectdet.runtime.predictor import PredictionResult, Predictor  # noqa: E402
 
 Fault = Callable[[np.ndarray], np.ndarray]
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,13 +17,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
 import common  # noqa: E402
 
-from defectdet.deploy.bundle import read_metadata  # noqa: E402
-from defectdet.deploy.export import (  # noqa: E402
+from defectdet.export.exporter import (  # noqa: E402
     INT8_MAX_MAP50_DROP,
     export_bundle,
-    time_onnx,  # noqa: E402
 )
-from defectdet.deploy.quantize import quantize_bundle, quantize_onnx  # noqa: E402
+from defectdet.export.quantize import quantize_bundle, quantize_onnx, time_onnx  # noqa: E402
+from defectdet.runtime.bundle import read_metadata  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "deeppcb"
 

@@ -31,10 +31,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
 import common  # noqa: E402
 
-from defectdet.deploy.bundle import BundleMetadata, write_metadata  # noqa: E402
-from defectdet.deploy.export import export_onnx_graph, fold_batchnorm  # noqa: E402
-from defectdet.deploy.runtime import Predictor  # noqa: E402
+from defectdet.export.exporter import export_onnx_graph, fold_batchnorm  # noqa: E402
 from defectdet.model import PRESETS, build_model, model_info  # noqa: E402
+from defectdet.runtime.bundle import BundleMetadata, write_metadata  # noqa: E402
+from defectdet.runtime.predictor import Predictor  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "deeppcb"
 
@@ -106,7 +106,7 @@ class BlockTorch:
         if name == "torch" or name.startswith("torch."):
             raise ImportError("blocked")
 sys.meta_path.insert(0, BlockTorch())
-from defectdet.deploy.runtime import Predictor
+from defectdet.runtime.predictor import Predictor
 
 def rss_mb():
     for line in open("/proc/self/status"):
@@ -153,7 +153,7 @@ def rss_in_child(
 def bench_preset(
     preset: str, args: argparse.Namespace, pairs: list[tuple[bytes, bytes]], folder: Path
 ) -> dict:
-    from defectdet.deploy.quantize import quantize_onnx
+    from defectdet.export.quantize import quantize_onnx
 
     torch.manual_seed(0)
     channels, size = args.channels, args.imgsz
@@ -230,7 +230,7 @@ def openvino_p50(bundle: Path, batch: np.ndarray, args: argparse.Namespace) -> t
 def bench_peer(path: Path, args: argparse.Namespace) -> dict:
     import onnxruntime
 
-    from defectdet.deploy.runtime import session_options
+    from defectdet.runtime.predictor import session_options
 
     session = onnxruntime.InferenceSession(
         str(path), session_options(args.threads), providers=["CPUExecutionProvider"]

@@ -183,7 +183,7 @@ def peer_end_to_end(
     """decode (tested JPEG, RGB) + our letterbox + ORT + decoding of their raw output + our NMS + box mapping."""
     import onnxruntime
 
-    from defectdet.deploy.runtime import session_options
+    from defectdet.runtime.predictor import session_options
 
     session = onnxruntime.InferenceSession(
         str(path), session_options(args.threads), providers=["CPUExecutionProvider"]
@@ -228,9 +228,9 @@ def ours_latency(
     """Our trained model as a bundle (the graph `defectdet export` writes; pair registration as trained)."""
     import copy
 
-    from defectdet.deploy.bundle import BundleMetadata, write_metadata
-    from defectdet.deploy.export import export_onnx_graph, fold_batchnorm
-    from defectdet.deploy.runtime import Predictor
+    from defectdet.export.exporter import export_onnx_graph, fold_batchnorm
+    from defectdet.runtime.bundle import BundleMetadata, write_metadata
+    from defectdet.runtime.predictor import Predictor
 
     bundle = folder / "ours.onnx"
     template = bool(model.template)

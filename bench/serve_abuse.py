@@ -56,9 +56,9 @@ def tiny_bundle(folder: Path) -> Path:
     if bundle.is_file():
         return bundle
     from defectdet.data.synth import synthesize_dataset
-    from defectdet.deploy.export import export_bundle
     from defectdet.engine.config import TrainConfig
     from defectdet.engine.trainer import train
+    from defectdet.export.exporter import export_bundle
 
     data = synthesize_dataset(folder / "data", boards=8, seed=3, template=True, min_size=160, max_size=192)
     config = TrainConfig(

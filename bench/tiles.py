@@ -22,9 +22,9 @@ from common import print_table, summarize, write_result
 from defectdet.data.formats import load_dataset
 from defectdet.data.imageio import read_image_size
 from defectdet.data.tiling import TILE_TRIGGER
-from defectdet.deploy.export import export_bundle
-from defectdet.deploy.runtime import Predictor
 from defectdet.engine.validate import validate
+from defectdet.export.exporter import export_bundle
+from defectdet.runtime.predictor import Predictor
 
 
 def time_predictor(bundle: Path, paths: list[Path], tiles: bool, threads: int) -> list[tuple[float, int]]:

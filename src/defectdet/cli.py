@@ -361,7 +361,7 @@ def export(
 
     Example: defectdet export runs/train/best.pt --out model.onnx --int8
     """
-    from defectdet.deploy.export import export_bundle
+    from defectdet.export.exporter import export_bundle
 
     result = export_bundle(
         checkpoint, out, data=data, split=split, formats=tuple(format), int8=int8, force=force,
@@ -426,10 +426,11 @@ def predict(
 
     Example: defectdet predict model.onnx 'line3/*.jpg' --templates golden/ --out runs/line3
     """
-    from defectdet.deploy.predict import predict_source
+    from defectdet.export.resolve import resolve_bundle
+    from defectdet.runtime.predict import predict_source
 
     summary = predict_source(
-        model,
+        resolve_bundle(model, Path(out)),
         source,
         out,
         templates=templates,
@@ -494,8 +495,8 @@ def serve(
 
     Example: defectdet serve model.onnx --port 8000 --max-concurrency 2
     """
-    from defectdet.deploy.server import LOOPBACK_HOSTS, TOKEN_ENV, ServeSettings
-    from defectdet.deploy.server import serve as run_service
+    from defectdet.runtime.server import LOOPBACK_HOSTS, TOKEN_ENV, ServeSettings
+    from defectdet.runtime.server import serve as run_service
 
     token = os.environ.get(TOKEN_ENV) or None
     if token_file is not None:

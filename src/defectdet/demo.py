@@ -94,9 +94,9 @@ def deploy_and_predict(checkpoint: Path, data_yaml: Path, out: Path, console: Co
     import numpy as np
 
     from defectdet.data.formats import load_dataset
-    from defectdet.deploy.export import export_bundle
-    from defectdet.deploy.predict import draw_detections
-    from defectdet.deploy.runtime import Predictor
+    from defectdet.export.exporter import export_bundle
+    from defectdet.runtime.predict import draw_detections
+    from defectdet.runtime.predictor import Predictor
 
     exported = export_bundle(checkpoint, out / "model.onnx")
     threshold = exported.metadata.thresholds

@@ -238,7 +238,7 @@ def test_fifo_image_template_and_label_are_refused_not_waited_on(tmp_path: Path)
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs and symlinks")
 def test_collectors_list_folders_named_like_images_loops_and_fifos(tmp_path: Path) -> None:
-    from defectdet.deploy.predict import list_sources
+    from defectdet.runtime.predict import list_sources
 
     folder = tmp_path / "in"
     folder.mkdir()

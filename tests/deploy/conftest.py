@@ -36,7 +36,7 @@ def trained_checkpoint(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFact
 @pytest.fixture(scope="session")
 def bundle_path(trained_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The checkpoint exported to a bundle with thresholds and drift reference measured on its val split."""
-    from defectdet.deploy.export import export_bundle
+    from defectdet.export.exporter import export_bundle
 
     out = tmp_path_factory.mktemp("deploy_bundle") / "model.onnx"
     return export_bundle(trained_checkpoint, out).bundle

@@ -8,10 +8,10 @@ import time
 import cv2
 import numpy as np
 
-from defectdet.deploy.bundle import BundleMetadata
-from defectdet.deploy.monitor import build_reference, image_statistics
-from defectdet.deploy.runtime import Detection, PredictionResult
 from defectdet.errors import InputError
+from defectdet.runtime.bundle import BundleMetadata
+from defectdet.runtime.monitor import build_reference, image_statistics
+from defectdet.runtime.predictor import Detection, PredictionResult
 
 CLASS_NAMES = ["open", "short", "mousebite", "spur", "copper", "pin-hole"]
 FEATURES = 8

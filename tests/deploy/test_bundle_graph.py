@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from defectdet.deploy.bundle import read_metadata, write_metadata
-from defectdet.deploy.runtime import Predictor
 from defectdet.errors import CheckpointError
+from defectdet.runtime.bundle import read_metadata, write_metadata
+from defectdet.runtime.predictor import Predictor
 
 
 def _with_metadata(bundle: Path, target: Path, **changes: object) -> Path:

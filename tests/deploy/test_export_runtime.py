@@ -21,13 +21,13 @@ from typer.testing import CliRunner
 from defectdet.cli import app
 from defectdet.data.formats import load_dataset
 from defectdet.data.imageio import read_image
-from defectdet.deploy.bundle import BundleMetadata, read_metadata, write_metadata
-from defectdet.deploy.export import export_onnx_graph, fold_batchnorm
-from defectdet.deploy.runtime import Predictor
 from defectdet.engine.validate import validate
 from defectdet.errors import ImageReadError, InputError
+from defectdet.export.exporter import export_onnx_graph, fold_batchnorm
 from defectdet.model import PRESETS, build_model
 from defectdet.postprocess import postprocess
+from defectdet.runtime.bundle import BundleMetadata, read_metadata, write_metadata
+from defectdet.runtime.predictor import Predictor
 
 runner = CliRunner()
 PARITY_SIZE = 128
@@ -126,13 +126,33 @@ def test_val_on_the_bundle_gives_the_checkpoint_metrics(
     assert from_checkpoint["num_detections"] > 0
 
 
+def test_every_runtime_module_imports_with_torch_unimportable() -> None:
+    """The whole `defectdet.runtime` package (and `export.resolve`, which `predict` runs on a bundle) is torch-free,
+    not only the modules the Predictor happens to pull in."""
+    script = (
+        BLOCK_TORCH
+        + """
+import importlib, pkgutil
+import defectdet.runtime
+names = [info.name for info in pkgutil.walk_packages(defectdet.runtime.__path__, "defectdet.runtime.")]
+for name in names + ["defectdet.export.resolve", "defectdet.postprocess"]:
+    importlib.import_module(name)
+assert "torch" not in sys.modules
+print(len(names))
+"""
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) >= 7  # bundle, metrics, monitor, predict, predictor, server, upload
+
+
 def test_runtime_runs_with_torch_unimportable(bundle_path: Path, tiny_dataset: Path) -> None:
     sample = load_dataset(tiny_dataset, "val").samples[0]
     script = (
         BLOCK_TORCH
         + f"""
-from defectdet.deploy.runtime import Predictor
-import defectdet.deploy.monitor, defectdet.deploy.predict
+from defectdet.runtime.predictor import Predictor
+import defectdet.runtime.monitor, defectdet.runtime.predict
 result = Predictor({str(bundle_path)!r}).predict({str(sample.image_path)!r}, {str(sample.template_path)!r})
 assert "torch" not in sys.modules
 print(result.verdict, len(result.detections))
@@ -260,7 +280,7 @@ def test_predict_folder_skips_a_corrupt_file_and_writes_every_output(
 def test_int8_is_refused_when_it_loses_accuracy_and_kept_when_forced(
     bundle_path: Path, tiny_dataset: Path, tmp_path: Path
 ) -> None:
-    from defectdet.deploy.quantize import int8_path_for, quantize_bundle
+    from defectdet.export.quantize import int8_path_for, quantize_bundle
 
     bundle = tmp_path / "model.onnx"
     bundle.write_bytes(bundle_path.read_bytes())
@@ -279,8 +299,8 @@ def test_int8_is_refused_when_it_loses_accuracy_and_kept_when_forced(
 def test_torchscript_and_pt2_match_the_bundle(
     bundle_path: Path, trained_checkpoint: Path, tmp_path: Path
 ) -> None:
-    from defectdet.deploy.export import export_pt2, export_torchscript
     from defectdet.engine.checkpoint import load_detector
+    from defectdet.export.exporter import export_pt2, export_torchscript
 
     detector = fold_batchnorm(load_detector(trained_checkpoint)[0])
     meta = read_metadata(bundle_path)
@@ -299,7 +319,7 @@ def test_torchscript_and_pt2_match_the_bundle(
 
 
 def test_templates_are_matched_by_name_or_by_deeppcb_pairing(tmp_path: Path) -> None:
-    from defectdet.deploy.predict import find_template
+    from defectdet.runtime.predict import find_template
 
     boards, golden = tmp_path / "boards", tmp_path / "golden"
     boards.mkdir(), golden.mkdir()

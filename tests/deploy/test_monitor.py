@@ -11,7 +11,8 @@ import cv2
 import numpy as np
 import pytest
 
-from defectdet.deploy.monitor import (
+from defectdet.errors import InputError
+from defectdet.runtime.monitor import (
     GEOMETRY,
     STATISTICS,
     DriftMonitor,
@@ -25,7 +26,6 @@ from defectdet.deploy.monitor import (
     reference_groups,
     sample_reference,
 )
-from defectdet.errors import InputError
 
 
 def _board(rng: np.random.Generator, size: int = 640) -> np.ndarray:
@@ -169,7 +169,7 @@ def test_monitor_alerts_on_contrast_drop_and_names_it(caplog: pytest.LogCaptureF
     }
     for _ in range(50):
         assert monitor.update(base, rng.normal(1.0, 0.2, 16)).level == "ok"
-    caplog.set_level("INFO", logger="defectdet.deploy.monitor")
+    caplog.set_level("INFO", logger="defectdet.runtime.monitor")
     images_to_alert = None
     for index in range(1, 40):
         state = monitor.update({**base, "contrast": 30.0}, rng.normal(1.0, 0.2, 16))

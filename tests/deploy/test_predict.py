@@ -39,7 +39,7 @@ def _predict(*args: str) -> object:
 def test_a_decoder_crash_on_one_file_is_listed_and_the_rest_are_predicted(
     bundle_path: Path, tiny_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raised: type
 ) -> None:
-    from defectdet.deploy.runtime import Predictor
+    from defectdet.runtime.predictor import Predictor
 
     images, golden = tmp_path / "images", tmp_path / "golden"
     for index, (board, template) in enumerate(_boards(tiny_dataset, 3)):
@@ -138,7 +138,7 @@ def test_a_deeppcb_folder_pairs_its_templates_and_never_predicts_them(
 
 
 def test_a_deeppcb_template_pairs_only_by_its_partners_name(tmp_path: Path) -> None:
-    from defectdet.deploy.predict import pair_template, template_inputs
+    from defectdet.runtime.predict import pair_template, template_inputs
 
     folder = tmp_path / "boards"
     folder.mkdir()
@@ -156,3 +156,20 @@ def test_a_deeppcb_template_pairs_only_by_its_partners_name(tmp_path: Path) -> N
     inputs = sorted(folder.iterdir())
     assert template_inputs(inputs, None) == {folder / "1_temp.jpg", folder / "2_temp.png"}
     assert template_inputs(inputs, folder) == {folder / "1_temp.jpg", folder / "2_temp.png"}
+
+
+def test_predict_source_takes_bundles_and_resolve_bundle_exports_checkpoints(tmp_path: Path) -> None:
+    """The torch-free `runtime.predict` never exports: a checkpoint is refused with the way out, while
+    `export.resolve.resolve_bundle` (what `defectdet predict` calls first) passes a bundle through untouched."""
+    from defectdet.errors import InputError
+    from defectdet.export.resolve import resolve_bundle
+    from defectdet.runtime.predict import predict_source
+
+    checkpoint = tmp_path / "best.pt"
+    checkpoint.write_bytes(b"unused")
+    with pytest.raises(InputError, match="export it first"):
+        predict_source(checkpoint, tmp_path, tmp_path / "out")
+    assert resolve_bundle(tmp_path / "model.onnx", tmp_path / "work") == tmp_path / "model.onnx"
+    assert not (tmp_path / "work").exists()
+    with pytest.raises(InputError, match="no such checkpoint or bundle"):
+        resolve_bundle(tmp_path / "missing.pt", tmp_path / "work")

@@ -31,8 +31,8 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from server_fakes import FakePredictor, board, encode
 
-from defectdet.deploy import server as server_module
-from defectdet.deploy.server import ServeSettings, create_app, uvicorn_config
+from defectdet.runtime import server as server_module
+from defectdet.runtime.server import ServeSettings, create_app, uvicorn_config
 
 BASE = "http://127.0.0.1"
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,7 +190,7 @@ def test_an_unexpected_exception_is_a_logged_json_500_without_addresses(
 
 
 def test_error_lines_drop_addresses_but_keep_sizes() -> None:
-    from defectdet.deploy.server import _one_line
+    from defectdet.runtime.server import _one_line
 
     assert _one_line(f"bad {object()!r} here") == "bad <object object> here"
     assert _one_line("ptr 0x7f3a2b1c4d5e\nnext") == "ptr next"

@@ -19,7 +19,7 @@ import pytest
 import uvicorn
 from server_fakes import FakePredictor, board
 
-from defectdet.deploy.server import ServeSettings, create_app
+from defectdet.runtime.server import ServeSettings, create_app
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed (pip install playwright)"

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from defectdet.deploy.bundle import BundleMetadata
+from defectdet.runtime.bundle import BundleMetadata
 
 
 def is_bundle(path: str | Path) -> bool:
@@ -21,7 +21,7 @@ class BundleModel:
     """Callable like ``Detector`` in eval mode: ``(B, C, S, S)`` float tensor in [0, 1] -> ``(B, A, 4 + K)``."""
 
     def __init__(self, path: str | Path, threads: int | None = None) -> None:
-        from defectdet.deploy.runtime import Predictor
+        from defectdet.runtime.predictor import Predictor
 
         self.predictor = Predictor(path, threads=threads)
         self.metadata: BundleMetadata = self.predictor.metadata

@@ -28,7 +28,9 @@ from defectdet.data.imageio import (
 from defectdet.data.letterbox import LetterboxTransform, letterbox_image
 from defectdet.data.registration import register_pair
 from defectdet.data.tiling import TilePlan, combine_passes, plan_tiles, tile_canvases
-from defectdet.deploy.bundle import (
+from defectdet.errors import CheckpointError, InputError
+from defectdet.postprocess import postprocess
+from defectdet.runtime.bundle import (
     FEATURES_OUTPUT,
     INPUT_NAME,
     METADATA_KEY,
@@ -36,8 +38,6 @@ from defectdet.deploy.bundle import (
     BundleMetadata,
     parse_metadata,
 )
-from defectdet.errors import CheckpointError, InputError
-from defectdet.postprocess import postprocess
 
 ImageInput = str | os.PathLike | bytes | bytearray | memoryview | np.ndarray
 MAX_DEFAULT_THREADS = 4
@@ -349,7 +349,7 @@ class Predictor:
         """Detect defects in one image. The verdict is "defective" when a detection scores >= ``conf``
         (default: the bundle's operating threshold); detections below ``min_score`` (default ``conf``) are
         not returned."""
-        from defectdet.deploy.monitor import image_statistics
+        from defectdet.runtime.monitor import image_statistics
 
         meta = self.metadata
         threshold = meta.thresholds.score if conf is None else float(conf)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from defectdet.deploy.bundle import read_metadata, write_metadata
 from defectdet.errors import DefectDetError
+from defectdet.runtime.bundle import read_metadata, write_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ class _CalibrationReader:
 
     def __init__(self, bundle: Path, data: str | Path, split: str, count: int) -> None:
         from defectdet.data.formats import load_dataset
-        from defectdet.deploy.runtime import Predictor
+        from defectdet.runtime.predictor import Predictor
 
         self.predictor = Predictor(bundle, tiles=False)  # calibrates on whole-image inputs
         samples = load_dataset(data, split).samples
@@ -107,6 +108,22 @@ def quantize_onnx(
     return out
 
 
+def time_onnx(path: Path, channels: int, size: int, runs: int = 30, threads: int | None = None) -> float:
+    """p50 milliseconds of one batch-1 run of an ONNX file."""
+    from defectdet.runtime.predictor import Predictor
+
+    predictor = Predictor(path, threads=threads)
+    batch = np.random.default_rng(0).random((1, channels, size, size), dtype=np.float32)
+    for _ in range(5):
+        predictor.run(batch)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        predictor.run(batch)
+        times.append((time.perf_counter() - start) * 1e3)
+    return float(np.median(times))
+
+
 def quantize_bundle(
     bundle: Path,
     data: str | Path,
@@ -120,7 +137,6 @@ def quantize_bundle(
 ) -> dict[str, Any]:
     """Quantize, then compare fp32 and int8 on ``val_split`` (mAP@0.5) and in speed; keep the int8 file only
     when it loses at most ``max_drop`` mAP@0.5 (or ``force``). Returns the comparison."""
-    from defectdet.deploy.export import time_onnx
     from defectdet.engine.validate import validate
 
     target = int8_path_for(bundle)

@@ -47,11 +47,11 @@ from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from defectdet.data.imageio import decode_image, decode_pair
-from defectdet.deploy.metrics import ServiceMetrics
-from defectdet.deploy.monitor import DriftMonitor
-from defectdet.deploy.runtime import PredictionResult, Predictor
-from defectdet.deploy.upload import UploadError, read_form
 from defectdet.errors import DefectDetError, ImageReadError, ImageTooLargeError
+from defectdet.runtime.metrics import ServiceMetrics
+from defectdet.runtime.monitor import DriftMonitor
+from defectdet.runtime.predictor import PredictionResult, Predictor
+from defectdet.runtime.upload import UploadError, read_form
 
 logger = logging.getLogger(__name__)
 
@@ -916,7 +916,7 @@ def serve(
     in `PROMETHEUS_MULTIPROC_DIR` or a temporary folder made and removed here). Drift state, the results
     list and readiness are kept per worker process.
     """
-    from defectdet.deploy.runtime import MAX_DEFAULT_THREADS, physical_cores
+    from defectdet.runtime.predictor import MAX_DEFAULT_THREADS, physical_cores
 
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -965,7 +965,7 @@ def serve(
     if settings.token:
         os.environ[TOKEN_ENV] = settings.token
     try:
-        target = "defectdet.deploy.server:worker_app"
+        target = "defectdet.runtime.server:worker_app"
         _run_uvicorn(target, uvicorn_config(target, host, port, settings, workers=workers))
     finally:
         for key, value in saved.items():

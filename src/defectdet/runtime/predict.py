@@ -15,8 +15,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from defectdet.deploy.runtime import Detection, PredictionResult, Predictor
 from defectdet.errors import InputError, describe_failure
+from defectdet.runtime.predictor import Detection, PredictionResult, Predictor
 
 logger = logging.getLogger(__name__)
 
@@ -244,12 +244,13 @@ def predict_source(
     progress: bool = True,
     tiles: bool | None = None,
 ) -> PredictSummary:
-    """Predict every image of ``source`` with ``model`` (a bundle, or a checkpoint exported on the fly);
+    """Predict every image of ``source`` with ``model`` (a bundle; `defectdet predict` exports a checkpoint first
+    through `defectdet.export.resolve.resolve_bundle`);
     ``tiles`` overrides the bundle's choice of native-resolution tiles for large images."""
     from rich.progress import Progress
 
     out_dir = Path(out)
-    predictor = Predictor(resolve_bundle(model, out_dir), threads=threads, tiles=tiles)
+    predictor = Predictor(_bundle_path(model), threads=threads, tiles=tiles)
     images = list_sources(source)
     template_dir = Path(templates) if templates else None
     if template_dir is not None and not template_dir.is_dir():
@@ -312,15 +313,12 @@ def predict_source(
     return summary
 
 
-def resolve_bundle(model: str | Path, work_dir: Path) -> Path:
-    """A bundle path as is; a training checkpoint is exported into ``work_dir`` first (needs torch)."""
+def _bundle_path(model: str | Path) -> Path:
+    """``model`` when it is a bundle (.onnx); a checkpoint needs torch to export, which this module never imports."""
     model = Path(model)
     if model.suffix.lower() == ".onnx":
         return model
-    if not model.is_file():
-        raise InputError(f"{model}: no such checkpoint or bundle")
-    from defectdet.deploy.export import export_bundle
-
-    work_dir.mkdir(parents=True, exist_ok=True)
-    logger.info("%s is a checkpoint: exporting it to %s first", model, work_dir / "model.onnx")
-    return export_bundle(model, work_dir / "model.onnx").bundle
+    raise InputError(
+        f"{model}: not a bundle (.onnx); export it first (`defectdet export`, or "
+        "`defectdet.export.resolve.resolve_bundle`), or run `defectdet predict`, which does that for you"
+    )

@@ -1,5 +1,6 @@
 """`export_bundle`: a training checkpoint -> one self-describing `.onnx` file (and optionally TorchScript,
-`torch.export` and int8 variants). The only deploy module that imports torch.
+`torch.export` and int8 variants). Part of `defectdet.export`, the torch side of deployment; the torch-free
+side is `defectdet.runtime`.
 
 The operating thresholds are measured on the validation split, and the drift reference on a bounded sample
 of the training split spread over its groups, by running the exported file itself through `val`'s
@@ -12,7 +13,6 @@ import datetime
 import json
 import logging
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from defectdet.deploy.bundle import (
+from defectdet.errors import ConfigError, DatasetError, DefectDetError
+from defectdet.postprocess import PostprocessSettings
+from defectdet.runtime.bundle import (
     FEATURES_OUTPUT,
     INPUT_NAME,
     PREDICTIONS_OUTPUT,
@@ -30,8 +32,6 @@ from defectdet.deploy.bundle import (
     config_hash,
     write_metadata,
 )
-from defectdet.errors import ConfigError, DatasetError, DefectDetError
-from defectdet.postprocess import PostprocessSettings
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def base_metadata(detector: nn.Module, checkpoint: dict[str, Any]) -> BundleMeta
 
 def parity(detector: nn.Module, bundle: Path, images: np.ndarray) -> float:
     """Largest absolute difference between eager and onnxruntime outputs on ``images`` (B, C, S, S)."""
-    from defectdet.deploy.runtime import Predictor
+    from defectdet.runtime.predictor import Predictor
 
     predictor = Predictor(bundle)
     with torch.inference_mode():
@@ -219,7 +219,7 @@ def export_bundle(
     if "pt2" in wanted:
         result.extra_files["pt2"] = export_pt2(detector, bundle.with_suffix(".pt2"), metadata)
     if int8:
-        from defectdet.deploy.quantize import quantize_bundle
+        from defectdet.export.quantize import quantize_bundle
 
         if measured_on is None:
             raise ConfigError("--int8 needs validation data to prove the int8 model (pass --data)")
@@ -281,13 +281,13 @@ def drift_reference(
     from each group (`reference_groups`: board folders, name prefixes or runs of names; seeded), as the
     monitor's reference profile with the spread between the groups."""
     from defectdet.data.formats import load_dataset
-    from defectdet.deploy.monitor import (
+    from defectdet.runtime.monitor import (
         build_reference,
         image_statistics,
         reference_groups,
         sample_reference,
     )
-    from defectdet.deploy.runtime import Predictor
+    from defectdet.runtime.predictor import Predictor
 
     predictor = Predictor(bundle, tiles=False)  # the monitor profiles the whole-image pass only
     samples = load_dataset(data, split).samples
@@ -346,19 +346,3 @@ def export_pt2(detector: nn.Module, path: Path, metadata: BundleMetadata) -> Pat
     program = torch.export.export(_BundleGraph(detector).eval(), example, dynamic_shapes=({0: batch},))
     torch.export.save(program, str(path), extra_files={"defectdet.json": metadata.to_json()})
     return path
-
-
-def time_onnx(path: Path, channels: int, size: int, runs: int = 30, threads: int | None = None) -> float:
-    """p50 milliseconds of one batch-1 run of an ONNX file."""
-    from defectdet.deploy.runtime import Predictor
-
-    predictor = Predictor(path, threads=threads)
-    batch = np.random.default_rng(0).random((1, channels, size, size), dtype=np.float32)
-    for _ in range(5):
-        predictor.run(batch)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        predictor.run(batch)
-        times.append((time.perf_counter() - start) * 1e3)
-    return float(np.median(times))

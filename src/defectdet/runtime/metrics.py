@@ -20,10 +20,10 @@ from prometheus_client import (
     generate_latest,
 )
 
-from defectdet.deploy.monitor import LEVELS, DriftMonitor
+from defectdet.runtime.monitor import LEVELS, DriftMonitor
 
 if TYPE_CHECKING:
-    from defectdet.deploy.runtime import PredictionResult
+    from defectdet.runtime.predictor import PredictionResult
 
 ROUTES = frozenset(
     {

@@ -1,0 +1,8 @@
+"""The torch-free side of deployment: reading the one-file ONNX bundle (`runtime.bundle`), the `Predictor`
+(`runtime.predictor`), the drift monitor, the service (server, upload, metrics, the static page) and the predict
+command (`runtime.predict`).
+
+Nothing here imports torch (a test blocks torch and imports it): it imports only the leaf modules
+(`errors`, `_limits`, `_lazy`, `postprocess`) and `data`. Writing bundles (torch) is `defectdet.export`;
+see docs/deploy.md for the contract and docs/architecture.md for the package layers.
+"""
