@@ -33,7 +33,8 @@ def encode(image: np.ndarray, ext: str = ".png") -> bytes:
 
 
 class FakePredictor:
-    """Detects pixels >= 240 as one 'short' (score 0.9); `gate` blocks predict until set; `delay_s` sleeps."""
+    """Detects pixels >= 240 as one 'short' (score 0.9); `gate` blocks predict until set (`entered` tells that a call
+    is waiting there); `delay_s` sleeps."""
 
     def __init__(self, template: bool = False, delay_s: float = 0.0, reference: bool = True) -> None:
         stats = [image_statistics(board(seed, blob=seed % 2 == 0)) for seed in range(30)]
@@ -51,6 +52,7 @@ class FakePredictor:
         self.path = None
         self.gate = threading.Event()
         self.gate.set()
+        self.entered = threading.Event()  # set as a predict call starts, before it waits for the gate
         self.delay_s = delay_s
         self.calls = 0
         self.features = np.ones(FEATURES, np.float32)
@@ -58,6 +60,7 @@ class FakePredictor:
     def predict(
         self, image: np.ndarray, template: np.ndarray | None = None, conf: float | None = None
     ) -> PredictionResult:
+        self.entered.set()
         self.gate.wait(30)
         if self.delay_s:
             time.sleep(self.delay_s)
