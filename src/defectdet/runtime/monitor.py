@@ -2,7 +2,8 @@
 
 NumPy + OpenCV only (no torch): it runs beside `Predictor` and inside the service.
 
-* `image_statistics` measures one letterboxed uint8 image (about 0.3-0.5 ms at 640x640 gray).
+* `image_statistics` measures one letterboxed uint8 image (p50 1.31 ms at 640x640 gray on a shared 2-core
+  machine: bench/results/drift.json, `image_statistics_ms_640`).
 * `build_reference` turns the statistics (and the bundle's pooled activations) of the training images
   (a bounded sample spread over their groups: `reference_groups`, `sample_reference`) into a JSON profile
   with the spread between groups; `defectdet export` stores it as `metadata.drift_reference`.
