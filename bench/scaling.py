@@ -37,15 +37,17 @@ def result_name(dataset: str, preset: str, minutes: float) -> str:
     return f"scaling_{dataset}_{preset}_{minutes:g}min"
 
 
-def run_rung(dataset: str, preset: str, minutes: float) -> Path:
+def run_rung(dataset: str, preset: str, minutes: float, threads: int | None = None) -> Path:
     name = result_name(dataset, preset, minutes)
     body = run_arm(dataset, None, minutes, Path("runs/bench_scaling") / name, 0, preset)
     print_table(name, ["figure", "value"], [[k, v] for k, v in {**body["time_to"], **body["final"]}.items()])
     return write_result(
         name,
         {
-            "command": f"python bench/scaling.py --rung {dataset}:{preset}:{minutes:g}",
+            "command": f"python bench/scaling.py --rung {dataset}:{preset}:{minutes:g}"
+            + (f" --threads {threads}" if threads else ""),
             "dataset": dataset,
+            "threads": threads,
             "preset": preset,
             "minutes": minutes,
             **body,
@@ -102,18 +104,35 @@ def main() -> int:
     parser.add_argument("--all", action="store_true", help="run every rung without a result file yet")
     parser.add_argument("--presets", default="nano,small", help="comma-separated; the first is the default")
     parser.add_argument("--summary", action="store_true")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: torch's); 1 leaves the other core free for a second run or other work",
+    )
+    parser.add_argument("--datasets", default=None, help="comma-separated subset of the ladder's datasets")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.threads:
+        import os
+
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+        torch.set_num_threads(args.threads)
     if args.summary:
         return summary()
     if args.rung:
         dataset, preset, minutes = args.rung.split(":")
-        print(f"wrote {run_rung(dataset, preset, float(minutes))}")
+        print(f"wrote {run_rung(dataset, preset, float(minutes), args.threads)}")
         return 0
     if args.all:
+        wanted = set(args.datasets.split(",")) if args.datasets else None
         for dataset, preset, minutes in rungs(args.presets.split(",")):
+            if wanted is not None and dataset not in wanted:
+                continue
             if not (RESULTS_DIR / f"{result_name(dataset, preset, minutes)}.json").is_file():
-                print(f"wrote {run_rung(dataset, preset, minutes)}")
+                print(f"wrote {run_rung(dataset, preset, minutes, args.threads)}")
         return summary()
     parser.error("give --rung, --all or --summary")
     return 2
