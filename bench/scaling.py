@@ -55,8 +55,26 @@ def run_rung(dataset: str, preset: str, minutes: float, threads: int | None = No
     )
 
 
+def rises_with_budget(points: list[dict]) -> dict[str, dict]:
+    """Per dataset and preset: the final mAP@0.5 at each budget, the gain of the largest budget over the
+    smallest, and whether every longer budget beat the shorter one."""
+    found: dict[str, dict] = {}
+    for key in sorted({(p["dataset"], p["preset"]) for p in points}):
+        ladder = sorted((p["minutes"], p["mAP50"]) for p in points if (p["dataset"], p["preset"]) == key)
+        values = [value for _, value in ladder]
+        found[f"{key[0]}:{key[1]}"] = {
+            "minutes": [minutes for minutes, _ in ladder],
+            "mAP50": values,
+            "gain_last_over_first": values[-1] - values[0] if len(values) > 1 else None,
+            "rises": all(b > a for a, b in zip(values[:-1], values[1:], strict=True))
+            if len(values) > 1
+            else None,
+        }
+    return found
+
+
 def summary() -> int:
-    """Collects every scaling_*.json into scaling.json (final points and curves) and one PNG."""
+    """Collects every scaling_*.json into scaling.json (final points, curves, rises-with-budget) and one PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -67,32 +85,53 @@ def summary() -> int:
         print("no scaling_*.json yet: run --rung or --all first", file=sys.stderr)
         return 1
     datasets = sorted({run["dataset"] for run in runs})
+    threads = sorted({str(run.get("threads") or "default") for run in runs})
     figure, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4), squeeze=False)
-    rows, points = [], []
+    rows, points, curves = [], [], []
     for axis, dataset in zip(axes[0], datasets, strict=True):
         for run in sorted(
             (r for r in runs if r["dataset"] == dataset), key=lambda r: (r["preset"], r["minutes"])
         ):
             curve = run.get("curve", [])
             label = f"{run['preset']} {run['minutes']:g} min"
-            axis.plot([p["time_s"] / 60 for p in curve], [p["mAP50"] for p in curve], label=label)
+            (line,) = axis.plot([p["time_s"] / 60 for p in curve], [p["mAP50"] for p in curve], label=label)
             final = run["final"]["mAP50"]
-            axis.scatter([run["minutes"]], [final], marker="o")
+            axis.scatter([run["minutes"]], [final], marker="o", color=line.get_color(), zorder=3)
             rows.append(
                 [dataset, run["preset"], f"{run['minutes']:g}", f"{final:.3f}", run["final"].get("steps")]
             )
             points.append(
                 {"dataset": dataset, "preset": run["preset"], "minutes": run["minutes"], "mAP50": final}
             )
+            curves.append({"run": run["name"], "dataset": dataset, "preset": run["preset"], "curve": curve})
         axis.set_title(dataset)
-        axis.set_xlabel("training minutes (2-core CPU)")
-        axis.set_ylabel("held-out mAP@0.5")
+        axis.set_xlabel(f"training minutes (2-core CPU, torch threads: {', '.join(threads)})")
+        axis.set_ylabel("validation mAP@0.5 (dot: held-out score of the kept weights)")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
+    figure.suptitle("Budget ladder: each budget is its own run with its own LR schedule", fontsize=10)
     figure.tight_layout()
     figure.savefig(RESULTS_DIR / "scaling.png", dpi=110)
     print_table("budget ladder, held-out mAP@0.5", ["dataset", "preset", "minutes", "mAP@0.5", "steps"], rows)
-    write_result("scaling", {"points": points, "runs": [r["name"] for r in runs]})
+    trend = rises_with_budget(points)
+    print_table(
+        "does more budget buy more accuracy?",
+        ["dataset:preset", "minutes", "mAP@0.5", "last - first", "rises"],
+        [
+            [
+                key,
+                ", ".join(f"{m:g}" for m in v["minutes"]),
+                ", ".join(f"{x:.3f}" for x in v["mAP50"]),
+                "-" if v["gain_last_over_first"] is None else f"{v['gain_last_over_first']:+.3f}",
+                v["rises"],
+            ]
+            for key, v in trend.items()
+        ],
+    )
+    write_result(
+        "scaling",
+        {"points": points, "rises_with_budget": trend, "curves": curves, "runs": [r["name"] for r in runs]},
+    )
     return 0
 
 
