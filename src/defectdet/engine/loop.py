@@ -134,13 +134,9 @@ def train_one_epoch(
     unscale + clip, non-finite gradient check, optimizer step, EMA update. A non-finite step takes no
     optimizer step; the guard decides skip or stop. Empty batches are skipped.
     """
-    device, context, log = options.device, options.context, options.log
+    device, context = options.device, options.context
     model.train()
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    # A skipped batch must not leave its statistics in BatchNorm buffers (NaN there would poison eval):
-    # snapshot buffers before each forward, restore them when the step is skipped.
-    buffers = list(model.buffers())
-    snapshot = [b.detach().clone() for b in buffers]
+    step = _Step(model, optimizer, options)
     sums: dict[str, float] = {}
     counted = batches = steps = images_seen = 0
     started = time.perf_counter()
@@ -149,76 +145,27 @@ def train_one_epoch(
         state.epoch_batch += 1
         batches += 1
         if not all_ranks_true(images.shape[0] > 0, context):
-            log.warning("skipping an empty batch (all its samples failed to load) at step %d", state.step)
+            options.log.warning(
+                "skipping an empty batch (all its samples failed to load) at step %d", state.step
+            )
             continue
         images, targets = _to_device(images, targets, device)
-        elapsed = state.elapsed_seconds
-        if options.clock is not None:
-            elapsed = state.elapsed_seconds = broadcast_values([options.clock()], context)[0]
+        _sync_clock(state, options)
         if options.schedule is not None:
-            options.schedule.apply(optimizer, state.step, elapsed)
+            options.schedule.apply(optimizer, state.step, state.elapsed_seconds)
         optimizer.zero_grad(set_to_none=True)
-        if buffers:
-            torch._foreach_copy_(snapshot, buffers)
+        step.snapshot_buffers()
         with options.amp.autocast(device):
             losses = model(images, targets)  # dict of scalar losses, 'loss' is the total
-        loss = losses["loss"]
         _check_loss_dtypes(losses, options)
-        finite = all_ranks_true(bool(torch.isfinite(loss.detach()).all()), context)
-        if not finite:
-            if buffers:
-                torch._foreach_copy_(buffers, snapshot)
-            terms = {k: float(v.detach().float().item()) for k, v in losses.items()}
-            plain = unwrap_model(model)
-
-            def rerun(plain=plain, images=images, targets=targets):
-                with options.amp.autocast(device):
-                    return plain(images, targets)
-
-            local_nonfinite = not math.isfinite(terms.get("loss", float("nan")))
-            diagnosis = diagnose_nonfinite(
-                plain, state.step, "loss", terms, rerun if local_nonfinite else None
-            )
-            if not local_nonfinite:
-                diagnosis.note = "the non-finite loss happened on another rank"
-            del losses, loss
-            state.skipped_steps += 1
-            options.guard.record(diagnosis)
+        outcome = step.backward(losses["loss"], state.step)
+        if outcome == "overflow":  # fp16 overflow: the scaler skipped this step and lowered its scale
             continue
-        scaler = options.scaler if options.scaler is not None and options.scaler.is_enabled() else None
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-        else:
-            loss.backward()
-        max_norm = options.clip_grad_norm if options.clip_grad_norm else float("inf")
-        total_norm = float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
-        if not math.isfinite(total_norm):
-            if scaler is not None:  # fp16 overflow: the scaler skips this step and lowers its scale
-                scaler.step(optimizer)
-                scaler.update()
-                log.debug("AMP overflow at step %d; scale now %g", state.step, scaler.get_scale())
-                continue
-            terms = {k: float(v.detach().float().item()) for k, v in losses.items()}
-            diagnosis = diagnose_nonfinite(unwrap_model(model), state.step, "gradient", terms, None)
-            optimizer.zero_grad(set_to_none=True)
-            if buffers:
-                torch._foreach_copy_(buffers, snapshot)
-            state.skipped_steps += 1
-            options.guard.record(diagnosis)
+        if outcome is not None:  # a non-finite 'loss' or 'gradient'
+            step.skip_nonfinite(outcome, losses, images, targets, state)
+            del losses  # frees the graph of a skipped forward before the next one
             continue
-        if options.grad_monitor is not None:
-            options.grad_monitor.observe(state.step, total_norm)
-            if options.grad_monitor.due(state.step) and context.is_main:
-                options.grad_monitor.record(state.step, unwrap_model(model), total_norm)
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        if options.ema is not None:
-            options.ema.update(unwrap_model(model))
-        options.guard.finite()
+        step.optimizer_step(state.step)
         state.step += 1
         steps += 1
         images_seen += images.shape[0]
@@ -228,13 +175,105 @@ def train_one_epoch(
         counted += 1
         if options.progress is not None:
             options.progress.update(values, images.shape[0])
-        if options.clock is not None:
-            state.elapsed_seconds = broadcast_values([options.clock()], context)[0]
+        _sync_clock(state, options)
         if options.should_stop is not None and options.should_stop(state):
             stopped = True
             break
     means = {name: total / max(1, counted) for name, total in sums.items()}
     return EpochSummary(means, batches, steps, images_seen, time.perf_counter() - started, stopped)
+
+
+def _sync_clock(state: TrainState, options: LoopOptions) -> None:
+    """Every rank takes rank 0's elapsed seconds, so schedule and budget agree across ranks."""
+    if options.clock is not None:
+        state.elapsed_seconds = broadcast_values([options.clock()], options.context)[0]
+
+
+class _Step:
+    """The parts of one optimizer step, in the order `train_one_epoch` runs them: buffer snapshot,
+    backward with unscale + clip, then either the non-finite skip or the optimizer/EMA step."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, options: LoopOptions):
+        self.model, self.optimizer, self.options = model, optimizer, options
+        self.parameters = [p for p in model.parameters() if p.requires_grad]
+        # A skipped batch must not leave its statistics in BatchNorm buffers (NaN there would poison eval):
+        # snapshot buffers before each forward, restore them when the step is skipped.
+        self.buffers = list(model.buffers())
+        self.snapshot = [b.detach().clone() for b in self.buffers]
+        scaler = options.scaler
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        self.total_norm = 0.0
+
+    def snapshot_buffers(self) -> None:
+        if self.buffers:
+            torch._foreach_copy_(self.snapshot, self.buffers)
+
+    def backward(self, loss: torch.Tensor, step: int) -> str | None:
+        """Backward, unscale and clip. Returns None, or what went non-finite: 'loss' (checked on all
+        ranks before any backward), 'gradient', or 'overflow' (fp16: the scaler skipped the step)."""
+        if not all_ranks_true(bool(torch.isfinite(loss.detach()).all()), self.options.context):
+            return "loss"
+        scaler = self.scaler
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(self.optimizer)
+        else:
+            loss.backward()
+        max_norm = self.options.clip_grad_norm if self.options.clip_grad_norm else float("inf")
+        self.total_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, max_norm))
+        if math.isfinite(self.total_norm):
+            return None
+        if scaler is None:
+            return "gradient"
+        scaler.step(self.optimizer)
+        scaler.update()
+        self.options.log.debug("AMP overflow at step %d; scale now %g", step, scaler.get_scale())
+        return "overflow"
+
+    def skip_nonfinite(
+        self,
+        kind: str,
+        losses: dict[str, torch.Tensor],
+        images: torch.Tensor,
+        targets: Sequence[torch.Tensor],
+        state: TrainState,
+    ) -> None:
+        """Skip a step whose `kind` ('loss' or 'gradient') is non-finite: restore the BatchNorm buffers,
+        diagnose (a hooked re-run of the batch when this rank's loss is the non-finite one), drop the
+        gradients, count the skip and let the guard decide skip or stop."""
+        options = self.options
+        if self.buffers:
+            torch._foreach_copy_(self.buffers, self.snapshot)
+        terms = {k: float(v.detach().float().item()) for k, v in losses.items()}
+        plain = unwrap_model(self.model)
+        local_loss = kind == "loss" and not math.isfinite(terms.get("loss", float("nan")))
+
+        def rerun():
+            with options.amp.autocast(options.device):
+                return plain(images, targets)
+
+        diagnosis = diagnose_nonfinite(plain, state.step, kind, terms, rerun if local_loss else None)
+        if kind == "loss" and not local_loss:
+            diagnosis.note = "the non-finite loss happened on another rank"
+        self.optimizer.zero_grad(set_to_none=True)
+        state.skipped_steps += 1
+        options.guard.record(diagnosis)
+
+    def optimizer_step(self, step: int) -> None:
+        """Grad statistics, the optimizer step (through the scaler with AMP), the EMA update."""
+        options, monitor = self.options, self.options.grad_monitor
+        if monitor is not None:
+            monitor.observe(step, self.total_norm)
+            if monitor.due(step) and options.context.is_main:
+                monitor.record(step, unwrap_model(self.model), self.total_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        if options.ema is not None:
+            options.ema.update(unwrap_model(self.model))
+        options.guard.finite()
 
 
 # --------------------------------------------------------------------------------------------- evaluation
