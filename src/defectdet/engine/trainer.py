@@ -50,6 +50,7 @@ from defectdet.engine.ema import ModelEMA
 from defectdet.engine.grad_stats import GradStatsMonitor
 from defectdet.engine.loader import build_loader, start_epoch
 from defectdet.engine.loop import (
+    EpochSummary,
     LoopOptions,
     TrainState,
     evaluate,
@@ -287,241 +288,336 @@ def train(
     """
     context = init_distributed(config.device)
     try:
-        return _train(config, context, data, model)
+        return Trainer(config, context, data, model).run()
     finally:
         cleanup_distributed(context)
 
 
-def _train(
-    config: TrainConfig, context: DistributedContext, data: TrainData | None, model: nn.Module | None
-) -> TrainResult:
-    log = rank_logger(LOGGER_NAME, context)
-    device = context.device
-    run_dir = resolve_run_dir(config)
-    barrier(context)
-    if context.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint = load_checkpoint(config.resume) if config.resume is not None else None
+class Trainer:
+    """One training run: `setup`, then `train_epoch` + `after_epoch` until a budget ends it, then `finish`.
 
-    seed_everything(config.seed, config.deterministic)
-    data = data or build_train_data(config)
-    if data.config is not None:  # the settings chosen from the data (config.yaml records them)
-        from defectdet.engine.autoconfig import SETTING_NAMES
+    `setup` builds (or resumes) everything in a fixed order, the order exact resume depends on: run dir,
+    seeds, data and its chosen settings, model, optimizer, scaler, EMA, restored state, loader, schedule.
+    An "epoch" here is one pass of `train_one_epoch`: it may end early (`max_steps`, time budget) and
+    a resumed run starts it mid-epoch. `after_epoch` validates when due, logs a metrics.csv row and writes
+    last.pt (and best.pt when the fitness improved); only rank 0 validates, logs and writes.
+    """
 
-        config = config.model_copy(update={name: getattr(data.config, name) for name in SETTING_NAMES})
-    if config.batch is None:  # data built elsewhere, without settings chosen for it
-        from defectdet.engine.autoconfig import BASE_BATCH
+    def __init__(
+        self,
+        config: TrainConfig,
+        context: DistributedContext,
+        data: TrainData | None = None,
+        model: nn.Module | None = None,
+    ):
+        self.config, self.context, self.data, self.model = config, context, data, model
+        self.log = rank_logger(LOGGER_NAME, context)
+        self.device = context.device
 
-        config = config.model_copy(update={"batch": BASE_BATCH})
-    if data.choices:
+    def run(self) -> TrainResult:
+        self.setup()
+        with TrainProgress(self.config.progress and self.context.is_main) as progress:
+            self.options = self._loop_options(progress)
+            config, state = self.config, self.state
+            stopped = self.should_stop(state) or (config.epochs is not None and state.epoch >= config.epochs)
+            self.validated_at = self.clock()
+            while not stopped:
+                stopped = self.after_epoch(self.train_epoch())
+        return self.finish()
+
+    # ------------------------------------------------------------------------------------------ setup
+
+    def setup(self) -> None:
+        config, context = self.config, self.context
+        self.run_dir = resolve_run_dir(config)
+        barrier(context)
+        if context.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint = load_checkpoint(config.resume) if config.resume is not None else None
+        seed_everything(config.seed, config.deterministic)
+        self._setup_data()
+        self._setup_model()
+        self._setup_optimization()
+        self._setup_loader_and_schedule()
+        self._setup_records()
+
+    def _setup_data(self) -> None:
+        """Build the data, take the settings chosen from it into the config and record them."""
+        config, run_dir = self.config, self.run_dir
+        data = self.data = self.data or build_train_data(config)
+        if data.config is not None:  # the settings chosen from the data (config.yaml records them)
+            from defectdet.engine.autoconfig import SETTING_NAMES
+
+            config = config.model_copy(update={name: getattr(data.config, name) for name in SETTING_NAMES})
+        if config.batch is None:  # data built elsewhere, without settings chosen for it
+            from defectdet.engine.autoconfig import BASE_BATCH
+
+            config = config.model_copy(update={"batch": BASE_BATCH})
+        if data.choices:
+            self.log.info(
+                "settings: %s (reasons in %s)",
+                ", ".join(f"{c.name}={c.value} [{c.source}]" for c in data.choices if c.source != "fixed"),
+                run_dir / "config.yaml",
+            )
+        if self.context.is_main:
+            save_config(config, run_dir / "config.yaml", _choice_notes(data.choices))
+        self.config = config
+
+    def _setup_model(self) -> None:
+        """The given model, else the preset's (from the shipped weights unless resuming or from scratch)."""
+        config, data = self.config, self.data
+        if self.model is None:
+            from defectdet.engine.autoconfig import model_overrides
+            from defectdet.model import build_model
+
+            self.model = build_model(
+                config.preset,
+                len(data.class_names),
+                data.in_channels,
+                data.template,
+                **model_overrides(config),
+            )
+            if config.pretrained and self.checkpoint is None:
+                _start_from_shipped_weights(self.model, config.preset, data.template, self.log)
+        self.model.to(self.device, memory_format=torch.channels_last)
+
+    def _setup_optimization(self) -> None:
+        """AMP, optimizer, scaler, EMA; the checkpoint's state restored into them; the DDP wrapper."""
+        config, model = self.config, self.model
+        self.amp = resolve_amp(config.amp, config.amp_dtype, self.device)
+        self.optimizer = build_optimizer(
+            model, config.optimizer, config.lr, config.weight_decay, config.momentum
+        )
+        check_optimizer_coverage(model, self.optimizer)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp.use_scaler)
+        self.ema = ModelEMA(model, config.ema_decay, config.ema_ramp_steps) if config.ema else None
+        self.state = TrainState()
+        if self.checkpoint is not None:
+            self.state = _restore(
+                self.checkpoint, config, model, self.optimizer, self.scaler, self.ema, self.log
+            )
+        self.train_model = wrap_model(model, self.context)
+
+    def _setup_loader_and_schedule(self) -> None:
+        config, context, data = self.config, self.context, self.data
+        self.train_loader = build_loader(
+            data.train,
+            config.batch,
+            True,
+            config.workers,
+            config.seed,
+            context.rank,
+            context.world_size,
+            data.collate_fn,
+            pin_memory=self.device.type == "cuda",
+        )
+        self.batches_per_epoch = len(self.train_loader)
+        if self.batches_per_epoch == 0:
+            raise ConfigError(f"the training split has no samples (dataset {config.data})")
+        # evaluation reads the validation samples itself (engine.predict.predict_records, as `val` does)
+        has_val = data.val is not None and len(data.val) > 0 and context.is_main
+        self.val_set = data.val if has_val else None
+        total_steps = config.epochs * self.batches_per_epoch if config.epochs is not None else None
+        warmup_steps = (
+            config.warmup_steps
+            if config.warmup_steps is not None
+            else round(config.warmup_epochs * self.batches_per_epoch)
+        )
+        if total_steps is not None:
+            warmup_steps = min(warmup_steps, total_steps // 2)
+        self.schedule = WarmupCosineSchedule(
+            [config.lr] * len(self.optimizer.param_groups),
+            warmup_steps,
+            config.final_lr_ratio,
+            total_steps,
+            None if total_steps is not None else config.time_budget_seconds,
+        )
+        self.session_start, self.base_elapsed = time.perf_counter(), self.state.elapsed_seconds
+
+    def _setup_records(self) -> None:
+        """Grad stats, the non-finite guard, metrics.csv, and the best metrics so far."""
+        config, run_dir, checkpoint, log = self.config, self.run_dir, self.checkpoint, self.log
+        self.grad_monitor = GradStatsMonitor(config.grad_stats_every, run_dir / "grad_stats.csv", log=log)
+        self.guard = NonFiniteGuard(config.on_nonfinite, config.max_consecutive_nonfinite, log=log)
+        resumed = checkpoint is not None
+        self.table = MetricsTable(
+            run_dir / "metrics.csv", keep_until_epoch=self.state.epoch if resumed else None
+        )
+        self.best_metrics: dict = dict(checkpoint.get("best_metrics") or {}) if resumed else {}
+        self.final_metrics: dict = {}
+        self.last_path, self.best_path = run_dir / "last.pt", run_dir / "best.pt"
+        self.saved_best = self.best_path.is_file() and resumed
         log.info(
-            "settings: %s (reasons in %s)",
-            ", ".join(f"{c.name}={c.value} [{c.source}]" for c in data.choices if c.source != "fixed"),
-            run_dir / "config.yaml",
-        )
-    if context.is_main:
-        save_config(config, run_dir / "config.yaml", _choice_notes(data.choices))
-    if model is None:
-        from defectdet.engine.autoconfig import model_overrides
-        from defectdet.model import build_model
-
-        model = build_model(
-            config.preset, len(data.class_names), data.in_channels, data.template, **model_overrides(config)
-        )
-        if config.pretrained and checkpoint is None:
-            _start_from_shipped_weights(model, config.preset, data.template, log)
-    model.to(device, memory_format=torch.channels_last)
-    amp = resolve_amp(config.amp, config.amp_dtype, device)
-    optimizer = build_optimizer(model, config.optimizer, config.lr, config.weight_decay, config.momentum)
-    check_optimizer_coverage(model, optimizer)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp.use_scaler)
-    ema = ModelEMA(model, config.ema_decay, config.ema_ramp_steps) if config.ema else None
-    state = TrainState()
-    if checkpoint is not None:
-        state = _restore(checkpoint, config, model, optimizer, scaler, ema, log)
-    train_model = wrap_model(model, context)
-
-    train_loader = build_loader(
-        data.train,
-        config.batch,
-        True,
-        config.workers,
-        config.seed,
-        context.rank,
-        context.world_size,
-        data.collate_fn,
-        pin_memory=device.type == "cuda",
-    )
-    batches_per_epoch = len(train_loader)
-    if batches_per_epoch == 0:
-        raise ConfigError(f"the training split has no samples (dataset {config.data})")
-    # evaluation reads the validation samples itself (engine.predict.predict_records, as `val` does)
-    val_set = data.val if data.val is not None and len(data.val) > 0 and context.is_main else None
-    total_steps = config.epochs * batches_per_epoch if config.epochs is not None else None
-    warmup_steps = (
-        config.warmup_steps
-        if config.warmup_steps is not None
-        else round(config.warmup_epochs * batches_per_epoch)
-    )
-    if total_steps is not None:
-        warmup_steps = min(warmup_steps, total_steps // 2)
-    schedule = WarmupCosineSchedule(
-        [config.lr] * len(optimizer.param_groups),
-        warmup_steps,
-        config.final_lr_ratio,
-        total_steps,
-        None if total_steps is not None else config.time_budget_seconds,
-    )
-
-    budget = config.time_budget_seconds
-    session_start, base_elapsed = time.perf_counter(), state.elapsed_seconds
-
-    def clock() -> float:
-        return base_elapsed + time.perf_counter() - session_start
-
-    def should_stop(current: TrainState) -> bool:
-        return bool(
-            (budget is not None and current.elapsed_seconds >= budget)
-            or (config.max_steps is not None and current.step >= config.max_steps)
-        )
-
-    grad_monitor = GradStatsMonitor(config.grad_stats_every, run_dir / "grad_stats.csv", log=log)
-    guard = NonFiniteGuard(config.on_nonfinite, config.max_consecutive_nonfinite, log=log)
-    table = MetricsTable(
-        run_dir / "metrics.csv", keep_until_epoch=state.epoch if checkpoint is not None else None
-    )
-    best_metrics: dict = dict(checkpoint.get("best_metrics") or {}) if checkpoint is not None else {}
-    final_metrics: dict = {}
-    last_path, best_path = run_dir / "last.pt", run_dir / "best.pt"
-    saved_best = best_path.is_file() and checkpoint is not None
-    log.info(
-        "training on %s (world size %d): %d train batches/epoch, %s, amp=%s, run dir %s",
-        device,
-        context.world_size,
-        batches_per_epoch,
-        f"{config.epochs} epochs" if config.epochs else f"{config.time_minutes} min",
-        amp.enabled,
-        run_dir,
-    )
-
-    with TrainProgress(config.progress and context.is_main) as progress:
-        options = LoopOptions(
-            device=device,
-            amp=amp,
-            clock=clock,
-            clip_grad_norm=config.clip_grad_norm,
-            schedule=schedule,
-            scaler=scaler,
-            ema=ema,
-            grad_monitor=grad_monitor,
-            guard=guard,
-            context=context,
-            should_stop=should_stop,
-            progress=progress,
-            log=log,
-        )
-        stopped = should_stop(state) or (config.epochs is not None and state.epoch >= config.epochs)
-        validated_at = clock()
-        while not stopped:
-            epoch = state.epoch
-            start_epoch(train_loader, epoch, state.epoch_batch, config.seed + 1000 * context.rank)
-            progress.start(f"epoch {epoch + 1}/{config.epochs or '?'}", len(train_loader))
-            summary = train_one_epoch(train_model, train_loader, optimizer, state, options)
-            if state.epoch_batch >= batches_per_epoch:
-                state.epoch, state.epoch_batch = state.epoch + 1, 0
-            stopped = summary.stopped or (config.epochs is not None and state.epoch >= config.epochs)
-            completed = state.epoch_batch == 0
-            metrics: dict = {}
-            if val_set is not None and (
-                stopped or (completed and validation_due(config, state.epoch, clock() - validated_at))
-            ):
-                validated_at = clock()
-                eval_model = ema.module if ema is not None else model
-                out_dir = run_dir if stopped else run_dir / "val"
-                _, metrics = evaluate(
-                    eval_model,
-                    val_set,
-                    data.class_names,
-                    device=device,
-                    amp=amp,
-                    postprocess_settings=PostprocessSettings.from_config(config.to_dict()),
-                    out_dir=out_dir,
-                    protocol=config.protocol,
-                    plots=stopped,
-                    settings=config.to_dict(),
-                    tiles=bool(config.tiles),
-                )
-                final_metrics = metrics
-            state.elapsed_seconds = broadcast_values([clock()], context)[0]
-            fitness = _fitness(metrics) if metrics else None
-            improved = fitness is not None and (state.best_fitness is None or fitness > state.best_fitness)
-            if improved:
-                state.best_fitness, state.best_epoch = fitness, state.epoch
-                best_metrics = _scalar_metrics(metrics) | {"epoch": state.epoch, "step": state.step}
-            row = {
-                "epoch": state.epoch + (state.epoch_batch / batches_per_epoch),
-                "step": state.step,
-                "lr": optimizer.param_groups[0]["lr"],
-                "time": round(state.elapsed_seconds, 2),
-                "images_per_second": summary.images / max(1e-9, summary.seconds),
-                **summary.loss_means,
-                **_scalar_metrics(metrics),
-            }
-            if context.is_main:
-                table.append(row)
-                log.info(
-                    "epoch %s step %d: %s",
-                    f"{row['epoch']:.4g}",
-                    state.step,
-                    ", ".join(
-                        f"{k}={v:.4g}"
-                        for k, v in row.items()
-                        if isinstance(v, float) and k not in ("epoch", "time")
-                    ),
-                )
-                payload = _checkpoint_payload(
-                    config,
-                    model,
-                    ema,
-                    optimizer,
-                    scaler,
-                    schedule,
-                    state,
-                    data,
-                    _scalar_metrics(metrics),
-                    best_metrics,
-                )
-                save_checkpoint(last_path, payload)
-                if improved or (not saved_best and val_set is None):
-                    save_checkpoint(best_path, payload)
-                    saved_best = True
-            barrier(context)
-
-    if context.is_main:
-        summary_json = {
-            "best": best_metrics,
-            "final": _scalar_metrics(final_metrics),
-            "epochs": state.epoch,
-            "steps": state.step,
-            "elapsed_seconds": state.elapsed_seconds,
-            "skipped_steps": state.skipped_steps,
-            "grad_explosion_warnings": grad_monitor.explosions,
-            "validation": final_metrics,
-        }
-        (run_dir / "metrics.json").write_text(
-            json.dumps(summary_json, indent=2, default=str), encoding="utf-8"
-        )
-        log.info(
-            "done: %d steps in %.1f s; best %s; run dir %s",
-            state.step,
-            state.elapsed_seconds,
-            best_metrics,
+            "training on %s (world size %d): %d train batches/epoch, %s, amp=%s, run dir %s",
+            self.device,
+            self.context.world_size,
+            self.batches_per_epoch,
+            f"{config.epochs} epochs" if config.epochs else f"{config.time_minutes} min",
+            self.amp.enabled,
             run_dir,
         )
-    barrier(context)
-    return TrainResult(
-        run_dir, best_metrics, last_path, best_path if best_path.is_file() else None, final_metrics, state
-    )
+
+    def _loop_options(self, progress: TrainProgress) -> LoopOptions:
+        return LoopOptions(
+            device=self.device,
+            amp=self.amp,
+            clock=self.clock,
+            clip_grad_norm=self.config.clip_grad_norm,
+            schedule=self.schedule,
+            scaler=self.scaler,
+            ema=self.ema,
+            grad_monitor=self.grad_monitor,
+            guard=self.guard,
+            context=self.context,
+            should_stop=self.should_stop,
+            progress=progress,
+            log=self.log,
+        )
+
+    def clock(self) -> float:
+        """Training seconds, this session's plus those of the runs it resumes."""
+        return self.base_elapsed + time.perf_counter() - self.session_start
+
+    def should_stop(self, current: TrainState) -> bool:
+        budget, max_steps = self.config.time_budget_seconds, self.config.max_steps
+        return bool(
+            (budget is not None and current.elapsed_seconds >= budget)
+            or (max_steps is not None and current.step >= max_steps)
+        )
+
+    # ------------------------------------------------------------------------------------------ epochs
+
+    def train_epoch(self) -> EpochSummary:
+        """One pass over the loader from where the state stands (mid-epoch after a resume)."""
+        config, state, loader = self.config, self.state, self.train_loader
+        epoch = state.epoch
+        start_epoch(loader, epoch, state.epoch_batch, config.seed + 1000 * self.context.rank)
+        self.options.progress.start(f"epoch {epoch + 1}/{config.epochs or '?'}", len(loader))
+        summary = train_one_epoch(self.train_model, loader, self.optimizer, state, self.options)
+        if state.epoch_batch >= self.batches_per_epoch:
+            state.epoch, state.epoch_batch = state.epoch + 1, 0
+        return summary
+
+    def after_epoch(self, summary: EpochSummary) -> bool:
+        """Validate when due, log the metrics row, write the checkpoints. Returns whether training ends."""
+        config, state, context = self.config, self.state, self.context
+        stopped = summary.stopped or (config.epochs is not None and state.epoch >= config.epochs)
+        metrics = self._validate_if_due(stopped)
+        state.elapsed_seconds = broadcast_values([self.clock()], context)[0]
+        fitness = _fitness(metrics) if metrics else None
+        improved = fitness is not None and (state.best_fitness is None or fitness > state.best_fitness)
+        if improved:
+            state.best_fitness, state.best_epoch = fitness, state.epoch
+            self.best_metrics = _scalar_metrics(metrics) | {"epoch": state.epoch, "step": state.step}
+        if context.is_main:
+            self._log_row(summary, metrics)
+            self._save_checkpoints(metrics, improved)
+        barrier(context)
+        return stopped
+
+    def _validate_if_due(self, stopped: bool) -> dict:
+        """Evaluate (the EMA weights when kept) at the end of training and when `validation_due`; the
+        last evaluation writes its plots and report into the run dir."""
+        config, state = self.config, self.state
+        if self.val_set is None:
+            return {}
+        completed = state.epoch_batch == 0
+        if not (
+            stopped or (completed and validation_due(config, state.epoch, self.clock() - self.validated_at))
+        ):
+            return {}
+        self.validated_at = self.clock()
+        _, metrics = evaluate(
+            self.ema.module if self.ema is not None else self.model,
+            self.val_set,
+            self.data.class_names,
+            device=self.device,
+            amp=self.amp,
+            postprocess_settings=PostprocessSettings.from_config(config.to_dict()),
+            out_dir=self.run_dir if stopped else self.run_dir / "val",
+            protocol=config.protocol,
+            plots=stopped,
+            settings=config.to_dict(),
+            tiles=bool(config.tiles),
+        )
+        self.final_metrics = metrics
+        return metrics
+
+    def _log_row(self, summary: EpochSummary, metrics: dict) -> None:
+        state = self.state
+        row = {
+            "epoch": state.epoch + (state.epoch_batch / self.batches_per_epoch),
+            "step": state.step,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "time": round(state.elapsed_seconds, 2),
+            "images_per_second": summary.images / max(1e-9, summary.seconds),
+            **summary.loss_means,
+            **_scalar_metrics(metrics),
+        }
+        self.table.append(row)
+        self.log.info(
+            "epoch %s step %d: %s",
+            f"{row['epoch']:.4g}",
+            state.step,
+            ", ".join(
+                f"{k}={v:.4g}" for k, v in row.items() if isinstance(v, float) and k not in ("epoch", "time")
+            ),
+        )
+
+    def _save_checkpoints(self, metrics: dict, improved: bool) -> None:
+        """last.pt every time; best.pt when the fitness improved (or once, without validation)."""
+        payload = _checkpoint_payload(
+            self.config,
+            self.model,
+            self.ema,
+            self.optimizer,
+            self.scaler,
+            self.schedule,
+            self.state,
+            self.data,
+            _scalar_metrics(metrics),
+            self.best_metrics,
+        )
+        save_checkpoint(self.last_path, payload)
+        if improved or (not self.saved_best and self.val_set is None):
+            save_checkpoint(self.best_path, payload)
+            self.saved_best = True
+
+    # ------------------------------------------------------------------------------------------ finish
+
+    def finish(self) -> TrainResult:
+        """metrics.json (best, final, counts) and the result."""
+        state, run_dir, best_path = self.state, self.run_dir, self.best_path
+        if self.context.is_main:
+            summary_json = {
+                "best": self.best_metrics,
+                "final": _scalar_metrics(self.final_metrics),
+                "epochs": state.epoch,
+                "steps": state.step,
+                "elapsed_seconds": state.elapsed_seconds,
+                "skipped_steps": state.skipped_steps,
+                "grad_explosion_warnings": self.grad_monitor.explosions,
+                "validation": self.final_metrics,
+            }
+            (run_dir / "metrics.json").write_text(
+                json.dumps(summary_json, indent=2, default=str), encoding="utf-8"
+            )
+            self.log.info(
+                "done: %d steps in %.1f s; best %s; run dir %s",
+                state.step,
+                state.elapsed_seconds,
+                self.best_metrics,
+                run_dir,
+            )
+        barrier(self.context)
+        return TrainResult(
+            run_dir,
+            self.best_metrics,
+            self.last_path,
+            best_path if best_path.is_file() else None,
+            self.final_metrics,
+            state,
+        )
 
 
 def _start_from_shipped_weights(model: nn.Module, preset: str, template: bool, log: logging.Logger) -> None:
