@@ -410,3 +410,34 @@ def test_real_bundle_takes_degenerate_but_valid_images(bundle_path: Path) -> Non
             response = client.post("/v1/detect", files={"image": png, "template": png})
             assert response.status_code == 200, (array.shape, response.text)
             assert response.json()["image_size"] == [array.shape[1], array.shape[0]]
+
+
+def test_the_answer_is_the_results_own_serializer() -> None:
+    """`/v1/detect` answers `PredictionResult.to_dict()` (what `predict --json` and the Python API give) plus the
+    model version, the drift state and the server's own timings: a registration with a NaN correlation is
+    JSON-safe (null) and rounded there, not re-spelled by the server."""
+
+    class Registering(FakePredictor):
+        def predict(self, *args, **kwargs):
+            self.last = super().predict(*args, **kwargs)
+            self.last.registration = {
+                "dx": 1.234567,
+                "dy": -0.5,
+                "correlation": float("nan"),
+                "applied": True,
+            }
+            return self.last
+
+    predictor = Registering()
+    with _client(predictor) as client:
+        _wait_ready(client)
+        response = client.post("/v1/detect", files={"image": ("board.png", encode(board(1)), "image/png")})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    expected = json.loads(json.dumps(predictor.last.to_dict()))
+    assert set(body) == set(expected) | {"model_version", "drift"}
+    assert {
+        key: value for key, value in body.items() if key not in ("model_version", "drift", "timings_ms")
+    } == {key: value for key, value in expected.items() if key != "timings_ms"}
+    assert body["registration"] == {"dx": 1.2346, "dy": -0.5, "correlation": None, "applied": True}
+    assert {"receive", "queue", "compute", "total"} <= set(body["timings_ms"]) and "drift" in body

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 from defectdet.data.augment import AugmentConfig, build_augment, clip_boxes_to_window
 from defectdet.data.imageio import DEFAULT_MAX_PIXELS, read_image, read_pair
 from defectdet.data.letterbox import boxes_to_letterbox, letterbox_image
+from defectdet.data.planes import input_array, stack_planes
 from defectdet.data.registration import register_pair
 from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.errors import DatasetError, ImageReadError
@@ -313,14 +314,11 @@ def _origin_containing(low: float, high: float, crop: int, limit: int, rng: np.r
 def to_input_tensor(
     image: np.ndarray, template: np.ndarray | None, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """Stack the tested image and its template (HxW or HxWx3 uint8) into one (C, H, W) tensor in [0, 1]."""
-    planes = [image] if template is None else [image, template]
-    chw = [plane[None] if plane.ndim == 2 else plane.transpose(2, 0, 1) for plane in planes]
-    stacked = np.concatenate(chw, axis=0)  # (C, S, S) uint8
+    """Stack the tested image and its template (HxW or HxWx3 uint8) into one (C, H, W) tensor in [0, 1]
+    (`data.planes`, the inference pipeline's very input), or raw uint8 with ``dtype=torch.uint8``."""
     if dtype == torch.uint8:
-        return torch.from_numpy(stacked)
-    # NumPy, single-threaded: torch's intra-op threads only contend with the trainer for a cast this small
-    return torch.from_numpy(np.multiply(stacked, np.float32(1.0 / 255.0), dtype=np.float32))
+        return torch.from_numpy(stack_planes(image, template))
+    return torch.from_numpy(input_array(image, template))
 
 
 def collate_detections(

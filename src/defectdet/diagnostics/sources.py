@@ -49,21 +49,26 @@ def nan_batches(
     when `data` is the run's dataset, else detected)."""
     from defectdet.data.dataset import DetectionDataset, collate_detections
     from defectdet.data.formats import load_dataset
+    from defectdet.runtime.spec import ModelSpec
 
     config = checkpoint.get("config") or {}
+    spec = ModelSpec.from_checkpoint(checkpoint)
+    taken = getattr(model, "in_channels", spec.input_channels)
+    if taken != spec.input_channels:
+        raise CheckpointError(
+            f"the model takes {taken} input channels but its checkpoint describes {spec.input_channels}"
+        )
     split_name = split or config.get("train_split") or "train"
     if format is None and str(data) == str(config.get("data")):
         format = config.get("format")
     dataset_split = load_dataset(data, split_name, format=format)
     if not dataset_split.samples:
         raise CheckpointError(f"{data}: split {split_name!r} has no samples")
-    in_channels = int(getattr(model, "in_channels", 2))
-    template = bool(getattr(model, "template", False))
     dataset = DetectionDataset(
         dataset_split,
-        imgsz=int(config.get("imgsz") or 640),
-        channels=in_channels // (2 if template else 1),
-        use_template=template,
+        imgsz=spec.input_size,
+        channels=spec.channels,
+        use_template=spec.template,
         augment=None,
         train=True,
         crop_size=config.get("crop_size"),

@@ -1,11 +1,11 @@
-"""The one prediction path: training-time evaluation (`engine.loop.evaluate`) and `defectdet val` (checkpoint
+"""The batched prediction path: training-time evaluation (`engine.loop.evaluate`) and `defectdet val` (checkpoint
 or bundle) both call `predict_records`.
 
-Per sample: decode the tested image (and its template with one intensity mapping, `read_pair`) -> register
-the template to the tested image (`data.registration`, on by default with templates) -> letterbox (with
-`tiles`, also native-resolution tiles of a large image, `data.tiling`) -> model -> score floor + class-aware
-NMS (`defectdet.postprocess.PostprocessSettings`) -> boxes mapped back to original pixels, tile detections merged
-in. Ground truth is the sample's label-file boxes in original pixels (no letterbox round trip).
+Everything around the forward pass is `runtime.pipeline`, the functions the torch-free `Predictor` runs too:
+`load_pair` (decode, one intensity mapping per pair) -> `prepare` (the template rule, registration, letterbox,
+native-resolution tiles of a large image, the input arrays) -> model, here batched over images -> `finish`
+(score floor + class-aware NMS per pass, boxes mapped back to original pixels, tile detections merged in).
+Ground truth is the sample's label-file boxes in original pixels (no letterbox round trip).
 """
 
 from __future__ import annotations
@@ -20,15 +20,13 @@ import cv2
 import numpy as np
 import torch
 
-from defectdet.data.dataset import to_input_tensor
-from defectdet.data.imageio import read_image, read_pair
-from defectdet.data.letterbox import LetterboxTransform, letterbox_image
-from defectdet.data.registration import register_pair
 from defectdet.data.sample import Sample
-from defectdet.data.tiling import TilePlan, combine_passes, plan_tiles, tile_canvases
-from defectdet.errors import ImageReadError
+from defectdet.errors import ImageReadError, InputError
 from defectdet.evaluation.types import ImageRecord
-from defectdet.postprocess import PostprocessSettings, postprocess
+from defectdet.postprocess import PostprocessSettings
+from defectdet.runtime import pipeline
+from defectdet.runtime.pipeline import Prepared
+from defectdet.runtime.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -40,16 +38,6 @@ DEFAULT_EVAL_BATCH = 8  # images per forward pass in evaluation (the trainer and
 def _batches(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-def _read(sample: Sample, channels: int, use_template: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    if not use_template:
-        return read_image(sample.image_path, channels=channels), None
-    assert sample.template_path is not None
-    image, template = read_pair(sample.image_path, sample.template_path, channels=channels)
-    if template.shape[:2] != image.shape[:2]:
-        template = cv2.resize(template, (image.shape[1], image.shape[0]), interpolation=cv2.INTER_LINEAR)
-    return image, template
 
 
 def predict_records(
@@ -81,56 +69,56 @@ def predict_records(
     from defectdet.evaluation.timing import StageTimer
 
     settings = postprocess_settings or PostprocessSettings()
+    spec = ModelSpec(  # what the pipeline needs of the model: the caller's settings
+        input_size=int(imgsz),
+        channels=int(channels),
+        template=bool(use_template),
+        registration=bool(use_template and register_pairs),
+        tiles=bool(tiles),
+        min_score=settings.score_threshold,
+        nms_iou=settings.iou_threshold,
+        max_detections=settings.max_detections,
+    )
     timer = timer or StageTimer()
     device = torch.device(device)
     is_module = isinstance(model, torch.nn.Module)
     records: list[ImageRecord] = []
     skipped: list[str] = []
-    pending: list[tuple[Sample, LetterboxTransform, dict | None, TilePlan | None]] = []
-    tensors: list[torch.Tensor] = []
+    pending: list[tuple[Sample, Prepared]] = []
+    inputs: list[np.ndarray] = []  # each pending image's whole letterbox, then its tiles: (C, S, S) each
 
     def flush() -> None:
-        """Run the model on the pending inputs and turn them into records (inputs are each pending image's
-        whole letterbox, then its tiles)."""
+        """Run the model on the pending inputs and turn them into records."""
         with timer.stage("model"):
             predictions = np.concatenate(
                 [
-                    _run_model(model, torch.stack(part), is_module, device, autocast)
-                    for part in _batches(tensors, batch_size)
+                    _run_model(model, torch.from_numpy(np.stack(part)), is_module, device, autocast)
+                    for part in _batches(inputs, batch_size)
                 ]
             )  # (inputs, A, 4 + K)
         with timer.stage("postprocess"):
-            detections = postprocess(
-                predictions, settings.score_threshold, settings.iou_threshold, settings.max_detections
-            )
             position = 0
-            for sample, transform, registration, plan in pending:
-                count = len(plan) if plan is not None else 0
-                boxes, scores, classes = combine_passes(
-                    detections[position : position + 1 + count],
-                    transform,
-                    plan,
-                    settings.iou_threshold,
-                    settings.max_detections,
-                )
-                position += 1 + count
+            for sample, prepared in pending:
+                rows = predictions[position : position + prepared.passes]  # the whole image, then its tiles
+                found = pipeline.finish(rows, prepared, settings)
+                position += prepared.passes
                 records.append(
                     ImageRecord(
                         image_id=sample.image_id,
-                        width=transform.original_width,
-                        height=transform.original_height,
+                        width=prepared.transform.original_width,
+                        height=prepared.transform.original_height,
                         gt_boxes=sample.boxes,
                         gt_classes=sample.classes,
-                        det_boxes=boxes,
-                        det_scores=scores,
-                        det_classes=classes,
+                        det_boxes=found.boxes,
+                        det_scores=found.scores,
+                        det_classes=found.classes,
                         image_path=str(sample.image_path),
-                        registration=registration,
+                        registration=prepared.registration,
                     )
                 )
         timer.add_images(len(pending))
         pending.clear()
-        tensors.clear()
+        inputs.clear()
 
     with Progress(disable=not progress, transient=True) as bar, torch.inference_mode():
         task = bar.add_task("evaluating", total=len(samples))
@@ -138,27 +126,22 @@ def predict_records(
             bar.advance(task)
             try:
                 with timer.stage("decode"):
-                    image, template = _read(sample, channels, use_template)
-            except (ImageReadError, cv2.error, OSError) as error:
+                    template_path = sample.template_path if use_template else None
+                    if use_template and template_path is None:
+                        raise InputError(
+                            f"{sample.image_path}: this model needs a template and the sample has none"
+                        )
+                    image, template = pipeline.load_pair(sample.image_path, template_path, channels)
+                prepared = pipeline.prepare(image, template, spec, timer)
+            except (ImageReadError, InputError, cv2.error, OSError) as error:
+                # an unreadable file, or a pair the pipeline refuses (a template of another size): skipped and
+                # listed, as `Predictor.predict` would refuse it
                 logger.warning("skipping %s: %s", sample.image_path, error)
                 skipped.append(str(sample.image_path))
                 continue
-            registration = None
-            if template is not None and register_pairs:
-                with timer.stage("register"):
-                    template, found = register_pair(image, template)
-                registration = found.to_dict()
-            with timer.stage("preprocess"):
-                canvas, transform = letterbox_image(image, imgsz)
-                template_canvas = None if template is None else letterbox_image(template, imgsz)[0]
-                tensors.append(to_input_tensor(canvas, template_canvas))
-                plan = plan_tiles(image.shape[1], image.shape[0], imgsz) if tiles else None
-                if plan is not None:
-                    tensors.extend(
-                        to_input_tensor(*pair) for pair in tile_canvases(image, template, plan, imgsz)
-                    )
-            pending.append((sample, transform, registration, plan))
-            if len(tensors) >= batch_size:  # memory stays within a batch plus one image's tiles
+            pending.append((sample, prepared))
+            inputs.extend(prepared.inputs)
+            if len(inputs) >= batch_size:  # memory stays within a batch plus one image's tiles
                 flush()
         if pending:
             flush()

@@ -33,7 +33,8 @@ from defectdet.evaluation.threshold import (
     threshold_for_f1,
 )
 from defectdet.evaluation.types import ImageRecord
-from defectdet.postprocess import PostprocessSettings
+from defectdet.runtime.bundle import BundleMetadata
+from defectdet.runtime.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -41,15 +42,29 @@ PROTOCOLS = ("coco", "deeppcb", "both")
 CONF_RULES = ("escape", "f1")
 
 
-def _resolve_register(
-    register_pairs: bool | None, config: dict[str, Any], bundle_registration: bool | None
-) -> bool:
-    """Explicit choice > the bundle's `registration` > the training config's `register_pairs` > on."""
+def model_spec(
+    state: dict[str, Any],
+    metadata: BundleMetadata | None,
+    source: str | Path,
+    *,
+    imgsz: int | None = None,
+    register_pairs: bool | None = None,
+    tiles: bool | None = None,
+) -> ModelSpec:
+    """The model's settings as `val` runs it: the bundle's (`metadata`) or the checkpoint's (`state`), then the
+    caller's explicit `imgsz`, `register_pairs` and `tiles` (None: as the model was trained or exported)."""
+    if metadata is not None:
+        spec = ModelSpec.from_bundle(metadata)
+    else:
+        spec = ModelSpec.from_checkpoint(state, source)
+    update: dict[str, Any] = {}
+    if imgsz:
+        update["input_size"] = int(imgsz)
     if register_pairs is not None:
-        return register_pairs
-    if bundle_registration is not None:
-        return bool(bundle_registration)
-    return bool(config.get("register_pairs", True))
+        update["registration"] = spec.template and bool(register_pairs)
+    if tiles is not None:
+        update["tiles"] = bool(tiles)
+    return spec.model_copy(update=update)
 
 
 def write_registrations(records: Sequence[ImageRecord], path: Path) -> None:
@@ -126,23 +141,17 @@ def validate(
     metadata = getattr(model, "metadata", None)
     if conf_from == "bundle" and metadata is None:
         raise ConfigError(f"--conf-from bundle: {checkpoint} is a checkpoint, not a bundle (.onnx)")
-    config = state.get("config") or {}
+    spec = model_spec(state, metadata, checkpoint, imgsz=imgsz, register_pairs=register_pairs, tiles=tiles)
     dataset = load_dataset(data, split, format=format)
-    class_names = list(state.get("class_names") or dataset.class_names)
+    class_names = list(spec.class_names or dataset.class_names)
     if len(class_names) != len(dataset.class_names):
         raise ConfigError(
             f"{checkpoint} predicts {len(class_names)} classes {class_names} but {data} split {split!r} "
             f"has {len(dataset.class_names)} {dataset.class_names}"
         )
-    use_template = bool(model.template)
+    use_template = spec.template
     _check_templates(dataset, use_template, checkpoint)
-    channels = model.in_channels // (2 if use_template else 1)
-    size = imgsz or int(config.get("imgsz") or 640)
-    register = _resolve_register(
-        register_pairs, config, None if metadata is None else getattr(metadata, "registration", None)
-    )
-    if tiles is None:
-        tiles = bool(metadata.tiles if metadata is not None else config.get("tiles"))
+    channels, size, register, tiles = spec.channels, spec.input_size, spec.registration, spec.tiles
     out_dir = Path(out) if out else Path("runs/val") / Path(checkpoint).stem
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -154,7 +163,7 @@ def validate(
             channels=channels,
             use_template=use_template,
             register_pairs=register,
-            postprocess_settings=PostprocessSettings.from_config(config),
+            postprocess_settings=spec.postprocess,
             batch_size=batch,
             timer=timer,
             progress=progress,

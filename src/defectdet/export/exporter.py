@@ -22,16 +22,18 @@ import torch
 from torch import nn
 
 from defectdet.errors import ConfigError, DatasetError, DefectDetError
-from defectdet.postprocess import PostprocessSettings
 from defectdet.runtime.bundle import (
     FEATURES_OUTPUT,
     INPUT_NAME,
     PREDICTIONS_OUTPUT,
     BundleMetadata,
+    Letterbox,
+    Normalization,
     Thresholds,
     config_hash,
     write_metadata,
 )
+from defectdet.runtime.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -104,18 +106,22 @@ def export_onnx_graph(detector: nn.Module, path: Path, channels: int, imgsz: int
 
 
 def base_metadata(detector: nn.Module, checkpoint: dict[str, Any]) -> BundleMetadata:
-    """Metadata known from the checkpoint alone (thresholds from its logged validation when present)."""
+    """Metadata known from the checkpoint alone (thresholds from its logged validation when present): its
+    `ModelSpec` written down, so a bundle's `ModelSpec.from_bundle` is its checkpoint's `from_checkpoint`."""
     from defectdet import __version__
 
     config = checkpoint.get("config") or {}
-    template = bool(detector.template)
-    channels = detector.in_channels // (2 if template else 1)
+    spec = ModelSpec.from_checkpoint(checkpoint)
+    if (spec.input_channels, spec.template) != (detector.in_channels, bool(detector.template)):
+        raise DefectDetError(
+            f"the checkpoint describes {spec.input_channels} input channels (template={spec.template}) but the "
+            f"detector takes {detector.in_channels} (template={bool(detector.template)}); this is a bug"
+        )
     metrics = checkpoint.get("best_metrics") or checkpoint.get("metrics") or {}
-    settings = PostprocessSettings.from_config(config)
     thresholds = Thresholds(
-        nms_iou=settings.iou_threshold,
-        max_detections=settings.max_detections,
-        min_score=settings.score_threshold,
+        nms_iou=spec.nms_iou,
+        max_detections=spec.max_detections,
+        min_score=spec.min_score,
     )
     logged = metrics.get("conf_threshold")
     if isinstance(logged, float):
@@ -126,19 +132,21 @@ def base_metadata(detector: nn.Module, checkpoint: dict[str, Any]) -> BundleMeta
     return BundleMetadata(
         defectdet_version=__version__,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        preset=(checkpoint.get("model_config") or {}).get("preset"),
-        class_names=list(checkpoint.get("class_names") or []),
-        input_size=int(config.get("imgsz", 640)),
-        channels=channels,
-        template=template,
+        preset=spec.preset,
+        class_names=list(spec.class_names),
+        input_size=spec.input_size,
+        channels=spec.channels,
+        template=spec.template,
         thresholds=thresholds,
         metrics={key: value for key, value in metrics.items() if isinstance(value, (int, float, str))},
         config_hash=config_hash(config),
         train_config=json.loads(json.dumps(config, default=str)),
         drift_layers=list(DRIFT_LAYERS),
         # val runs with registration unless the config turned it off; the bundle does as val did
-        registration=template and bool(config.get("register_pairs", True)),
-        tiles=bool(config.get("tiles")),
+        registration=spec.registration,
+        tiles=spec.tiles,
+        letterbox=Letterbox(pad_value=spec.pad_value),
+        normalization=Normalization(scale=spec.input_scale),
     )
 
 

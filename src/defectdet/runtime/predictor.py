@@ -1,9 +1,10 @@
 """`Predictor`: runs a defectdet bundle with onnxruntime, NumPy and OpenCV only (no torch import).
 
 decode -> (register the template) -> letterbox (+ native-resolution tiles of a large image when the bundle
-says so) -> model -> NMS -> boxes back to original pixels (tile detections merged in) -> verdict. The
-letterbox, the tiling, the NMS and the box mapping are the very functions training and `val` use, so a bundle
-scores what its checkpoint scored.
+says so) -> model -> NMS -> boxes back to original pixels (tile detections merged in) -> verdict. Everything
+but the onnxruntime call is `runtime.pipeline` (`load_pair`, `prepare`, `finish`, `verdict`), the very
+functions `engine.predict.predict_records` (training-time evaluation, `val`) runs around its torch forward
+pass, so a bundle scores what its checkpoint scored.
 """
 
 from __future__ import annotations
@@ -17,19 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from defectdet.data.imageio import (
-    DEFAULT_MAX_PIXELS,
-    decode_image,
-    decode_pair,
-    effective_bit_depth,
-    read_file_bytes,
-    to_uint8,
-)
-from defectdet.data.letterbox import LetterboxTransform, letterbox_image
-from defectdet.data.registration import register_pair
-from defectdet.data.tiling import TilePlan, combine_passes, plan_tiles, tile_canvases
+from defectdet.data.imageio import DEFAULT_MAX_PIXELS
 from defectdet.errors import CheckpointError, InputError
-from defectdet.postprocess import postprocess
+from defectdet.postprocess import PostprocessSettings
+from defectdet.runtime import pipeline
 from defectdet.runtime.bundle import (
     FEATURES_OUTPUT,
     INPUT_NAME,
@@ -38,8 +30,11 @@ from defectdet.runtime.bundle import (
     BundleMetadata,
     parse_metadata,
 )
+from defectdet.runtime.pipeline import ImageInput, Prepared
+from defectdet.runtime.spec import ModelSpec
 
-ImageInput = str | os.PathLike | bytes | bytearray | memoryview | np.ndarray
+__all__ = ["Detection", "ImageInput", "PredictionResult", "Predictor", "Prepared", "session_options"]
+
 MAX_DEFAULT_THREADS = 4
 
 
@@ -62,19 +57,6 @@ class Detection:
 
 
 @dataclass
-class Prepared:
-    """One image ready for the graph: ``tensor`` (C, S, S) float32, the letterbox transform, the letterboxed
-    tested image without padding (for the drift statistics) and the measured template registration."""
-
-    tensor: np.ndarray
-    transform: LetterboxTransform
-    content: np.ndarray
-    registration: dict[str, Any] | None = None
-    tile_plan: TilePlan | None = None  # with tiles on and a large image: where its tiles are
-    tile_tensors: np.ndarray | None = None  # (T, C, S, S) float32, one per tile of `tile_plan`
-
-
-@dataclass
 class PredictionResult:
     """What `Predictor.predict` answers for one image."""
 
@@ -93,6 +75,8 @@ class PredictionResult:
         return self.verdict == "defective"
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON answer (the server's `/v1/detect` adds `model_version` and `drift`, and replaces the
+        timings with its own)."""
         return {
             "verdict": self.verdict,
             "threshold": self.threshold,
@@ -192,6 +176,7 @@ class Predictor:
         self.threads = self.session.get_session_options().intra_op_num_threads
         self.max_pixels = max_pixels
         self.tiles = self.metadata.tiles if tiles is None else bool(tiles)
+        self.spec = ModelSpec.from_bundle(self.metadata).model_copy(update={"tiles": self.tiles})
         outputs = [output.name for output in self.session.get_outputs()]
         if PREDICTIONS_OUTPUT not in outputs:
             raise CheckpointError(f"{self.path}: no {PREDICTIONS_OUTPUT!r} output; outputs are {outputs}")
@@ -249,89 +234,18 @@ class Predictor:
     # ------------------------------------------------------------------ stages
     def load(self, image: ImageInput, name: str = "image") -> np.ndarray:
         """Decode a path, encoded bytes or an array to the bundle's uint8 layout (HxW gray or HxWx3 RGB)."""
-        channels = self.metadata.channels
-        if isinstance(image, np.ndarray):
-            return _array_to_layout(image, channels, name)
-        data, label = self._encoded(image, name)
-        return decode_image(data, label, channels, self.max_pixels)
+        return pipeline.load_image(image, self.spec.channels, self.max_pixels, name)
 
     def load_pair(
         self, image: ImageInput, template: ImageInput | None
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """`load` for a tested image and its template with ONE intensity mapping for both: a deep (12/16-bit)
-        pair is scaled by the pair's bit depth, so the model sees no false global difference."""
-        if template is None:
-            return self.load(image, "image"), None
-        if isinstance(image, np.ndarray) and isinstance(template, np.ndarray):
-            deep = [
-                a for a in (image, template) if np.issubdtype(a.dtype, np.integer) and a.dtype != np.uint8
-            ]
-            bits = max(effective_bit_depth(a) for a in deep) if len(deep) == 2 else None
-            channels = self.metadata.channels
-            return (
-                _array_to_layout(image, channels, "image", bits),
-                _array_to_layout(template, channels, "template", bits),
-            )
-        if not isinstance(image, np.ndarray) and not isinstance(template, np.ndarray):
-            (image_data, image_name), (template_data, template_name) = (
-                self._encoded(image, "image"),
-                self._encoded(template, "template"),
-            )
-            return decode_pair(
-                image_data, template_data, image_name, template_name, self.metadata.channels, self.max_pixels
-            )
-        return self.load(image, "image"), self.load(template, "template")
-
-    def _encoded(self, source: ImageInput, name: str) -> tuple[bytes, str | Path]:
-        if isinstance(source, (bytes, bytearray, memoryview)):
-            return bytes(source), name
-        if isinstance(source, (str, os.PathLike)):
-            path = Path(source)
-            return read_file_bytes(path), path  # regular files only: a FIFO would block
-        raise InputError(f"{name}: expected a path, bytes or a numpy array, got {type(source).__name__}")
+        """`load` for a tested image and its template with ONE intensity mapping for both (`pipeline.load_pair`)."""
+        return pipeline.load_pair(image, template, self.spec.channels, self.max_pixels)
 
     def prepare(self, image: np.ndarray, template: np.ndarray | None) -> Prepared:
-        """Register the template onto the image (when the bundle was trained so), letterbox both and stack
-        them into the graph input ``(C, S, S)`` float32."""
-        meta = self.metadata
-        registration = None
-        if meta.template:
-            if template is None:
-                raise InputError(
-                    "this bundle compares each image to its defect-free template: pass `template`"
-                )
-            if template.shape[:2] != image.shape[:2]:
-                raise InputError(
-                    f"template is {template.shape[1]}x{template.shape[0]} but the image is "
-                    f"{image.shape[1]}x{image.shape[0]}; a template must be a capture of the same board at the same size"
-                )
-            if meta.registration:
-                template, measured = register_pair(image, template)
-                registration = measured.to_dict()
-        size, pad = meta.input_size, meta.letterbox.pad_value
-        canvas, transform = letterbox_image(image, size, pad)
-        template_canvas = letterbox_image(template, size, pad)[0] if meta.template else None
-        plan = plan_tiles(image.shape[1], image.shape[0], size) if self.tiles else None
-        tile_tensors = None
-        if plan:
-            pairs = tile_canvases(image, template if meta.template else None, plan, size, pad)
-            tile_tensors = np.stack([self._to_tensor(*pair) for pair in pairs])
-        return Prepared(
-            self._to_tensor(canvas, template_canvas),
-            transform,
-            _content(canvas, transform),
-            registration,
-            plan or None,
-            tile_tensors,
-        )
-
-    def _to_tensor(self, canvas: np.ndarray, template_canvas: np.ndarray | None) -> np.ndarray:
-        """uint8 canvases (HxW or HxWxc) -> the graph's ``(C, S, S)`` float32 input."""
-        planes = [canvas] if template_canvas is None else [canvas, template_canvas]
-        chw = [plane[None] if plane.ndim == 2 else plane.transpose(2, 0, 1) for plane in planes]
-        return np.multiply(
-            np.concatenate(chw, 0), np.float32(self.metadata.normalization.scale), dtype=np.float32
-        )
+        """`pipeline.prepare` as this bundle runs: the template rule, registration, letterbox, tiles, and the
+        graph input ``(C, S, S)`` float32."""
+        return pipeline.prepare(image, template, self.spec)
 
     def run(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """The raw graph: ``(B, C, S, S)`` float32 -> predictions ``(B, A, 4 + K)``, features ``(B, F)`` or None."""
@@ -363,20 +277,13 @@ class Predictor:
         transform = prepared.transform
         stats = image_statistics(prepared.content)
         prepared_at = time.perf_counter()
-        batch = prepared.tensor[None]
-        if prepared.tile_tensors is not None:
-            batch = np.concatenate([batch, prepared.tile_tensors])
-        predictions, features = self.run(batch)  # whole image first, then its tiles
+        predictions, features = self.run(prepared.inputs)  # whole image first, then its tiles
         ran_at = time.perf_counter()
-        found = postprocess(
+        spec = self.spec
+        found = pipeline.finish(
             predictions,
-            max(floor, meta.thresholds.min_score),
-            meta.thresholds.nms_iou,
-            meta.thresholds.max_detections,
-        )
-        plan = prepared.tile_plan
-        boxes, scores, classes = combine_passes(
-            found, transform, plan, meta.thresholds.nms_iou, meta.thresholds.max_detections
+            prepared,
+            PostprocessSettings(max(floor, spec.min_score), spec.nms_iou, spec.max_detections),
         )
         detections = [
             Detection(
@@ -385,13 +292,12 @@ class Predictor:
                 class_name=meta.class_names[int(class_id)],
                 score=float(score),
             )
-            for box, class_id, score in zip(boxes, classes, scores, strict=True)
+            for box, class_id, score in zip(found.boxes, found.classes, found.scores, strict=True)
         ]
         finished = time.perf_counter()
-        defective = any(detection.score >= threshold for detection in detections)
         return PredictionResult(
             detections=detections,
-            verdict="defective" if defective else "clean",
+            verdict=pipeline.verdict(found.scores, threshold),
             threshold=threshold,
             image_size=(transform.original_width, transform.original_height),
             timings={
@@ -404,41 +310,5 @@ class Predictor:
             image_stats=stats,
             features=None if features is None else features[0],
             registration=prepared.registration,
-            tiles=len(plan) if plan is not None else 0,
+            tiles=prepared.passes - 1,
         )
-
-
-def _content(canvas: np.ndarray, transform: LetterboxTransform) -> np.ndarray:
-    """The resized image inside the letterbox canvas, without the padding."""
-    x0, y0 = int(transform.pad_x), int(transform.pad_y)
-    return canvas[y0 : y0 + transform.resized_height, x0 : x0 + transform.resized_width]
-
-
-def _array_to_layout(array: np.ndarray, channels: int, name: str, bit_depth: int | None = None) -> np.ndarray:
-    """A caller's array (HxW, HxWx1, HxWx3 RGB or HxWx4 RGBA; uint8, uint16 or float in [0, 1]) -> uint8 HxW
-    or HxWx3."""
-    if array.ndim == 3 and array.shape[2] == 1:
-        array = array[:, :, 0]
-    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[2] not in (3, 4)):
-        raise InputError(f"{name}: expected an HxW, HxWx3 or HxWx4 array, got shape {array.shape}")
-    if array.shape[0] < 1 or array.shape[1] < 1:
-        raise InputError(f"{name}: empty array of shape {array.shape}")
-    if array.dtype == np.uint8:
-        pass
-    elif np.issubdtype(array.dtype, np.floating):
-        if not np.isfinite(array).all():
-            raise InputError(f"{name}: the float array holds NaN or Inf")
-        array = (np.clip(array, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-    elif array.dtype in (np.uint16, np.int32, np.int64, np.uint32):
-        array = to_uint8(array, bit_depth)
-    else:
-        raise InputError(f"{name}: unsupported dtype {array.dtype}; use uint8, uint16 or float in [0, 1]")
-    if array.ndim == 3 and array.shape[2] == 4:
-        array = array[:, :, :3]
-    if channels == 1 and array.ndim == 3:
-        import cv2
-
-        return cv2.cvtColor(np.ascontiguousarray(array), cv2.COLOR_RGB2GRAY)
-    if channels == 3 and array.ndim == 2:
-        return np.repeat(array[:, :, None], 3, axis=2)
-    return np.ascontiguousarray(array)

@@ -314,17 +314,13 @@ class Service:
             "total": (finished - arrived) * 1e3,
         }
         self.metrics.observe_detection(result, drift, queue_s=queued - received, compute_s=finished - queued)
+        # the one serializer (`PredictionResult.to_dict`: the Python API and `predict --json` answer the same),
+        # with the server's own timings (receive, queue, compute) and the drift state
         answer = {
             "model_version": self.version,
-            "verdict": result.verdict,
-            "threshold": result.threshold,
-            "image_size": list(result.image_size),
-            "detections": [detection.to_dict() for detection in result.detections],
+            **result.to_dict(),
             "timings_ms": {key: round(value, 3) for key, value in timings.items()},
             "drift": drift,
-            "image_stats": {key: round(float(value), 5) for key, value in result.image_stats.items()},
-            "registration": result.registration,
-            "tiles": result.tiles,
         }
         self.results.appendleft(
             {

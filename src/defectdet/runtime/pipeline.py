@@ -1,0 +1,255 @@
+"""The one inference pipeline around a forward pass: `load_pair` -> `prepare` -> (forward) -> `finish` -> `verdict`.
+
+`engine.predict.predict_records` (torch module or `BundleModel`, batched: training-time evaluation, `val`,
+`export`'s measurements) and `runtime.predictor.Predictor` (onnxruntime, one image: `predict`, the server, the
+demo) both call these functions; each keeps only its own forward pass. So the two cannot drift apart: the same
+image pair gives the same input array and the same raw outputs give the same boxes.
+
+- `load_pair`: decode paths, bytes or arrays to uint8 HxW gray or HxWx3 RGB (`data.imageio`); a deep pair gets
+  ONE intensity mapping.
+- `prepare`: the template rule (`check_pair`), pair registration (`data.registration`), letterbox
+  (`data.letterbox`), native-resolution tiles of a large image (`data.tiling`), the input arrays
+  (`data.planes`): `Prepared.inputs` is ``(1 + T, C, S, S)`` float32, the whole image first.
+- `finish`: score floor + class-aware NMS per pass (`defectdet.postprocess`), the whole image's boxes mapped back
+  to original pixels and small tile detections merged in (`data.tiling.combine_passes`).
+- `verdict`: "defective" when any detection reaches the threshold.
+
+Lives in the runtime (torch-free, layer 3) rather than in `data` because it runs a model as `ModelSpec`
+describes it (`runtime.spec`, built from a checkpoint or a bundle's metadata) and gives verdicts: deployment
+concepts that `data` (layer 2) knows nothing of. The engine sits above the runtime and imports it; the one piece
+training shares too, stacking planes into the input, is `data.planes`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from defectdet.data.imageio import (
+    DEFAULT_MAX_PIXELS,
+    decode_image,
+    decode_pair,
+    effective_bit_depth,
+    read_file_bytes,
+    to_uint8,
+)
+from defectdet.data.letterbox import LetterboxTransform, letterbox_image
+from defectdet.data.planes import input_array
+from defectdet.data.registration import register_pair
+from defectdet.data.tiling import TilePlan, combine_passes, plan_tiles, tile_canvases
+from defectdet.errors import InputError
+from defectdet.postprocess import PostprocessSettings, postprocess
+from defectdet.runtime.spec import ModelSpec
+
+ImageInput = str | os.PathLike | bytes | bytearray | memoryview | np.ndarray
+DEFECTIVE, CLEAN = "defective", "clean"
+
+
+class StageTimer(Protocol):
+    """What `prepare` reports its stages to (`evaluation.timing.StageTimer` fits)."""
+
+    def stage(self, name: str) -> contextlib.AbstractContextManager[Any]: ...
+
+
+@dataclass
+class Prepared:
+    """One image ready for the forward pass: ``tensor`` (C, S, S) float32, the letterbox transform, the
+    letterboxed tested image without padding (for the drift statistics) and the measured registration."""
+
+    tensor: np.ndarray
+    transform: LetterboxTransform
+    content: np.ndarray
+    registration: dict[str, Any] | None = None
+    tile_plan: TilePlan | None = None  # with tiles on and a large image: where its tiles are
+    tile_tensors: np.ndarray | None = None  # (T, C, S, S) float32, one per tile of `tile_plan`
+
+    @property
+    def inputs(self) -> np.ndarray:
+        """Every pass of this image as one batch ``(1 + T, C, S, S)``: the whole letterbox, then its tiles."""
+        if self.tile_tensors is None:
+            return self.tensor[None]
+        return np.concatenate([self.tensor[None], self.tile_tensors])
+
+    @property
+    def passes(self) -> int:
+        return 1 + (0 if self.tile_tensors is None else len(self.tile_tensors))
+
+
+@dataclass(frozen=True)
+class Found:
+    """One image's detections in original pixels, by descending score."""
+
+    boxes: np.ndarray  # (K, 4) xyxy float32
+    scores: np.ndarray  # (K,)
+    classes: np.ndarray  # (K,) int64
+
+    def __iter__(self) -> Iterator[np.ndarray]:  # boxes, scores, classes = found
+        return iter((self.boxes, self.scores, self.classes))
+
+
+# ---------------------------------------------------------------------------------------------- decode
+def load_image(
+    source: ImageInput, channels: int, max_pixels: int = DEFAULT_MAX_PIXELS, name: str = "image"
+) -> np.ndarray:
+    """Decode a path, encoded bytes or an array to uint8 HxW (``channels == 1``) or HxWx3 RGB."""
+    if isinstance(source, np.ndarray):
+        return array_to_layout(source, channels, name)
+    data, label = _encoded(source, name)
+    return decode_image(data, label, channels, max_pixels)
+
+
+def load_pair(
+    image: ImageInput,
+    template: ImageInput | None,
+    channels: int,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """`load_image` for a tested image and its template with ONE intensity mapping for both: a deep (12/16-bit)
+    pair is scaled by the pair's bit depth, so the model sees no false global difference. Paths decode exactly
+    as `data.imageio.read_pair` does (errors name the file)."""
+    if template is None:
+        return load_image(image, channels, max_pixels, "image"), None
+    if isinstance(image, np.ndarray) and isinstance(template, np.ndarray):
+        deep = [a for a in (image, template) if np.issubdtype(a.dtype, np.integer) and a.dtype != np.uint8]
+        bits = max(effective_bit_depth(a) for a in deep) if len(deep) == 2 else None
+        return (
+            array_to_layout(image, channels, "image", bits),
+            array_to_layout(template, channels, "template", bits),
+        )
+    if not isinstance(image, np.ndarray) and not isinstance(template, np.ndarray):
+        (image_data, image_name), (template_data, template_name) = (
+            _encoded(image, "image"),
+            _encoded(template, "template"),
+        )
+        return decode_pair(image_data, template_data, image_name, template_name, channels, max_pixels)
+    return load_image(image, channels, max_pixels, "image"), load_image(
+        template, channels, max_pixels, "template"
+    )
+
+
+def _encoded(source: ImageInput, name: str) -> tuple[bytes, str | Path]:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source), name
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        return read_file_bytes(path), path  # regular files only: a FIFO would block
+    raise InputError(f"{name}: expected a path, bytes or a numpy array, got {type(source).__name__}")
+
+
+def array_to_layout(array: np.ndarray, channels: int, name: str, bit_depth: int | None = None) -> np.ndarray:
+    """A caller's array (HxW, HxWx1, HxWx3 RGB or HxWx4 RGBA; uint8, uint16 or float in [0, 1]) -> uint8 HxW
+    or HxWx3."""
+    if array.ndim == 3 and array.shape[2] == 1:
+        array = array[:, :, 0]
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[2] not in (3, 4)):
+        raise InputError(f"{name}: expected an HxW, HxWx3 or HxWx4 array, got shape {array.shape}")
+    if array.shape[0] < 1 or array.shape[1] < 1:
+        raise InputError(f"{name}: empty array of shape {array.shape}")
+    if array.dtype == np.uint8:
+        pass
+    elif np.issubdtype(array.dtype, np.floating):
+        if not np.isfinite(array).all():
+            raise InputError(f"{name}: the float array holds NaN or Inf")
+        array = (np.clip(array, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    elif array.dtype in (np.uint16, np.int32, np.int64, np.uint32):
+        array = to_uint8(array, bit_depth)
+    else:
+        raise InputError(f"{name}: unsupported dtype {array.dtype}; use uint8, uint16 or float in [0, 1]")
+    if array.ndim == 3 and array.shape[2] == 4:
+        array = array[:, :, :3]
+    if channels == 1 and array.ndim == 3:
+        import cv2
+
+        return cv2.cvtColor(np.ascontiguousarray(array), cv2.COLOR_RGB2GRAY)
+    if channels == 3 and array.ndim == 2:
+        return np.repeat(array[:, :, None], 3, axis=2)
+    return np.ascontiguousarray(array)
+
+
+# ---------------------------------------------------------------------------------------------- prepare
+def check_pair(image: np.ndarray, template: np.ndarray | None, spec: ModelSpec) -> None:
+    """The template rule, the same on every path: a template model needs a template of exactly the tested
+    image's size. A template of another size is refused (InputError naming both sizes), never resized:
+    registration corrects a shift and a small rotation, not a scale, and a stretched template shows false
+    differences at every edge."""
+    if not spec.template:
+        return
+    if template is None:
+        raise InputError("this model compares each image to its defect-free template: pass `template`")
+    if template.shape[:2] != image.shape[:2]:
+        raise InputError(
+            f"template is {template.shape[1]}x{template.shape[0]} but the image is "
+            f"{image.shape[1]}x{image.shape[0]}; a template must be a capture of the same board at the same size"
+        )
+
+
+def prepare(
+    image: np.ndarray,
+    template: np.ndarray | None,
+    spec: ModelSpec,
+    timer: StageTimer | None = None,
+) -> Prepared:
+    """`check_pair`, then register the template onto the image (`spec.registration`), letterbox both, cut
+    native-resolution tiles of a large image (`spec.tiles`) and stack them into the float32 inputs. A
+    template given to a model without one is ignored. `timer` gets the stages 'register' and 'preprocess'."""
+    check_pair(image, template, spec)
+    template = template if spec.template else None
+    registration = None
+    if template is not None and spec.registration:
+        with _stage(timer, "register"):
+            template, measured = register_pair(image, template)
+        registration = measured.to_dict()
+    with _stage(timer, "preprocess"):
+        size, pad = spec.input_size, spec.pad_value
+        canvas, transform = letterbox_image(image, size, pad)
+        template_canvas = None if template is None else letterbox_image(template, size, pad)[0]
+        plan = plan_tiles(image.shape[1], image.shape[0], size) if spec.tiles else None
+        tile_tensors = None
+        if plan:
+            pairs = tile_canvases(image, template, plan, size, pad)
+            tile_tensors = np.stack([input_array(*pair, scale=spec.input_scale) for pair in pairs])
+        return Prepared(
+            input_array(canvas, template_canvas, scale=spec.input_scale),
+            transform,
+            _content(canvas, transform),
+            registration,
+            plan or None,
+            tile_tensors,
+        )
+
+
+def _stage(timer: StageTimer | None, name: str) -> contextlib.AbstractContextManager[Any]:
+    return contextlib.nullcontext() if timer is None else timer.stage(name)
+
+
+def _content(canvas: np.ndarray, transform: LetterboxTransform) -> np.ndarray:
+    """The resized image inside the letterbox canvas, without the padding."""
+    x0, y0 = int(transform.pad_x), int(transform.pad_y)
+    return canvas[y0 : y0 + transform.resized_height, x0 : x0 + transform.resized_width]
+
+
+# ---------------------------------------------------------------------------------------------- finish
+def finish(predictions: np.ndarray, prepared: Prepared, settings: PostprocessSettings) -> Found:
+    """Raw outputs of `prepared.inputs` ``(1 + T, A, 4 + K)`` (boxes in input pixels) -> detections in original
+    pixels: score floor and class-aware NMS per pass, then the whole image mapped back through the letterbox and
+    small tile detections merged in."""
+    if len(predictions) != prepared.passes:
+        raise ValueError(f"{len(predictions)} prediction rows for an image of {prepared.passes} passes")
+    found = postprocess(
+        predictions, settings.score_threshold, settings.iou_threshold, settings.max_detections
+    )
+    boxes, scores, classes = combine_passes(
+        found, prepared.transform, prepared.tile_plan, settings.iou_threshold, settings.max_detections
+    )
+    return Found(boxes, scores, classes)
+
+
+def verdict(scores: np.ndarray, threshold: float) -> str:
+    """`DEFECTIVE` when any detection scores >= `threshold` (compared in float64), else `CLEAN`."""
+    return DEFECTIVE if bool(np.any(np.asarray(scores, dtype=np.float64) >= threshold)) else CLEAN
