@@ -8,7 +8,9 @@ import html
 import json
 import logging
 import math
+import string
 from collections.abc import Callable, Mapping, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Literal
 
@@ -182,28 +184,6 @@ def _headline(metrics: dict) -> dict:
 
 # ---------------------------------------------------------------------------------------- HTML
 
-_CSS = """
-body{font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin:0;background:#f4f6f8;color:#1d2329}
-main{max-width:1180px;margin:0 auto;padding:24px 28px 48px}
-h1{font-size:26px;margin:0 0 4px} h2{font-size:19px;margin:30px 0 10px;border-bottom:1px solid #d6dbe0;padding-bottom:4px}
-.sub{color:#5c6670;font-size:13px;margin-bottom:18px}
-.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(170px,1fr));gap:12px}
-.card{background:#fff;border-radius:8px;padding:12px 14px;box-shadow:0 1px 2px rgba(0,0,0,.08)}
-.card .label{font-size:12px;color:#5c6670;text-transform:uppercase;letter-spacing:.03em}
-.card .value{font-size:26px;font-weight:600;margin-top:4px}
-.card .note{font-size:12px;color:#5c6670;margin-top:2px}
-.card.bad .value{color:#c62828} .card.good .value{color:#2e7d32}
-table{border-collapse:collapse;background:#fff;box-shadow:0 1px 2px rgba(0,0,0,.08);font-size:14px}
-th,td{padding:6px 12px;text-align:right;border-bottom:1px solid #e6e9ec} th{background:#eef1f4}
-td:first-child,th:first-child{text-align:left}
-.plots{display:grid;grid-template-columns:1fr 1fr;gap:16px} .plots figure.wide{grid-column:1 / -1}
-.card .value.text{font-size:19px}
-figure{background:#fff;margin:0;padding:12px;border-radius:8px;box-shadow:0 1px 2px rgba(0,0,0,.08)}
-figure img{max-width:100%;height:auto;display:block;margin:0 auto}
-figcaption{font-size:13px;color:#5c6670;margin-top:6px}
-.muted{color:#8a949e} dl{font-size:13px} dt{font-weight:600;margin-top:6px} dd{margin-left:16px;color:#3b444c}
-"""
-
 
 def _fmt(value, percent: bool = False, digits: int = 3) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
@@ -232,16 +212,53 @@ def write_report(
     out_dir: str | Path, metrics: dict, plots: Mapping[str, Path], title: str, settings: Mapping
 ) -> Path:
     """Write `out_dir/report.html`: headline numbers, per-class table, settings and the plots embedded
-    as base64 PNGs, inline CSS, no external resources."""
+    as base64 PNGs, inline CSS, no external resources. The page is `templates/report.html` (a
+    `string.Template`); the pieces filled into it are built here, escaped."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    coco = metrics.get("coco")
+    settings_rows = "".join(
+        f"<tr><td>{html.escape(str(key))}</td><td style='text-align:left'>{html.escape(str(value))}</td></tr>"
+        for key, value in settings.items()
+    )
+    size_rows = ""
+    if coco:
+        size_rows = (
+            f"<p class='sub'>COCO AP by object size: small {_fmt(coco.get('AP_small'))}, "
+            f"medium {_fmt(coco.get('AP_medium'))}, large {_fmt(coco.get('AP_large'))}, "
+            f"mAP@0.75 {_fmt(coco.get('mAP75'))}.</p>"
+        )
+    summary_line = (
+        f"{metrics.get('num_images', 0)} images ({metrics.get('num_clean_images', 0)} clean), "
+        f"{metrics.get('num_gt', 0)} ground-truth boxes, {metrics.get('num_detections', 0)} detections. "
+        f"Generated {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}."
+    )
+    document = _report_template().substitute(
+        title=html.escape(title),
+        summary=html.escape(summary_line),
+        cards="".join(_metric_cards(metrics)),
+        per_class=_per_class_table(metrics.get("per_class", [])),
+        size_rows=size_rows,
+        figures="".join(_figures(plots)) or '<p class="muted">no plots</p>',
+        settings=f"<table>{settings_rows}</table>" if settings_rows else '<p class="muted">none recorded</p>',
+    )
+    path = out_dir / "report.html"
+    path.write_text(document, encoding="utf-8")
+    return path
+
+
+def _report_template() -> string.Template:
+    text = resources.files("defectdet.evaluation").joinpath("templates/report.html").read_text("utf-8")
+    return string.Template(text)
+
+
+def _metric_cards(metrics: dict) -> list[str]:
+    """The headline cards: COCO and DeepPCB numbers, the operating point, recall target, throughput."""
     operating = metrics.get("operating_point", {})
     chosen = operating.get("chosen", {})
-    target = operating.get("target_recall_point", {})
     coco = metrics.get("coco")
     deeppcb = metrics.get("deeppcb")
     timing = metrics.get("timing") or {}
-
     cards = []
     if coco:
         cards.append(_card("mAP@0.5 (COCO)", _fmt(coco.get("mAP50")), "pycocotools, 101-point"))
@@ -257,32 +274,39 @@ def write_report(
                 f"at chosen {_fmt(deeppcb.get('at_threshold', {}).get('f_score'))}",
             )
         )
-    cards.append(
+    cards += _operating_cards(operating, chosen)
+    if timing.get("images_per_second"):
+        stages = ", ".join(
+            f"{name} {_fmt(ms, digits=1)}" for name, ms in (timing.get("ms_per_image") or {}).items()
+        )
+        cards.append(_card("throughput", f"{timing['images_per_second']:.1f} img/s", f"ms/image: {stages}"))
+    return cards
+
+
+def _operating_cards(operating: dict, chosen: dict) -> list[str]:
+    """Threshold, precision/recall, escape and false-call rates at the chosen threshold, and the
+    threshold that reaches the target recall (or that none does)."""
+    target = operating.get("target_recall_point", {})
+    escape = chosen.get("escape_rate")
+    false_call = chosen.get("false_call_rate")
+    cards = [
         _card(
             "operating threshold",
             _fmt(chosen.get("threshold")),
             "given" if chosen.get("source") == "given" else "max F1 at IoU 0.5",
-        )
-    )
-    cards.append(
+        ),
         _card(
             "precision / recall",
             f"{_fmt(chosen.get('precision'))} / {_fmt(chosen.get('recall'))}",
             f"F1 {_fmt(chosen.get('f1'))}, {chosen.get('false_positives', 0)} false alarms, "
             f"{chosen.get('false_negatives', 0)} misses",
-        )
-    )
-    escape = chosen.get("escape_rate")
-    cards.append(
+        ),
         _card(
             "escape rate",
             _fmt(escape, percent=True),
             f"{chosen.get('escapes', 0)} of {chosen.get('defective_images', 0)} defective images called clean",
             "bad" if escape else "good" if escape == 0 else "",
-        )
-    )
-    false_call = chosen.get("false_call_rate")
-    cards.append(
+        ),
         _card(
             "false-call rate",
             _fmt(false_call, percent=True),
@@ -290,8 +314,8 @@ def write_report(
             if false_call is not None
             else "no clean images in the set",
             "bad" if false_call else "good" if false_call == 0 else "",
-        )
-    )
+        ),
+    ]
     if target.get("reachable"):
         cards.append(
             _card(
@@ -310,46 +334,32 @@ def write_report(
                 "bad",
             )
         )
-    if timing.get("images_per_second"):
-        stages = ", ".join(
-            f"{name} {_fmt(ms, digits=1)}" for name, ms in (timing.get("ms_per_image") or {}).items()
-        )
-        cards.append(_card("throughput", f"{timing['images_per_second']:.1f} img/s", f"ms/image: {stages}"))
+    return cards
 
-    per_class = metrics.get("per_class", [])
-    columns = [
-        key
-        for key in ("class", "gt", "detections", "AP50", "AP50_95", "deeppcb_AP", "precision", "recall")
-        if per_class and key in per_class[0]
-    ]
-    headers = {
-        "class": "class",
-        "gt": "gt boxes",
-        "detections": "detections",
-        "AP50": "AP@0.5",
-        "AP50_95": "AP@0.5:0.95",
-        "deeppcb_AP": "DeepPCB AP",
-        "precision": "precision @thr",
-        "recall": "recall @thr",
-    }
-    table = ["<table><tr>" + "".join(f"<th>{headers[key]}</th>" for key in columns) + "</tr>"]
+
+_PER_CLASS_HEADERS = {
+    "class": "class",
+    "gt": "gt boxes",
+    "detections": "detections",
+    "AP50": "AP@0.5",
+    "AP50_95": "AP@0.5:0.95",
+    "deeppcb_AP": "DeepPCB AP",
+    "precision": "precision @thr",
+    "recall": "recall @thr",
+}
+
+
+def _per_class_table(per_class: list[dict]) -> str:
+    columns = [key for key in _PER_CLASS_HEADERS if per_class and key in per_class[0]]
+    table = ["<table><tr>" + "".join(f"<th>{_PER_CLASS_HEADERS[key]}</th>" for key in columns) + "</tr>"]
     for row in per_class:
         cells = [html.escape(str(row[key])) if key == "class" else _fmt(row[key]) for key in columns]
         table.append("<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
     table.append("</table>")
+    return "".join(table)
 
-    size_rows = ""
-    if coco:
-        size_rows = (
-            f"<p class='sub'>COCO AP by object size: small {_fmt(coco.get('AP_small'))}, "
-            f"medium {_fmt(coco.get('AP_medium'))}, large {_fmt(coco.get('AP_large'))}, "
-            f"mAP@0.75 {_fmt(coco.get('mAP75'))}.</p>"
-        )
 
-    settings_rows = "".join(
-        f"<tr><td>{html.escape(str(key))}</td><td style='text-align:left'>{html.escape(str(value))}</td></tr>"
-        for key, value in settings.items()
-    )
+def _figures(plots: Mapping[str, Path]) -> list[str]:
     figures = []
     for name, path in plots.items():
         caption = PLOT_CAPTIONS.get(name, name)
@@ -358,36 +368,4 @@ def write_report(
             f'<figure{wide}><img alt="{html.escape(name)}" src="{_image_data_uri(Path(path))}">'
             f"<figcaption>{html.escape(caption)}</figcaption></figure>"
         )
-
-    summary_line = (
-        f"{metrics.get('num_images', 0)} images ({metrics.get('num_clean_images', 0)} clean), "
-        f"{metrics.get('num_gt', 0)} ground-truth boxes, {metrics.get('num_detections', 0)} detections. "
-        f"Generated {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}."
-    )
-    document = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{html.escape(title)}</title><style>{_CSS}</style></head>
-<body><main>
-<h1>{html.escape(title)}</h1>
-<div class="sub">{html.escape(summary_line)}</div>
-<div class="cards">{"".join(cards)}</div>
-<h2>Per class</h2>
-{"".join(table)}
-{size_rows}
-<h2>Plots</h2>
-<div class="plots">{"".join(figures) or '<p class="muted">no plots</p>'}</div>
-<h2>Settings</h2>
-{f"<table>{settings_rows}</table>" if settings_rows else '<p class="muted">none recorded</p>'}
-<h2>Definitions</h2>
-<dl>
-<dt>mAP@0.5, mAP@0.5:0.95</dt><dd>COCO box AP from pycocotools (IoU ≥ threshold, 101-point interpolation, ≤100 detections per image).</dd>
-<dt>DeepPCB mAP / F-score</dt><dd>A detection is correct when IoU &gt; 0.33 with an unmatched ground truth of the same class (greedy by score); AP is the all-point interpolated area under the PR curve; F = 2PR/(P+R) pooled over classes.</dd>
-<dt>Operating threshold</dt><dd>Detections with score ≥ threshold are kept; precision/recall at IoU ≥ 0.5, same class.</dd>
-<dt>Escape rate</dt><dd>Defective images (with at least one ground-truth defect) with no detection ≥ threshold, over all defective images.</dd>
-<dt>False-call rate</dt><dd>Clean images (no ground truth) with any detection ≥ threshold, over all clean images.</dd>
-</dl>
-</main></body></html>
-"""
-    path = out_dir / "report.html"
-    path.write_text(document, encoding="utf-8")
-    return path
+    return figures
