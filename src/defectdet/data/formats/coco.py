@@ -3,12 +3,15 @@
 The json is the split (named by its stem). Category ids may be arbitrary; sorted ids map to
 0..K-1. Image `file_name`s resolve against the json's folder, an `images/` folder beside it,
 or the same two one level up (the `annotations/` + `images/` layout). Our extension: an image
-record may carry `template_file_name`. Crowd annotations (`iscrowd: 1`) are skipped.
+record may carry `template_file_name`. Crowd annotations (`iscrowd: 1`) are skipped by `load`
+(`read_coco(keep_crowd=True)` keeps them: CVAT writes a mask as a crowd annotation with a real box). CVAT's
+`attributes.rotation` (degrees about the box centre) turns the box into its axis-aligned envelope.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,13 @@ def splits(path: Path) -> list[str]:
 
 
 def load(path: Path, split: str) -> DatasetSplit:
+    return read_coco(path, split)
+
+
+def read_coco(
+    path: Path, split: str = "", *, keep_crowd: bool = False, image_roots: tuple[Path, ...] = ()
+) -> DatasetSplit:
+    """One COCO json (or the `split` json of a folder); `image_roots` are more folders to find images in."""
     if path.is_dir():
         by_stem = {json_path.stem: json_path for json_path in _json_files(path)}
         if split not in by_stem:
@@ -37,7 +47,7 @@ def load(path: Path, split: str) -> DatasetSplit:
     category_index, class_names = _categories(path, document)
     samples_by_id: dict[Any, Sample] = {}
     for position, record in enumerate(_records(path, document, "images")):
-        sample = _image_sample(path, position, record, problems)
+        sample = _image_sample(path, position, record, problems, image_roots)
         if sample is not None:
             samples_by_id[record["id"]] = sample
     known_images = {record.get("id") for record in document.get("images", []) if isinstance(record, dict)}
@@ -45,7 +55,7 @@ def load(path: Path, split: str) -> DatasetSplit:
     classes: dict[Any, list[int]] = {image_id: [] for image_id in samples_by_id}
     for position, annotation in enumerate(_records(path, document, "annotations")):
         where = f"annotations[{position}] (id {annotation.get('id', '?')})"
-        if annotation.get("iscrowd", 0):
+        if annotation.get("iscrowd", 0) and not keep_crowd:
             continue
         image_id = annotation.get("image_id")
         if image_id not in known_images:
@@ -76,7 +86,7 @@ def load(path: Path, split: str) -> DatasetSplit:
             continue
         sample = samples_by_id[image_id]
         checked = check_box(
-            (x, y, x + box_width, y + box_height),
+            _rotated_envelope(x, y, box_width, box_height, annotation.get("attributes")),
             sample.width,
             sample.height,
             problems,
@@ -90,6 +100,20 @@ def load(path: Path, split: str) -> DatasetSplit:
         sample.boxes = np.asarray(boxes[image_id], np.float32).reshape(-1, 4)
         sample.classes = np.asarray(classes[image_id], np.int64)
     return DatasetSplit(list(samples_by_id.values()), class_names, "coco", path.stem, path.parent, problems)
+
+
+def _rotated_envelope(
+    x: float, y: float, width: float, height: float, attributes: Any
+) -> tuple[float, float, float, float]:
+    """xyxy of the box, or of the axis-aligned envelope of it turned by CVAT's `rotation` about its centre."""
+    rotation = attributes.get("rotation") if isinstance(attributes, dict) else None
+    if not isinstance(rotation, (int, float)) or not math.isfinite(rotation) or rotation % 180 == 0:
+        return x, y, x + width, y + height
+    angle = math.radians(rotation)
+    half_w = (abs(math.cos(angle)) * width + abs(math.sin(angle)) * height) / 2
+    half_h = (abs(math.sin(angle)) * width + abs(math.cos(angle)) * height) / 2
+    center_x, center_y = x + width / 2, y + height / 2
+    return center_x - half_w, center_y - half_h, center_x + half_w, center_y + half_h
 
 
 def _json_files(path: Path) -> list[Path]:
@@ -142,14 +166,18 @@ def _categories(path: Path, document: dict[str, Any]) -> tuple[dict[Any, int], l
 
 
 def _image_sample(
-    path: Path, position: int, record: dict[str, Any], problems: list[Problem]
+    path: Path,
+    position: int,
+    record: dict[str, Any],
+    problems: list[Problem],
+    image_roots: tuple[Path, ...] = (),
 ) -> Sample | None:
     where = f"images[{position}] (id {record.get('id', '?')})"
     file_name = record.get("file_name")
     if "id" not in record or not isinstance(file_name, str):
         problems.append(Problem("error", str(path), f"{where}: needs 'id' and 'file_name'"))
         return None
-    image_path = resolve_image(path.parent, file_name)
+    image_path = resolve_image(path.parent, file_name, image_roots)
     if image_path is None:
         problems.append(Problem("error", str(path), f"{where}: image file {file_name!r} not found"))
         return None
@@ -172,12 +200,12 @@ def _image_sample(
     )
 
 
-def resolve_image(folder: Path, file_name: str) -> Path | None:
-    """The first existing of folder/name, folder/images/name, and the same one level up."""
+def resolve_image(folder: Path, file_name: str, extra: tuple[Path, ...] = ()) -> Path | None:
+    """The first existing of folder/name, folder/images/name, the same one level up, then extra/name."""
     name = Path(file_name)
     if name.is_absolute():
         return name if name.is_file() else None
-    for base in (folder, folder / "images", folder.parent, folder.parent / "images"):
+    for base in (folder, folder / "images", folder.parent, folder.parent / "images", *extra):
         if (base / name).is_file():
             return base / name
     return None

@@ -1,0 +1,148 @@
+"""CVAT's "COCO 1.0" export into our YOLO dataset, through our COCO reader.
+
+The export (docs.cvat.ai, formats/format-coco) is `annotations/instances_<subset>.json` with the images under
+`images/` (older CVAT) or `images/<subset>/` (CVAT 2.x); `file_name`s may hold subfolders. Its specifics:
+category ids start at 1 (our reader maps sorted ids to 0..K-1 whatever they are); every annotation has
+`segmentation` (empty for boxes, polygons, or an RLE mask) and `bbox`, which we use; `attributes` carries
+`occluded` and, for rotated boxes, `rotation` in degrees (the reader takes the rotated box's envelope); and CVAT
+marks a mask drawn as one region `iscrowd: 1` with a real box, so crowd annotations are kept unless asked not to.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from defectdet.data.formats.coco import read_coco
+from defectdet.data.formats.interchange import ImportReport, LabelledImage, write_yolo
+from defectdet.errors import DatasetError
+
+DEFAULT_SUBSET = "default"
+_LISTED = 10
+
+
+@dataclass
+class CocoImport:
+    """One subset's import: which json went into which split, and what it wrote."""
+
+    json_path: Path
+    split: str
+    report: ImportReport
+    crowd: int  # crowd (mask) annotations kept as boxes
+
+
+def instance_files(export: Path) -> list[Path]:
+    """The COCO jsons of a CVAT export folder (annotations/instances_*.json), or the one json given."""
+    export = Path(export)
+    if export.is_file():
+        return [export]
+    if not export.is_dir():
+        raise DatasetError(f"{export}: CVAT export not found")
+    found = sorted((export / "annotations").glob("*.json")) or sorted(export.glob("*.json"))
+    if not found:
+        raise DatasetError(
+            f"{export}: no COCO json here or in annotations/ (CVAT writes annotations/instances_default.json)"
+        )
+    return found
+
+
+def subset_of(json_path: Path) -> str:
+    """instances_default.json -> 'default'; other names -> their stem."""
+    return json_path.stem.removeprefix("instances_")
+
+
+def import_coco(
+    export: Path,
+    out_dir: Path,
+    *,
+    images: list[Path] | None = None,
+    split: str = "train",
+    classes: list[str] | None = None,
+    unknown: str = "error",
+    existing: str = "refuse",
+    link: bool = False,
+    skip_missing: bool = False,
+    keep_crowd: bool = True,
+) -> list[CocoImport]:
+    """Import a CVAT COCO export (a json, or the unzipped export folder) into the YOLO dataset `out_dir`.
+
+    Subset 'default' (and a single json) goes to `split`; other subsets (train, val, test) to their own split.
+    """
+    files = instance_files(export)
+    results = []
+    for json_path in files:
+        subset = subset_of(json_path)
+        target = split if len(files) == 1 or subset == DEFAULT_SUBSET else subset
+        results.append(
+            _import_one(
+                json_path, out_dir, images, target, classes, unknown, existing, link, skip_missing, keep_crowd
+            )
+        )
+    return results
+
+
+def _import_one(
+    json_path: Path,
+    out_dir: Path,
+    images: list[Path] | None,
+    split: str,
+    classes: list[str] | None,
+    unknown: str,
+    existing: str,
+    link: bool,
+    skip_missing: bool,
+    keep_crowd: bool,
+) -> CocoImport:
+    base = json_path.parent.parent if json_path.parent.name == "annotations" else json_path.parent
+    roots = tuple(Path(p) for p in images or ()) + (base / "images" / subset_of(json_path),)
+    dataset = read_coco(json_path, keep_crowd=keep_crowd, image_roots=roots)
+    missing = [f"{json_path}: {p.message}" for p in dataset.problems if _missing_image(p.severity, p.message)]
+    errors = [
+        str(p)
+        for p in dataset.problems
+        if p.severity == "error" and not _missing_image(p.severity, p.message)
+    ]
+    if errors:
+        listed = "\n  ".join(errors[:_LISTED])
+        more = f"\n  (and {len(errors) - _LISTED} more)" if len(errors) > _LISTED else ""
+        raise DatasetError(f"{json_path}: nothing imported, {len(errors)} error(s):\n  {listed}{more}")
+    if missing and not skip_missing:
+        listed = "\n  ".join(missing[:_LISTED])
+        more = f"\n  (and {len(missing) - _LISTED} more)" if len(missing) > _LISTED else ""
+        raise DatasetError(
+            f"{json_path}: {len(missing)} image(s) not found:\n  {listed}{more}\n"
+            "Export from CVAT with 'Save images', or pass --images DIR; --skip-missing imports the rest"
+        )
+    document = json.loads(json_path.read_text(encoding="utf-8"))  # read_coco parsed it: it is valid
+    file_names = {
+        str(record["id"]): record["file_name"]
+        for record in document.get("images", [])
+        if isinstance(record, dict) and "id" in record and isinstance(record.get("file_name"), str)
+    }
+    crowd = sum(1 for a in document.get("annotations", []) if isinstance(a, dict) and a.get("iscrowd"))
+    items = []
+    for sample in dataset.samples:
+        name = PurePosixPath(file_names.get(sample.image_id, sample.image_path.name))
+        items.append(
+            LabelledImage(
+                sample.image_path,
+                PurePosixPath(*[part for part in name.parts if part not in ("..", "/")]),
+                [tuple(box) for box in sample.boxes.tolist()],
+                [dataset.class_names[c] for c in sample.classes.tolist()],
+                f"{json_path.name} image {sample.image_id} ({name})",
+                sample.width,
+                sample.height,
+            )
+        )
+    report = write_yolo(
+        items, out_dir, split=split, classes=classes, source_classes=dataset.class_names,
+        unknown=unknown, existing=existing, link=link, origin_kind="image",  # type: ignore[arg-type]
+    )  # fmt: skip
+    report.skipped_images.extend(missing)
+    report.warnings[:0] = [str(p) for p in dataset.problems if p.severity == "warning"]
+    return CocoImport(json_path, split, report, crowd if keep_crowd else 0)
+
+
+def _missing_image(severity: str, message: str) -> bool:
+    return severity == "error" and "image file" in message and message.endswith("not found")

@@ -1,0 +1,468 @@
+"""Write labelled images coming from a labelling tool into our YOLO dataset, and our datasets out as COCO json.
+
+`write_yolo` is the one place an import touches the target folder. It plans first and writes after, so a refused
+import writes nothing: classes not in the target's data.yaml stop it (or are added, or their boxes skipped), a
+label file that already holds other boxes is never overwritten silently (refuse, merge, or replace on request),
+and an image of the same name with other content is never replaced. Every file is written atomically (a temp
+file in the same folder, then `os.replace`), so an interrupted import leaves whole files only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+import yaml
+
+from defectdet.data.formats import check_box, load_dataset
+from defectdet.data.formats.yolo import _class_names, _read_config, label_path_for
+from defectdet.data.imageio import read_image_size
+from defectdet.data.sample import Problem
+from defectdet.errors import DatasetError, ImageReadError
+
+Unknown = Literal["error", "add", "skip"]
+Existing = Literal["refuse", "merge", "replace"]
+UNKNOWN_CHOICES = ("error", "add", "skip")
+EXISTING_CHOICES = ("refuse", "merge", "replace")
+MERGE_TOLERANCE_PX = 1.0  # a new box within this of an existing box of the same class is the same box
+_LISTED = 10  # problems named in one message
+
+
+@dataclass
+class LabelledImage:
+    """One image and its boxes as a labelling tool gave them: xyxy pixels of the image, class names."""
+
+    source: Path
+    name: PurePosixPath  # where it goes below the split's image folder (suffix included)
+    boxes: list[tuple[float, float, float, float]]
+    classes: list[str]
+    origin: str  # how the tool names it, for messages: "task 12", "images[3] (id 4)"
+    width: int | None = None
+    height: int | None = None
+
+
+@dataclass
+class ImportReport:
+    """What an import wrote (and what it left alone or dropped)."""
+
+    out_dir: Path
+    data_yaml: Path
+    split: str
+    class_names: list[str]
+    images_copied: int = 0
+    images_present: int = 0  # the same file was already there
+    labels_written: int = 0  # new label files
+    labels_merged: int = 0
+    labels_replaced: int = 0
+    labels_unchanged: int = 0
+    boxes: int = 0
+    added_classes: list[str] = field(default_factory=list)
+    skipped_boxes: int = 0  # of unknown classes, with unknown="skip"
+    # "origin: reason" of images left out (missing, with skip_missing)
+    skipped_images: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {key: str(value) if isinstance(value, Path) else value for key, value in self.__dict__.items()}
+
+
+def write_yolo(
+    items: list[LabelledImage],
+    out_dir: Path,
+    *,
+    split: str = "train",
+    classes: list[str] | None = None,
+    source_classes: list[str] | None = None,
+    unknown: Unknown = "error",
+    existing: Existing = "refuse",
+    link: bool = False,
+    origin_kind: str = "task",
+) -> ImportReport:
+    """Write `items` into the YOLO dataset `out_dir` (made when absent) under `split`.
+
+    Class names: the target data.yaml's, else `classes`, else `source_classes` (the tool's own list) and then
+    the order the items name them in. `unknown` decides about classes outside a given list; `existing` about a
+    label file that already holds other boxes; `link` symlinks images instead of copying them.
+    """
+    if unknown not in UNKNOWN_CHOICES:
+        raise DatasetError(
+            f"unknown-classes policy {unknown!r}: expected one of {', '.join(UNKNOWN_CHOICES)}"
+        )
+    if existing not in EXISTING_CHOICES:
+        raise DatasetError(
+            f"existing-labels policy {existing!r}: expected one of {', '.join(EXISTING_CHOICES)}"
+        )
+    out_dir = Path(out_dir)
+    yaml_path = out_dir / "data.yaml"
+    config: dict[str, Any] = {}
+    target_names: list[str] | None = None
+    if yaml_path.is_file():
+        _, config = _read_config(yaml_path)
+        target_names = _class_names(yaml_path, config)
+        if classes is not None and list(classes) != target_names:
+            raise DatasetError(
+                f"--classes {','.join(classes)} differ from {yaml_path} names {','.join(target_names)}; "
+                "leave --classes out to import into that dataset, or import into another folder"
+            )
+    elif (out_dir / "data.yml").is_file():
+        raise DatasetError(f"{out_dir / 'data.yml'}: rename it data.yaml to import into this dataset")
+    names = list(target_names if target_names is not None else classes or [])
+    closed = target_names is not None or classes is not None  # a fixed list: other classes are 'unknown'
+    if not closed:
+        for name in [*(source_classes or []), *(c for item in items for c in item.classes)]:
+            if name not in names:
+                names.append(name)
+    report = ImportReport(out_dir, yaml_path, split, names)
+    unknown_found = _unknown_classes(items, names) if closed else []
+    if unknown_found and unknown == "error":
+        listed = "; ".join(f"{origin}: class {name!r}" for origin, name in unknown_found[:_LISTED])
+        more = f" (and {len(unknown_found) - _LISTED} more)" if len(unknown_found) > _LISTED else ""
+        where = str(yaml_path) if target_names is not None else "--classes"
+        raise DatasetError(
+            f"classes not in {where} ({', '.join(names) or 'none'}): {listed}{more}. "
+            "Pass --add-classes to append them to the class list, or --skip-unknown to drop those boxes"
+        )
+    if unknown == "add":
+        for _, name in unknown_found:
+            if name not in names:
+                names.append(name)
+                report.added_classes.append(name)
+    image_dir, root = _split_folder(out_dir, config, split, yaml_path)
+    plans = _plan(items, names, image_dir, existing, report, origin_kind)
+    for plan in plans:
+        _write_image(plan, link, report)
+        _write_labels(plan, report)
+    if not yaml_path.is_file() or report.added_classes or split not in config:
+        config = dict(config) or {"path": "."}
+        if split not in config:
+            config[split] = image_dir.relative_to(root).as_posix()
+        config["names"] = names if not isinstance(config.get("names"), dict) else dict(enumerate(names))
+        config.pop("nc", None)
+        atomic_write_text(yaml_path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+    report.class_names = names
+    return report
+
+
+@dataclass
+class _Plan:
+    item: LabelledImage
+    image: Path  # destination
+    label: Path
+    lines: list[str]
+    action: str  # "write" | "merge" | "replace" | "unchanged"
+    copy: bool  # False when the destination already is this image
+
+
+def _unknown_classes(items: list[LabelledImage], names: list[str]) -> list[tuple[str, str]]:
+    found = []
+    for item in items:
+        for name in dict.fromkeys(item.classes):
+            if name not in names:
+                found.append((item.origin, name))
+    return found
+
+
+def _split_folder(out_dir: Path, config: dict[str, Any], split: str, yaml_path: Path) -> tuple[Path, Path]:
+    """The split's image folder and the dataset root (data.yaml's `path`)."""
+    root = Path(str(config.get("path") or "."))
+    root = root if root.is_absolute() else out_dir / root
+    spec = config.get(split)
+    if not spec:
+        return root / "images" / split, root
+    if not isinstance(spec, str):
+        raise DatasetError(
+            f"{yaml_path}: field '{split}' is a list; import into a split that is one folder (--split)"
+        )
+    folder = Path(spec) if Path(spec).is_absolute() else root / spec
+    if folder.suffix.lower() == ".txt":
+        raise DatasetError(
+            f"{yaml_path}: field '{split}' is an image list ({spec}); import into a split that is a folder (--split)"
+        )
+    return folder, root
+
+
+def _plan(
+    items: list[LabelledImage],
+    names: list[str],
+    image_dir: Path,
+    existing: Existing,
+    report: ImportReport,
+    origin_kind: str,
+) -> list[_Plan]:
+    plans: list[_Plan] = []
+    taken: dict[PurePosixPath, Path] = {}
+    conflicts: list[str] = []
+    for item in items:
+        width, height = item.width, item.height
+        if width is None or height is None:
+            try:
+                width, height = read_image_size(item.source)
+            except ImageReadError as error:
+                raise DatasetError(f"{item.origin}: {error}") from None
+        inside = _below(item.source, image_dir)
+        name = inside if inside is not None else _free_name(item, taken)
+        destination = image_dir / Path(*name.parts)
+        lines = []
+        for box, class_name in zip(item.boxes, item.classes, strict=True):
+            if class_name not in names:
+                report.skipped_boxes += 1
+                continue
+            problems: list[Problem] = []
+            checked = check_box(box, width, height, problems, item.origin)
+            report.warnings.extend(f"{item.origin}: {p.message}" for p in problems)
+            if checked is not None:
+                lines.append(_yolo_line(names.index(class_name), checked, width, height))
+        copy = True
+        if destination.exists():
+            if _same_file(item.source, destination):
+                copy = False
+            elif not _same_bytes(item.source, destination):
+                conflicts.append(
+                    f"{item.origin}: {destination} already holds another image of that name "
+                    f"(from {item.source}); import into another --split or folder"
+                )
+                continue
+        label = label_path_for(destination)
+        action = "write"
+        if label.is_file():
+            old = [line.strip() for line in label.read_text(encoding="utf-8").splitlines() if line.strip()]
+            if old == lines:
+                action = "unchanged"
+            elif existing == "refuse":
+                conflicts.append(
+                    f"{item.origin}: {label} already holds {len(old)} box(es) that differ from the "
+                    f"{len(lines)} imported; pass --existing merge (keep both) or --existing replace"
+                )
+                continue
+            elif existing == "merge":
+                lines = _merge(old, lines, width, height)
+                action = "unchanged" if lines == old else "merge"
+            else:
+                action = "replace"
+        plans.append(_Plan(item, destination, label, lines, action, copy))
+    if conflicts:
+        listed = "\n  ".join(conflicts[:_LISTED])
+        more = f"\n  (and {len(conflicts) - _LISTED} more)" if len(conflicts) > _LISTED else ""
+        raise DatasetError(
+            f"nothing imported: {len(conflicts)} {origin_kind}(s) would overwrite files in {image_dir.parent.parent}:"
+            f"\n  {listed}{more}"
+        )
+    return plans
+
+
+def _below(path: Path, folder: Path) -> PurePosixPath | None:
+    """`path` relative to `folder` when it already lies there (an import in place), else None."""
+    try:
+        return PurePosixPath(path.resolve().relative_to(folder.resolve()).as_posix())
+    except (ValueError, OSError):
+        return None
+
+
+def _free_name(item: LabelledImage, taken: dict[PurePosixPath, Path]) -> PurePosixPath:
+    """The item's name, or name_2, name_3 ... when another source already took it in this import."""
+    name, index = item.name, 1
+    while name in taken and not _same_file(taken[name], item.source):
+        index += 1
+        name = item.name.with_name(f"{item.name.stem}_{index}{item.name.suffix}")
+    taken[name] = item.source
+    return name
+
+
+def _yolo_line(class_id: int, box: tuple[float, float, float, float], width: int, height: int) -> str:
+    x1, y1, x2, y2 = box
+    return (
+        f"{class_id} {(x1 + x2) / 2 / width:.6f} {(y1 + y2) / 2 / height:.6f} "
+        f"{(x2 - x1) / width:.6f} {(y2 - y1) / height:.6f}"
+    )
+
+
+def _merge(old: list[str], new: list[str], width: int, height: int) -> list[str]:
+    """`old` lines, then each `new` line that is not already there (same class, corners within 1 px)."""
+    merged = list(old)
+    known = [_parse_line(line, width, height) for line in old]
+    for line in new:
+        parsed = _parse_line(line, width, height)
+        if parsed is None or not any(_same_box(parsed, other) for other in known if other is not None):
+            merged.append(line)
+            known.append(parsed)
+    return merged
+
+
+def _parse_line(line: str, width: int, height: int) -> tuple[int, float, float, float, float] | None:
+    try:
+        class_id, cx, cy, w, h = (float(value) for value in line.split())
+    except ValueError:
+        return None  # an unparsable old line is kept as it is, never compared
+    return (
+        int(class_id),
+        (cx - w / 2) * width,
+        (cy - h / 2) * height,
+        (cx + w / 2) * width,
+        (cy + h / 2) * height,
+    )
+
+
+def _same_box(a: tuple, b: tuple) -> bool:
+    return a[0] == b[0] and all(abs(p - q) <= MERGE_TOLERANCE_PX for p, q in zip(a[1:], b[1:], strict=True))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    try:
+        if a.stat().st_size != b.stat().st_size:
+            return False
+        return _digest(a) == _digest(b)
+    except OSError:
+        return False
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_image(plan: _Plan, link: bool, report: ImportReport) -> None:
+    if not plan.copy or plan.image.exists():
+        report.images_present += 1
+        return
+    plan.image.parent.mkdir(parents=True, exist_ok=True)
+    temp = _temp_path(plan.image)
+    try:
+        if link:
+            os.symlink(plan.item.source.resolve(), temp)
+        else:
+            shutil.copyfile(plan.item.source, temp)
+        os.replace(temp, plan.image)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    report.images_copied += 1
+
+
+def _write_labels(plan: _Plan, report: ImportReport) -> None:
+    report.boxes += len(plan.lines)
+    if plan.action == "unchanged":
+        report.labels_unchanged += 1
+        return
+    atomic_write_text(plan.label, "".join(line + "\n" for line in plan.lines))
+    if plan.action == "merge":
+        report.labels_merged += 1
+    elif plan.action == "replace":
+        report.labels_replaced += 1
+    else:
+        report.labels_written += 1
+
+
+def _temp_path(path: Path) -> Path:
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    os.unlink(name)  # os.symlink and copyfile want to create it themselves
+    return Path(name)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temp file in the same folder and `os.replace` (flushed, fsynced)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(name, path)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------- our dataset -> COCO json
+
+
+@dataclass
+class CocoExport:
+    """What `export_coco` wrote."""
+
+    path: Path
+    images: int
+    annotations: int
+    categories: list[str]
+    image_root: Path
+    warnings: list[str]
+
+
+def export_coco(
+    data: Path,
+    out: Path,
+    *,
+    split: str = "train",
+    format: str | None = None,
+    image_root: Path | None = None,
+) -> CocoExport:
+    """Write one split of any dataset we read as COCO detection json (category ids 1..K, as CVAT numbers them).
+
+    `file_name`s are relative to `image_root` (default: the folder holding all the split's images), the name
+    a labelling tool matches against the images it already holds.
+    """
+    dataset = load_dataset(data, split, format)
+    errors = [problem for problem in dataset.problems if problem.severity == "error"]
+    if errors:
+        listed = "\n  ".join(str(problem) for problem in errors[:_LISTED])
+        raise DatasetError(
+            f"{data} ({split}): {len(errors)} error(s); fix them (defectdet check) before exporting:\n  {listed}"
+        )
+    warnings = [str(problem) for problem in dataset.problems]
+    paths = [sample.image_path.absolute() for sample in dataset.samples]
+    if image_root is None:
+        image_root = Path(os.path.commonpath([str(p.parent) for p in paths])) if paths else Path(data).parent
+    image_root = Path(image_root).absolute()
+    images, annotations = [], []
+    for image_id, (sample, path) in enumerate(zip(dataset.samples, paths, strict=True), start=1):
+        width, height = sample.width, sample.height
+        if width is None or height is None:
+            try:
+                width, height = read_image_size(path)
+            except ImageReadError as error:
+                raise DatasetError(str(error)) from None
+        images.append(
+            {
+                "id": image_id,
+                "file_name": Path(os.path.relpath(path, image_root)).as_posix(),
+                "width": width,
+                "height": height,
+            }  # fmt: skip
+        )
+        for box, class_id in zip(sample.boxes.tolist(), sample.classes.tolist(), strict=True):
+            x1, y1, x2, y2 = box
+            width_px, height_px = x2 - x1, y2 - y1
+            annotations.append({
+                "id": len(annotations) + 1, "image_id": image_id, "category_id": int(class_id) + 1,
+                "bbox": [round(x1, 3), round(y1, 3), round(width_px, 3), round(height_px, 3)],
+                "area": round(width_px * height_px, 3), "iscrowd": 0, "segmentation": [],
+            })  # fmt: skip
+    document = {
+        "info": {"description": f"{data} ({split}), exported by defectdet"},
+        "licenses": [],
+        "categories": [
+            {"id": index + 1, "name": name, "supercategory": ""}
+            for index, name in enumerate(dataset.class_names)
+        ],
+        "images": images,
+        "annotations": annotations,
+    }
+    atomic_write_text(Path(out), json.dumps(document, indent=1))
+    return CocoExport(Path(out), len(images), len(annotations), dataset.class_names, image_root, warnings)

@@ -1,0 +1,583 @@
+"""Label Studio interchange: our predictions out as import tasks with pre-annotations, its JSON export back in.
+
+Label Studio's documented formats (labelstud.io/guide/task_format, /guide/predictions, /guide/export):
+a task is `{"id", "data": {"image": URL}, "annotations": [...], "predictions": [...]}`; a rectangle region is
+`{"type": "rectanglelabels", "from_name", "to_name", "original_width", "original_height",
+"value": {"x", "y", "width", "height", "rotation", "rectanglelabels": [name]}}` with x, y, width, height in
+percent of the image and `rotation` in degrees clockwise about the top-left corner. A prediction adds
+`model_version` and `score`. Images are URLs: `/data/local-files/?d=<path below the local-files document root>`,
+`/data/upload/<project>/<8 hex>-<name>` for uploads, or http(s)/cloud URLs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import parse_qs, quote, unquote, urlparse
+from xml.sax.saxutils import quoteattr
+
+from defectdet.data.formats import IMAGE_EXTENSIONS
+from defectdet.data.formats.interchange import ImportReport, LabelledImage, atomic_write_text, write_yolo
+from defectdet.data.imageio import read_image_size
+from defectdet.errors import DatasetError, ImageReadError
+
+LOCAL_FILES = "/data/local-files/?d="
+FROM_NAME, TO_NAME = "label", "image"
+OUR_IMAGE_KEY = "defectdet_image"  # our absolute path of the image, kept in the task's data for the way back
+_UPLOAD_PREFIX = re.compile(r"^[0-9a-f]{8}-", re.IGNORECASE)
+_LISTED = 10
+
+
+# ---------------------------------------------------------------- predictions -> import tasks
+
+
+@dataclass
+class Predicted:
+    """One image and what the model found on it (xyxy pixels of the image)."""
+
+    image: Path
+    detections: list[tuple[str, float, tuple[float, float, float, float]]]  # class name, score, box
+    width: int | None = None
+    height: int | None = None
+    predicted: bool = True  # False: an image without a prediction record (a task to label from scratch)
+    model_version: str | None = None  # the bundle a sidecar names
+
+
+@dataclass
+class TasksExport:
+    """What `export_tasks` wrote."""
+
+    tasks_path: Path
+    config_path: Path
+    tasks: int
+    predictions: int
+    regions: int
+    document_root: Path
+    class_names: list[str]
+    skipped: list[str] = field(default_factory=list)  # predict's failed files
+
+
+def labeling_config(class_names: list[str]) -> str:
+    """The labelling interface XML: the image and one RectangleLabels with our classes."""
+    labels = "".join(f"    <Label value={quoteattr(name)}/>\n" for name in class_names)
+    return (
+        "<View>\n"
+        f'  <Image name="{TO_NAME}" value="$image" zoom="true"/>\n'
+        f'  <RectangleLabels name="{FROM_NAME}" toName="{TO_NAME}">\n'
+        f"{labels}"
+        "  </RectangleLabels>\n"
+        "</View>\n"
+    )
+
+
+def export_tasks(
+    source: Path,
+    out: Path,
+    *,
+    config_path: Path | None = None,
+    classes: list[str] | None = None,
+    model_version: str = "defectdet",
+    document_root: Path | None = None,
+    url_prefix: str = LOCAL_FILES,
+    images: Path | None = None,
+    min_score: float | None = None,
+) -> TasksExport:
+    """Write Label Studio import tasks for the images of `source` with our predictions as pre-annotations.
+
+    `source`: `defectdet predict`'s output folder or its predictions.jsonl; the service's keep folder
+    (`serve --keep`: `predictions/NAME.json` sidecars naming `images/NAME.ext`); or a folder of images with a
+    prediction JSON beside each (`<stem>.json` holding `detections`, as `PredictionResult.to_dict` writes
+    them), where images without one become tasks without predictions. Detections under `min_score` (default:
+    the threshold a record states, so a sidecar's extra near-threshold detections stay out) are left out. Image URLs are `url_prefix` + the path below
+    `document_root` (default: the folder holding all the images), which is what Label Studio's local-files
+    storage serves when LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT is that folder. `images` is where to find the
+    files predictions.jsonl names when they moved since.
+    """
+    source = Path(source)
+    records, class_hint, skipped = read_predictions(source, images, min_score)
+    if not records:
+        raise DatasetError(f"{source}: no images to export")
+    names = list(classes) if classes else list(class_hint)
+    for record in records:
+        for name, _, _ in record.detections:
+            if name not in names:
+                if classes:
+                    raise DatasetError(
+                        f"{record.image}: predicted class {name!r} is not in --classes {','.join(classes)}"
+                    )
+                names.append(name)
+    paths = [record.image.absolute() for record in records]
+    root = (
+        Path(document_root).absolute()
+        if document_root
+        else Path(os.path.commonpath([str(p.parent) for p in paths]))
+    )
+    if model_version == "defectdet":
+        model_version = next((r.model_version for r in records if r.model_version), model_version)
+    tasks, predictions, regions = [], 0, 0
+    for record, path in zip(records, paths, strict=True):
+        try:
+            relative = path.relative_to(root).as_posix()
+        except ValueError:
+            raise DatasetError(f"{path}: not below --document-root {root}") from None
+        task: dict[str, Any] = {
+            "data": {"image": url_prefix + quote(relative, safe="/"), OUR_IMAGE_KEY: str(path)}
+        }
+        if record.predicted:
+            width, height = record.width, record.height
+            if width is None or height is None:
+                width, height = _image_size(path, str(path))
+            result = [
+                _region(f"d{index}", name, box, width, height, score)
+                for index, (name, score, box) in enumerate(record.detections)
+            ]
+            scores = [score for _, score, _ in record.detections]
+            task["predictions"] = [
+                {
+                    "model_version": model_version,
+                    "score": round(max(scores), 5) if scores else 0.0,
+                    "result": result,
+                }
+            ]
+            predictions += 1
+            regions += len(result)
+        tasks.append(task)
+    out = Path(out)
+    config_path = Path(config_path) if config_path else out.with_name(f"{out.stem}_config.xml")
+    atomic_write_text(out, json.dumps(tasks, indent=1))
+    atomic_write_text(config_path, labeling_config(names))
+    return TasksExport(out, config_path, len(tasks), predictions, regions, root, names, skipped)
+
+
+def _region(
+    region_id: str, name: str, box: tuple[float, float, float, float], width: int, height: int, score: float
+) -> dict[str, Any]:
+    x1, y1, x2, y2 = box
+    return {
+        "id": region_id,
+        "type": "rectanglelabels",
+        "from_name": FROM_NAME,
+        "to_name": TO_NAME,
+        "original_width": width,
+        "original_height": height,
+        "image_rotation": 0,
+        "value": {
+            "x": round(100 * x1 / width, 5),
+            "y": round(100 * y1 / height, 5),
+            "width": round(100 * (x2 - x1) / width, 5),
+            "height": round(100 * (y2 - y1) / height, 5),
+            "rotation": 0,
+            "rectanglelabels": [name],
+        },  # fmt: skip
+        "score": round(float(score), 5),
+    }
+
+
+def read_predictions(
+    source: Path, images: Path | None = None, min_score: float | None = None
+) -> tuple[list[Predicted], list[str], list[str]]:
+    """(images with their detections, class names in the model's order when known, failed files)."""
+    source = Path(source)
+    if source.is_dir() and (source / "predictions.jsonl").is_file():
+        source = source / "predictions.jsonl"
+    if source.is_file() and source.suffix.lower() == ".jsonl":
+        return _read_jsonl(source, images, min_score)
+    if source.is_dir() and (source / "predictions").is_dir() and any((source / "predictions").glob("*.json")):
+        return _read_keep_folder(source, min_score)
+    if source.is_dir():
+        return _read_sidecars(source, min_score)
+    raise DatasetError(
+        f"{source}: expected `defectdet predict`'s output folder, its predictions.jsonl, or a folder of images"
+    )
+
+
+def _read_jsonl(
+    path: Path, images: Path | None, min_score: float | None
+) -> tuple[list[Predicted], list[str], list[str]]:
+    classes_file = path.parent / "classes.txt"
+    class_names = (
+        [line.strip() for line in classes_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if classes_file.is_file()
+        else []
+    )
+    records, skipped = [], []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DatasetError(f"{path}:{number}: invalid JSON ({error.msg}, column {error.colno})") from None
+        if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
+            raise DatasetError(f"{path}:{number}: expected an object with 'file'")
+        if entry.get("error"):
+            skipped.append(f"{entry['file']}: {entry['error']}")
+            continue
+        image = _find_predicted_image(entry["file"], path, images)
+        if image is None:
+            where = f" or in {images}" if images else ""
+            raise DatasetError(
+                f"{path}:{number}: image {entry['file']!r} not found (relative to here, to {path.parent}{where}); "
+                "pass --images DIR"
+            )
+        records.append(_predicted(image, entry, class_names, f"{path}:{number}", min_score))
+    return records, class_names, skipped
+
+
+def _find_predicted_image(name: str, jsonl: Path, images: Path | None) -> Path | None:
+    candidate = Path(name)
+    options = [candidate] if candidate.is_absolute() else [candidate, jsonl.parent / candidate]
+    if images is not None:
+        options += [images / candidate.name]
+    return next((option for option in options if option.is_file()), None)
+
+
+def _read_keep_folder(folder: Path, min_score: float | None) -> tuple[list[Predicted], list[str], list[str]]:
+    records = []
+    for sidecar in sorted((folder / "predictions").glob("*.json")):
+        entry = _prediction_record(_read_json_file(sidecar), sidecar)
+        name = entry.get("image")
+        image = folder / name if isinstance(name, str) else None
+        if image is None or not image.is_file():
+            raise DatasetError(f"{sidecar}: its image {name!r} is not in {folder}")
+        record = _predicted(image, entry, [], str(sidecar), min_score)
+        bundle = entry.get("bundle")
+        record.model_version = str(bundle) if bundle else None
+        records.append(record)
+    return records, [], []
+
+
+def _read_json_file(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise DatasetError(
+            f"{path}:{error.lineno}: invalid JSON ({error.msg}, column {error.colno})"
+        ) from None
+
+
+def _read_sidecars(folder: Path, min_score: float | None) -> tuple[list[Predicted], list[str], list[str]]:
+    records = []
+    images = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+    if not images:
+        raise DatasetError(f"{folder}: no images here (and no predictions.jsonl)")
+    for image in images:
+        sidecar = next(
+            (p for p in (image.with_suffix(".json"), image.with_name(image.name + ".json")) if p.is_file()),
+            None,
+        )
+        if sidecar is None:
+            records.append(Predicted(image, [], predicted=False))
+            continue
+        entry = _prediction_record(_read_json_file(sidecar), sidecar)
+        records.append(_predicted(image, entry, [], str(sidecar), min_score))
+    return records, [], []
+
+
+def _prediction_record(entry: Any, where: Path) -> dict[str, Any]:
+    """The object holding `detections`: the sidecar itself or one level down (`result`, `prediction`, ...)."""
+    if isinstance(entry, dict):
+        if isinstance(entry.get("detections"), list):
+            return entry
+        for value in entry.values():
+            if isinstance(value, dict) and isinstance(value.get("detections"), list):
+                return value
+    raise DatasetError(f"{where}: no 'detections' list (the prediction JSON defectdet writes per image)")
+
+
+def _predicted(
+    image: Path, entry: dict[str, Any], class_names: list[str], where: str, min_score: float | None
+) -> Predicted:
+    floor = min_score if min_score is not None else entry.get("threshold")
+    floor = float(floor) if _number(floor) else 0.0
+    detections = []
+    for index, detection in enumerate(entry.get("detections") or []):
+        at = f"{where}: detections[{index}]"
+        box = detection.get("box") if isinstance(detection, dict) else None
+        if not (isinstance(box, list) and len(box) == 4 and all(_number(v) for v in box)):
+            raise DatasetError(f"{at}: 'box' must be 4 numbers [x1, y1, x2, y2] in pixels, got {box!r}")
+        name = detection.get("class_name")
+        if not isinstance(name, str):
+            class_id = detection.get("class_id")
+            if not (isinstance(class_id, int) and 0 <= class_id < len(class_names)):
+                raise DatasetError(f"{at}: needs 'class_name' (or a 'class_id' of classes.txt)")
+            name = class_names[class_id]
+        score = float(detection["score"]) if _number(detection.get("score")) else 1.0
+        if score >= floor:
+            detections.append((name, score, tuple(float(v) for v in box)))
+    size = entry.get("image_size")
+    width, height = (
+        (int(size[0]), int(size[1])) if isinstance(size, list) and len(size) == 2 else (None, None)
+    )
+    return Predicted(image, detections, width, height)
+
+
+# ---------------------------------------------------------------- Label Studio JSON export -> our dataset
+
+
+def read_export(path: Path) -> list[dict[str, Any]]:
+    """The tasks of a Label Studio JSON export; malformed JSON names the file, line, column and character."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: Label Studio export not found") from None
+    except UnicodeDecodeError as error:
+        raise DatasetError(
+            f"{path}: not UTF-8 text (byte {error.start}); expected Label Studio's JSON export"
+        ) from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DatasetError(
+            f"{path}:{error.lineno}:{error.colno}: invalid JSON ({error.msg}, character {error.pos})"
+        ) from None
+    if isinstance(document, dict) and "data" in document:
+        document = [document]  # one task saved on its own
+    if not isinstance(document, list):
+        raise DatasetError(
+            f"{path}: expected a list of tasks (Label Studio's 'JSON' export), got {type(document).__name__}"
+        )
+    for position, task in enumerate(document):
+        if not isinstance(task, dict) or not isinstance(task.get("data"), dict):
+            raise DatasetError(f"{path}: task [{position}]: expected an object with a 'data' object")
+    return document
+
+
+@dataclass
+class _Parsed:
+    items: list[LabelledImage]
+    classes: list[str]
+    unlabelled: int
+    missing: list[str]
+    warnings: list[str]
+
+
+def import_export(
+    export: Path,
+    out_dir: Path,
+    *,
+    images: list[Path] | None = None,
+    split: str = "train",
+    classes: list[str] | None = None,
+    unknown: str = "error",
+    existing: str = "refuse",
+    link: bool = False,
+    skip_missing: bool = False,
+    image_key: str | None = None,
+) -> tuple[ImportReport, int]:
+    """Import a Label Studio JSON export into the YOLO dataset `out_dir`; returns the report and the number of
+    tasks without a (non-cancelled) annotation, which are left out. Images are looked for in `images`
+    (default: the export's folder): the `d` path of a local-files URL below each, then the file name (an
+    upload's 8-hex prefix dropped), then the path our `export_tasks` stored in the task."""
+    export = Path(export)
+    roots = [Path(p) for p in images] if images else [export.parent]
+    parsed = _parse(export, read_export(export), roots, image_key)
+    if parsed.missing and not skip_missing:
+        listed = "\n  ".join(parsed.missing[:_LISTED])
+        more = f"\n  (and {len(parsed.missing) - _LISTED} more)" if len(parsed.missing) > _LISTED else ""
+        raise DatasetError(
+            f"{export}: {len(parsed.missing)} task image(s) not found:\n  {listed}{more}\n"
+            "Pass --images DIR (the folder Label Studio serves local files from, or its media folder for "
+            "uploads), or --skip-missing to import the rest"
+        )
+    report = write_yolo(
+        parsed.items, out_dir, split=split, classes=classes, source_classes=parsed.classes,
+        unknown=unknown, existing=existing, link=link,  # type: ignore[arg-type]
+    )  # fmt: skip
+    report.skipped_images.extend(parsed.missing)
+    report.warnings[:0] = parsed.warnings
+    return report, parsed.unlabelled
+
+
+def _parse(export: Path, tasks: list[dict[str, Any]], roots: list[Path], image_key: str | None) -> _Parsed:
+    items, classes, missing, warnings = [], [], [], []
+    unlabelled = 0
+    for position, task in enumerate(tasks):
+        origin = f"task {task['id']}" if "id" in task else f"task [{position}]"
+        annotation = _chosen_annotation(export, task, origin, warnings)
+        if annotation is None:
+            unlabelled += 1
+            continue
+        url = _image_url(export, task, origin, image_key)
+        image = resolve_task_image(url, roots, task["data"].get(OUR_IMAGE_KEY))
+        if image is None:
+            missing.append(f"{origin}: image {url!r} not found ({_looked_for(url, roots)})")
+            continue
+        width, height = _image_size(image, origin)
+        boxes, names = [], []
+        for index, region in enumerate(annotation.get("result") or []):
+            at = f"{origin}: result[{index}]"
+            if not isinstance(region, dict):
+                raise DatasetError(f"{export}: {at}: expected an object")
+            if region.get("type") != "rectanglelabels":
+                warnings.append(f"{at}: a {region.get('type')!r} region is not a box; left out")
+                continue
+            box, name = _region_box(export, region, at, width, height, warnings)
+            if box is not None and name is not None:
+                boxes.append(box)
+                names.append(name)
+                if name not in classes:
+                    classes.append(name)
+        items.append(LabelledImage(image, _destination_name(url, image), boxes, names, origin, width, height))
+    return _Parsed(items, classes, unlabelled, missing, warnings)
+
+
+def _chosen_annotation(
+    export: Path, task: dict[str, Any], origin: str, warnings: list[str]
+) -> dict[str, Any] | None:
+    """The ground-truth annotation, else the latest one that was not cancelled (skipped); None: unlabelled."""
+    annotations = (
+        task.get("annotations", task.get("completions")) or []
+    )  # 'completions': before Label Studio 1.0
+    if not isinstance(annotations, list):
+        raise DatasetError(f"{export}: {origin}: 'annotations' must be a list")
+    kept = [a for a in annotations if isinstance(a, dict) and not a.get("was_cancelled")]
+    if not kept:
+        return None
+    if len(kept) > 1:
+        warnings.append(f"{origin}: {len(kept)} annotations; took the ground truth or the latest")
+    truth = [a for a in kept if a.get("ground_truth")]
+    pool = truth or kept
+    return max(
+        enumerate(pool),
+        key=lambda pair: (str(pair[1].get("updated_at") or pair[1].get("created_at") or ""), pair[0]),
+    )[1]
+
+
+def _image_url(export: Path, task: dict[str, Any], origin: str, image_key: str | None) -> str:
+    data = task["data"]
+    if image_key:
+        value = data.get(image_key)
+    else:
+        value = data.get("image")
+        if not isinstance(value, str):
+            value = next(
+                (
+                    v
+                    for k, v in data.items()
+                    if isinstance(v, str) and k != OUR_IMAGE_KEY and _looks_like_image(v)
+                ),
+                None,
+            )
+    if not isinstance(value, str) or not value:
+        key = image_key or "image"
+        raise DatasetError(
+            f"{export}: {origin}: no image in data.{key} (pass --image-key for another data field)"
+        )
+    return value
+
+
+def _looks_like_image(value: str) -> bool:
+    return PurePosixPath(urlparse(value).path).suffix.lower() in IMAGE_EXTENSIONS or "?d=" in value
+
+
+def _url_path(url: str) -> tuple[str | None, str]:
+    """(path below the local-files root when the URL is a local-files one, the file name to fall back on)."""
+    parsed = urlparse(url)
+    if parsed.path.endswith("/data/local-files/") or parsed.path.endswith("/data/local-files"):
+        values = parse_qs(parsed.query).get("d")
+        relative = unquote(values[0]) if values else ""
+        return relative.lstrip("/"), PurePosixPath(relative).name
+    name = PurePosixPath(unquote(parsed.path)).name
+    if "/data/upload/" in parsed.path:
+        return None, name
+    if parsed.scheme in ("", "file"):
+        return unquote(parsed.path), name
+    return None, name
+
+
+def resolve_task_image(url: str, roots: list[Path], ours: Any = None) -> Path | None:
+    """The file a task's image URL names, looked for below `roots`; `ours`: the path our export stored."""
+    relative, name = _url_path(url)
+    candidates: list[Path] = []
+    if relative:
+        path = Path(relative)
+        candidates += [path] if path.is_absolute() else [root / path for root in roots]
+    for root in roots:
+        candidates.append(root / name)
+        if _UPLOAD_PREFIX.match(name):
+            candidates.append(root / _UPLOAD_PREFIX.sub("", name))
+    if "/data/upload/" in url:  # Label Studio's media folder keeps upload/<project>/<name>
+        tail = Path(*PurePosixPath(urlparse(url).path).parts[-3:])
+        candidates += [root / tail for root in roots] + [root / "media" / tail for root in roots]
+    if isinstance(ours, str):
+        candidates.append(Path(ours))
+    return next((candidate for candidate in candidates if candidate.is_file()), None)
+
+
+def _looked_for(url: str, roots: list[Path]) -> str:
+    relative, name = _url_path(url)
+    what = " and ".join(dict.fromkeys(x for x in (relative, name) if x))
+    return f"looked for {what} under {', '.join(str(root) for root in roots)}"
+
+
+def _destination_name(url: str, image: Path) -> PurePosixPath:
+    """The image's file name in our dataset (an upload's 8-hex prefix dropped)."""
+    _, name = _url_path(url)
+    name = _UPLOAD_PREFIX.sub("", name) if "/data/upload/" in url else name
+    return PurePosixPath(name or image.name)
+
+
+def _image_size(image: Path, origin: str) -> tuple[int, int]:
+    try:
+        return read_image_size(image)
+    except ImageReadError as error:
+        raise DatasetError(f"{origin}: {error}") from None
+
+
+def _region_box(
+    export: Path, region: dict[str, Any], at: str, width: int, height: int, warnings: list[str]
+) -> tuple[tuple[float, float, float, float] | None, str | None]:
+    value = region.get("value")
+    if not isinstance(value, dict):
+        raise DatasetError(f"{export}: {at}: 'value' must be an object")
+    numbers = {}
+    for key in ("x", "y", "width", "height"):
+        if not _number(value.get(key)):
+            raise DatasetError(
+                f"{export}: {at}: value.{key} must be a number (percent), got {value.get(key)!r}"
+            )
+        numbers[key] = float(value[key])
+    labels = value.get("rectanglelabels")
+    if not isinstance(labels, list) or not labels or not all(isinstance(label, str) for label in labels):
+        warnings.append(f"{at}: a box without a label (value.rectanglelabels {labels!r}); left out")
+        return None, None
+    if len(labels) > 1:
+        warnings.append(f"{at}: {len(labels)} labels {labels}; took {labels[0]!r}")
+    stated = (region.get("original_width"), region.get("original_height"))
+    if all(_number(v) for v in stated) and abs(stated[0] * height - stated[1] * width) > max(
+        stated[0], stated[1]
+    ):
+        warnings.append(
+            f"{at}: original size {stated[0]}x{stated[1]} is not the shape of the image ({width}x{height}); "
+            "converted with the image's size"
+        )
+    x, y = numbers["x"] / 100 * width, numbers["y"] / 100 * height
+    box_w, box_h = numbers["width"] / 100 * width, numbers["height"] / 100 * height
+    rotation = value.get("rotation", 0)
+    if _number(rotation) and rotation % 360:
+        return _rotated_about_corner(x, y, box_w, box_h, float(rotation)), labels[0]
+    return (x, y, x + box_w, y + box_h), labels[0]
+
+
+def _rotated_about_corner(
+    x: float, y: float, w: float, h: float, degrees: float
+) -> tuple[float, float, float, float]:
+    """Axis-aligned envelope of the box turned clockwise (y down) by `degrees` about its top-left corner."""
+    angle = math.radians(degrees)
+    cos, sin = math.cos(angle), math.sin(angle)
+    corners = [
+        (x + dx * cos - dy * sin, y + dx * sin + dy * cos) for dx, dy in ((0, 0), (w, 0), (0, h), (w, h))
+    ]
+    xs, ys = [c[0] for c in corners], [c[1] for c in corners]
+    return min(xs), min(ys), max(xs), max(ys)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
