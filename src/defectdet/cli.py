@@ -490,22 +490,32 @@ def serve(
         help="Connections before requests get 503, health probes excepted "
         "(default: concurrency + queue + 64).",
     ),
+    keep: list[str] = typer.Option(
+        [],
+        help="Keep answered images in --keep-dir: none (default), all, flagged (verdict defective), uncertain "
+        "(a detection within --keep-margin of the bundle's threshold), drift (while the drift monitor warns). "
+        "Repeatable or comma-separated.",
+    ),
+    keep_dir: Path | None = typer.Option(
+        None,
+        help="Folder for kept images (images/, templates/, predictions/*.json sidecars); also the folder the "
+        "review page at /review works on.",
+    ),
+    keep_margin: float = typer.Option(0.1, help="'uncertain': score within this of the bundle's threshold."),
+    keep_max_mb: float | None = typer.Option(
+        None,
+        help="Disk cap of the kept files: the oldest unreviewed items are deleted first; when only reviewed "
+        "items are left, new answers are not kept (defectdet_keep_dropped_total{why='cap'}).",
+    ),
 ) -> None:
     """Serve a bundle over HTTP: POST /v1/detect, GET /readyz /metrics /v1/model /openapi.json, a page at /.
 
-    Example: defectdet serve model.onnx --port 8000 --max-concurrency 2
+    Example: defectdet serve model.onnx --port 8000 --keep flagged,uncertain --keep-dir kept --keep-max-mb 2000
     """
     from defectdet.runtime.server import LOOPBACK_HOSTS, TOKEN_ENV, ServeSettings
     from defectdet.runtime.server import serve as run_service
 
-    token = os.environ.get(TOKEN_ENV) or None
-    if token_file is not None:
-        try:
-            token = token_file.read_text().strip()
-        except OSError as error:
-            raise typer.BadParameter(f"cannot read {token_file}: {error.strerror or error}") from None
-        if not token:
-            raise typer.BadParameter(f"{token_file} is empty: write the token into it")
+    token = _read_token(token_file, TOKEN_ENV)
     given = {"max_concurrency": max_concurrency, "max_queue": max_queue, "max_bytes": max_bytes,
              "max_pixels": max_pixels, "threads": threads, "max_connections": max_connections}  # fmt: skip
     try:
@@ -513,12 +523,81 @@ def serve(
             **{key: value for key, value in given.items() if value is not None},
             token=token,
             allowed_hosts=(*LOOPBACK_HOSTS, *allowed_host),
+            keep=tuple(keep),
+            keep_dir=str(keep_dir) if keep_dir is not None else None,
+            keep_margin=keep_margin,
+            keep_max_mb=keep_max_mb,
         )
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        if settings.keep and workers > 1:
+            raise ValueError("--keep runs in one process (one disk cap, one writer): use --workers 1")
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     run_service(bundle, host, port, settings, workers=workers)
+
+
+def _read_token(token_file: Path | None, env: str) -> str | None:
+    token = os.environ.get(env) or None
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as error:
+            raise typer.BadParameter(f"cannot read {token_file}: {error.strerror or error}") from None
+        if not token:
+            raise typer.BadParameter(f"{token_file} is empty: write the token into it")
+    return token
+
+
+@app.command()
+def review(
+    folder: Path = typer.Argument(
+        ...,
+        help="A kept folder (serve --keep-dir) or any folder of images (images/ and optional YOLO labels/).",
+    ),
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
+    port: int = typer.Option(8001, help="TCP port."),
+    token_file: Path | None = typer.Option(
+        None, help="File holding an access token (or set DEFECTDET_TOKEN): the API then needs it."
+    ),
+    operator: str = typer.Option(
+        "", help="Who decides (logged with each decision); or the page's name field."
+    ),
+    classes: str | None = typer.Option(
+        None,
+        help="Class names, comma-separated (default: classes.txt, else the kept sidecars' bundle classes).",
+    ),
+    allowed_host: list[str] = typer.Option([], help="A Host name clients use (repeatable)."),
+    export_coco: Path | None = typer.Option(
+        None, help="Write the reviewed labels as COCO json to this file and exit (no server)."
+    ),
+) -> None:
+    """Review kept images in the browser: accept, clean, skip, re-class, delete or draw boxes -> YOLO labels.
+
+    Example: defectdet review kept/ --operator anna   (then open http://127.0.0.1:8001/review)
+    """
+    from defectdet.runtime.review import ReviewFolder
+    from defectdet.runtime.review_app import run_review
+    from defectdet.runtime.server import LOOPBACK_HOSTS, TOKEN_ENV, ServeSettings
+
+    names = [name.strip() for name in classes.split(",") if name.strip()] if classes else None
+    review_folder = ReviewFolder(folder, names, operator)
+    if export_coco is not None:
+        summary = review_folder.export_coco(export_coco)
+        console.print(
+            f"{summary['images']} images, {summary['annotations']} boxes -> {export_coco}"
+            + (f" ({len(summary['problems'])} left out)" if summary["problems"] else "")
+        )
+        for problem in summary["problems"]:
+            console.print(f"  [yellow]{problem}[/yellow]")
+        return
+    try:
+        settings = ServeSettings(
+            token=_read_token(token_file, TOKEN_ENV), allowed_hosts=(*LOOPBACK_HOSTS, *allowed_host)
+        )
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    run_review(review_folder, host, port, settings)
 
 
 @app.command()

@@ -33,10 +33,13 @@ def encode(image: np.ndarray, ext: str = ".png") -> bytes:
 
 
 class FakePredictor:
-    """Detects pixels >= 240 as one 'short' (score 0.9); `gate` blocks predict until set (`entered` tells that a call
+    """Detects pixels >= 240 as one 'short' (score `score`, 0.9); `gate` blocks predict until set (`entered` tells that a call
     is waiting there); `delay_s` sleeps."""
 
-    def __init__(self, template: bool = False, delay_s: float = 0.0, reference: bool = True) -> None:
+    def __init__(
+        self, template: bool = False, delay_s: float = 0.0, reference: bool = True, score: float = 0.9
+    ) -> None:
+        self.score = score
         stats = [image_statistics(board(seed, blob=seed % 2 == 0)) for seed in range(30)]
         features = np.random.default_rng(0).normal(1.0, 0.1, (30, FEATURES))
         self.metadata = BundleMetadata(
@@ -58,7 +61,11 @@ class FakePredictor:
         self.features = np.ones(FEATURES, np.float32)
 
     def predict(
-        self, image: np.ndarray, template: np.ndarray | None = None, conf: float | None = None
+        self,
+        image: np.ndarray,
+        template: np.ndarray | None = None,
+        conf: float | None = None,
+        min_score: float | None = None,
     ) -> PredictionResult:
         self.entered.set()
         self.gate.wait(30)
@@ -74,11 +81,13 @@ class FakePredictor:
         detections = []
         if len(bright):
             (y1, x1), (y2, x2) = bright.min(0), bright.max(0) + 1
-            detections.append(Detection((float(x1), float(y1), float(x2), float(y2)), 1, "short", 0.9))
-        detections = [detection for detection in detections if detection.score >= threshold]
+            box = (float(x1), float(y1), float(x2), float(y2))
+            detections.append(Detection(box, 1, "short", self.score))
+        floor = threshold if min_score is None else min_score
+        detections = [detection for detection in detections if detection.score >= floor]
         return PredictionResult(
             detections=detections,
-            verdict="defective" if detections else "clean",
+            verdict="defective" if any(d.score >= threshold for d in detections) else "clean",
             threshold=threshold,
             image_size=(image.shape[1], image.shape[0]),
             timings={"decode": 0.01, "letterbox": 0.1, "model": 1.0, "postprocess": 0.1, "total": 1.21},

@@ -37,6 +37,7 @@ ROUTES = frozenset(
         "/v1/results",
         "/metrics",
         "/openapi.json",
+        "/review",
     }
 )
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -116,6 +117,26 @@ class ServiceMetrics:
             registry=registry,
             multiprocess_mode="livemax",
         )
+        self.kept = Counter(
+            "defectdet_kept", "Answers kept (serve --keep) by the policy that kept them", ["reason"],
+            registry=registry,
+        )  # fmt: skip
+        self.keep_errors = Counter(
+            "defectdet_keep_errors", "Answers that could not be kept (a disk error; logged)",
+            registry=registry,
+        )  # fmt: skip
+        self.keep_dropped = Counter(
+            "defectdet_keep_dropped", "Answers a policy chose but not kept: queue full or at the disk cap",
+            ["why"], registry=registry,
+        )  # fmt: skip
+        self.keep_evicted = Counter(
+            "defectdet_keep_evicted", "Unreviewed kept items deleted to stay under --keep-max-mb",
+            registry=registry,
+        )  # fmt: skip
+        self.kept_bytes = Gauge(
+            "defectdet_kept_bytes", "Bytes of kept images, templates and sidecars", registry=registry,
+            multiprocess_mode="livemax",
+        )  # fmt: skip
         for name in class_names:
             self.detections.labels(name)
         for verdict in ("defective", "clean"):
@@ -130,6 +151,8 @@ class ServiceMetrics:
 
     def observe_request(self, path: str, status: int, seconds: float) -> None:
         route = path if path in ROUTES else ("/static" if path.startswith("/static/") else "other")
+        if path.startswith("/v1/review/"):
+            route = "/v1/review"
         self.requests.labels(route, str(status)).inc()
         self.latency.labels(route).observe(seconds)
 

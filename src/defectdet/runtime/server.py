@@ -48,9 +48,11 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from defectdet.data.imageio import decode_image, decode_pair
 from defectdet.errors import DefectDetError, ImageReadError, ImageTooLargeError
+from defectdet.runtime.capture import Capture, KeptItem, keep_reasons, parse_keep
 from defectdet.runtime.metrics import ServiceMetrics
 from defectdet.runtime.monitor import DriftMonitor
 from defectdet.runtime.predictor import PredictionResult, Predictor
+from defectdet.runtime.review import PAGE_HEADERS, ReviewFolder, review_router
 from defectdet.runtime.upload import UploadError, read_form
 
 logger = logging.getLogger(__name__)
@@ -85,6 +87,8 @@ DETECT_BODY_SCHEMA = {
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 HEALTH_ROUTES = frozenset({"/healthz", "/readyz"})
 STATE_CHANGING_ROUTES = frozenset({"/v1/drift/reset"})
+STATE_CHANGING_PREFIXES = ("/v1/review/",)  # every POST under these: the review decisions and export
+PUBLIC_PAGES = frozenset({"/", "/review"})  # HTML without data (its script asks for the token)
 REQUEST_MARK = "X-Defectdet-Request"  # the custom header a state-changing request must carry
 TOKEN_ENV = "DEFECTDET_TOKEN"
 _ADDRESS = re.compile(r"\s*\bat 0x[0-9a-fA-F]+|\b0x[0-9a-fA-F]{6,}")  # not the 0x in '100000x100000'
@@ -114,8 +118,19 @@ class ServeSettings:
     header_timeout_s: float = 10.0
     keep_alive_s: int = 5
     max_connections: int | None = None
+    keep: tuple[str, ...] = ()  # capture policies (runtime.capture); () keeps nothing
+    keep_dir: str | None = None  # kept items, and the folder /review works on
+    keep_margin: float = 0.1
+    keep_max_mb: float | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "keep", parse_keep(tuple(self.keep)))
+        if self.keep and not self.keep_dir:
+            raise ValueError("--keep needs --keep-dir DIR (where the kept images go)")
+        if not 0.0 <= self.keep_margin <= 1.0:
+            raise ValueError(f"keep_margin must be in [0, 1], got {self.keep_margin}")
+        if self.keep_max_mb is not None and not self.keep_max_mb > 0:
+            raise ValueError(f"keep_max_mb must be > 0, got {self.keep_max_mb}")
         for name in ("max_concurrency", "max_bytes", "max_pixels", "history"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -144,7 +159,8 @@ class Service:
         self.predictor = predictor
         self.settings = settings
         self.metadata = predictor.metadata
-        self.version = _bundle_version(predictor)
+        self.sha256 = _bundle_sha256(predictor)
+        self.version = self.sha256[:12]
         reference = self.metadata.drift_reference
         self.monitor = DriftMonitor(reference) if reference else None
         self.metrics = ServiceMetrics(self.metadata.class_names, self.monitor)
@@ -156,6 +172,13 @@ class Service:
         self._warm_up_started = False
         self._lock = threading.Lock()
         self.results: deque[dict[str, Any]] = deque(maxlen=settings.history)
+        self.capture: Capture | None = None
+        self.review: ReviewFolder | None = None
+        if settings.keep_dir:
+            cap = None if settings.keep_max_mb is None else int(settings.keep_max_mb * 2**20)
+            if settings.keep:
+                self.capture = Capture(settings.keep_dir, cap, self.metrics)
+            self.review = ReviewFolder(Path(settings.keep_dir), list(self.metadata.class_names))
 
     # ---------------------------------------------------------------- readiness
     def start(self) -> None:
@@ -238,7 +261,11 @@ class Service:
             if array is not None and array.shape[2:] != ((3,) if meta.channels == 3 else ()):
                 raise ImageReadError(f"{name}: decoded to an unexpected shape {array.shape}")
         decode_ms = (time.perf_counter() - started) * 1e3
-        result = self.predictor.predict(decoded, template=decoded_template, conf=conf)
+        if self.capture is not None and "uncertain" in self.settings.keep:  # see near misses too
+            floor = max(0.0, meta.thresholds.score - self.settings.keep_margin)
+            result = self.predictor.predict(decoded, template=decoded_template, conf=conf, min_score=floor)
+        else:
+            result = self.predictor.predict(decoded, template=decoded_template, conf=conf)
         result.timings["decode"] = result.timings.get("decode", 0.0) + decode_ms
         drift_started = time.perf_counter()
         drift = (
@@ -249,10 +276,42 @@ class Service:
 
     def _timed_infer(
         self, image: bytes, template: bytes | None, conf: float | None
-    ) -> tuple[PredictionResult, dict, float]:
+    ) -> tuple[PredictionResult, dict, float, bool]:
         started = time.perf_counter()  # a worker took it: the wait in the executor's queue ends here
         result, drift = self.infer(image, template, conf)
-        return result, drift, started
+        kept = self.keep(image, template, result, drift)
+        return result, drift, started, kept
+
+    def keep(self, image: bytes, template: bytes | None, result: PredictionResult, drift: dict) -> bool:
+        """Queue the answer for keeping when a policy says so (never raises); drop the detections below the
+        verdict threshold that only the `uncertain` policy asked for. True when queued."""
+        if self.capture is None:
+            return False
+        kept = False
+        try:
+            stored = self.metadata.thresholds.score
+            level = drift.get("level")
+            reasons = keep_reasons(self.settings.keep, result, level, stored, self.settings.keep_margin)
+            if reasons:
+                path = getattr(self.predictor, "path", None)
+                sidecar = {
+                    "time": time.time(),
+                    "reasons": reasons,
+                    "model_version": self.version,
+                    "bundle_sha256": self.sha256,
+                    "bundle": Path(path).name if path else None,
+                    "class_names": list(self.metadata.class_names),
+                    "stored_threshold": stored,
+                    "keep_margin": self.settings.keep_margin,
+                    **result.to_dict(),
+                    "drift": drift,
+                }
+                kept = self.capture.submit(KeptItem(image, template, sidecar))
+        except Exception as error:  # capture never fails a request
+            logger.warning("could not keep an answer: %s", error)
+            self.metrics.keep_errors.inc()
+        result.detections = [d for d in result.detections if d.score >= result.threshold]
+        return kept
 
     async def detect(self, request: Request) -> dict[str, Any]:
         """Read the upload (no place taken yet), then take an inference place and run it."""
@@ -301,7 +360,7 @@ class Service:
             # the place is given back when the work ends, not when this coroutine does: a client that
             # hangs up cannot leave work behind that the queue limit no longer counts
             job.add_done_callback(_release_on(asyncio.get_running_loop(), self.leave))
-            result, drift, queued = await asyncio.wrap_future(job)
+            result, drift, queued, kept = await asyncio.wrap_future(job)
             finished = time.perf_counter()
         finally:
             if not submitted:
@@ -322,6 +381,8 @@ class Service:
             "timings_ms": {key: round(value, 3) for key, value in timings.items()},
             "drift": drift,
         }
+        if self.capture is not None:
+            answer["kept"] = kept
         self.results.appendleft(
             {
                 "time": time.time(),
@@ -372,8 +433,9 @@ def _release_on(loop: asyncio.AbstractEventLoop, release: Any) -> Any:
     return callback
 
 
-def _bundle_version(predictor: Predictor) -> str:
-    """sha256 (12 hex) of the bundle file when there is one, else of its metadata."""
+def _bundle_sha256(predictor: Predictor) -> str:
+    """sha256 (hex) of the bundle file when there is one, else of its metadata; its first 12 hex digits are
+    the model version."""
     path = getattr(predictor, "path", None)
     digest = hashlib.sha256()
     if path is not None and Path(path).is_file():
@@ -382,7 +444,7 @@ def _bundle_version(predictor: Predictor) -> str:
                 digest.update(block)
     else:
         digest.update(predictor.metadata.to_json().encode())
-    return digest.hexdigest()[:12]
+    return digest.hexdigest()
 
 
 async def _stream(request: Request) -> AsyncIterator[bytes]:
@@ -491,8 +553,12 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service.start()
+        if service.capture is not None:
+            service.capture.start()
         yield
         service.executor.shutdown(wait=False, cancel_futures=True)
+        if service.capture is not None:
+            service.capture.stop()
         service.metrics.close()
 
     app = FastAPI(
@@ -586,7 +652,10 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
 
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
-        return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+        return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=PAGE_HEADERS)
+
+    if service.review is not None:
+        app.include_router(review_router(service.review))
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app
@@ -650,10 +719,11 @@ class _Guard:
     1. Host: the Host header's name must be in `allowed_hosts` (or an IP literal): a DNS-rebinding page
        names its own domain. 400 otherwise.
     2. Token: with `settings.token`, `Authorization: Bearer <token>` (constant-time compare); 401
-       otherwise. The page (`/`, `/static/`) holds no data and stays open: its script asks for the token.
+       otherwise. The pages (`/`, `/review`, `/static/`) hold no data and stay open: their scripts ask
+       for the token.
     3. Cross-site: a request that is not GET/HEAD with an `Origin` of another origin, or
        `Sec-Fetch-Site` other than same-origin/none, is refused (403). State-changing routes
-       (`/v1/drift/reset`) also need `X-Defectdet-Request` and a JSON body, which no cross-site form can
+       (`/v1/drift/reset`, every POST under `/v1/review/`) also need `X-Defectdet-Request` and a JSON body, which no cross-site form can
        send without a CORS preflight (never granted here).
     """
 
@@ -684,7 +754,7 @@ class _Guard:
             shown = host[:80] or "(none)"
             return 400, f"Host {shown!r} is not served here; start serve with --allowed-host NAME", None
         path = scope.get("path", "")
-        public = path == "/" or path.startswith("/static/")
+        public = path in PUBLIC_PAGES or path.startswith("/static/")
         if self.token is not None and not public:
             given = headers.get(b"authorization", b"")
             scheme, _, credential = given.partition(b" ")
@@ -701,7 +771,7 @@ class _Guard:
         fetch_site = headers.get(b"sec-fetch-site", b"").decode("latin-1").strip().lower()
         if fetch_site and fetch_site not in ("same-origin", "none"):
             return 403, f"cross-site request refused (Sec-Fetch-Site: {fetch_site[:30]})", None
-        if path in STATE_CHANGING_ROUTES:
+        if path in STATE_CHANGING_ROUTES or path.startswith(STATE_CHANGING_PREFIXES):
             if not headers.get(REQUEST_MARK.lower().encode(), b"").strip():
                 return (
                     403,
@@ -886,6 +956,7 @@ def worker_app() -> FastAPI:
     spec = json.loads(os.environ[_WORKER_ENV])
     values = spec["settings"]
     values["allowed_hosts"] = tuple(values["allowed_hosts"])
+    values["keep"] = tuple(values["keep"])
     values["token"] = os.environ.get(TOKEN_ENV) if spec["token_from_env"] else None
     return create_app(spec["bundle"], ServeSettings(**values))
 
@@ -917,6 +988,8 @@ def serve(
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     settings = settings or ServeSettings()
+    if settings.keep and workers > 1:
+        raise ValueError("--keep runs in one process (one disk cap, one writer): use --workers 1")
     if settings.threads is None:  # share the cores between the concurrent inferences of all workers
         cores = min(physical_cores(), MAX_DEFAULT_THREADS)
         settings = replace(settings, threads=max(1, cores // (settings.max_concurrency * workers)))

@@ -1,0 +1,287 @@
+"""Keeping the images the service answered (`serve --keep`), for review and retraining. No torch import.
+
+Policies (any number): `all`; `flagged` (verdict defective); `uncertain` (a detection scores within
+`margin` of the bundle's stored threshold, on either side: the service then asks the model for detections down
+to threshold - margin and answers only those at or above the threshold); `drift` (the drift monitor warns or
+alerts). `none` keeps nothing.
+
+A kept item is `images/NAME.ext` (the uploaded bytes), `templates/NAME.ext` (when one was sent) and
+`predictions/NAME.json` (the sidecar: predictions, bundle, drift state, threshold, time, reasons), each written
+to a temporary file and moved into place with `os.replace`, the sidecar last. NAME starts with the UTC time,
+so names sort oldest first. Writing runs in one background thread fed by a bounded queue: a request never
+waits for the disk, and capture never fails a request (a disk error is logged and counted).
+
+Disk cap (`max_bytes`): the kept images, templates and sidecars never exceed it. When a new item would pass it,
+the oldest items not yet reviewed (no `labels/NAME.txt`) are deleted first; reviewed items are training data
+and are never deleted, so when only they are left the new item is not kept (counted as `cap`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from defectdet.data.imageio import image_format
+
+if TYPE_CHECKING:
+    from defectdet.runtime.metrics import ServiceMetrics
+    from defectdet.runtime.predictor import PredictionResult
+
+logger = logging.getLogger(__name__)
+
+KEEP_POLICIES = ("none", "all", "flagged", "uncertain", "drift")
+FOLDERS = ("images", "templates", "predictions")
+EXTENSIONS = {"PNG": ".png", "JPEG": ".jpg", "BMP": ".bmp", "TIFF": ".tif", "WebP": ".webp", "PNM": ".pnm"}
+DRIFT_LEVELS = ("warn", "alert")
+
+
+def parse_keep(values: list[str] | tuple[str, ...] | str) -> tuple[str, ...]:
+    """`["flagged,drift", "uncertain"]` -> ("flagged", "drift", "uncertain"); `none` alone -> (); else ValueError."""
+    items = [values] if isinstance(values, str) else list(values)
+    policies: list[str] = []
+    for item in items:
+        for part in item.split(","):
+            name = part.strip().lower()
+            if not name:
+                continue
+            if name not in KEEP_POLICIES:
+                raise ValueError(f"--keep: unknown policy {name!r}; choose from {', '.join(KEEP_POLICIES)}")
+            if name not in policies:
+                policies.append(name)
+    if "none" in policies and len(policies) > 1:
+        raise ValueError(
+            f"--keep: 'none' cannot be combined with {', '.join(p for p in policies if p != 'none')}"
+        )
+    return tuple(policy for policy in policies if policy != "none")
+
+
+def keep_reasons(
+    policies: tuple[str, ...] | frozenset[str],
+    result: PredictionResult,
+    drift_level: str | None,
+    stored_threshold: float,
+    margin: float,
+) -> list[str]:
+    """The policies that keep this answer, in `KEEP_POLICIES` order (empty: not kept).
+
+    `result.detections` may include detections below the verdict threshold (down to threshold - margin).
+    """
+    reasons = []
+    if "all" in policies:
+        reasons.append("all")
+    if "flagged" in policies and result.verdict == "defective":
+        reasons.append("flagged")
+    if "uncertain" in policies and any(
+        abs(detection.score - stored_threshold) <= margin for detection in result.detections
+    ):
+        reasons.append("uncertain")
+    if "drift" in policies and drift_level in DRIFT_LEVELS:
+        reasons.append("drift")
+    return reasons
+
+
+@dataclass
+class KeptItem:
+    """One answer to keep: the uploaded bytes and the sidecar's content."""
+
+    image: bytes
+    template: bytes | None
+    sidecar: dict[str, Any]
+
+
+class Capture:
+    """The keep folder, its disk cap and the writer thread. `submit` never blocks and never raises."""
+
+    def __init__(
+        self,
+        folder: str | Path,
+        max_bytes: int | None = None,
+        metrics: ServiceMetrics | None = None,
+        queue_size: int = 64,
+    ) -> None:
+        self.folder = Path(folder)
+        self.max_bytes = max_bytes
+        self.metrics = metrics
+        self.queue: queue.Queue[KeptItem | None] = queue.Queue(queue_size)
+        self.items: OrderedDict[str, list[Path]] = OrderedDict()  # name -> its files, oldest first
+        self.bytes = 0
+        self.counts: dict[str, int] = {}  # kept by reason, errors, dropped: for tests and the log
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        for name in FOLDERS:
+            (self.folder / name).mkdir(parents=True, exist_ok=True)
+        self._scan()
+
+    # ---------------------------------------------------------------- the folder
+    def _scan(self) -> None:
+        """Index what earlier runs kept (names sort by time), removing temporary files a crash left."""
+        found: dict[str, list[Path]] = {}
+        for sub in FOLDERS:
+            for path in (self.folder / sub).iterdir():
+                if not path.is_file():
+                    continue
+                if path.name.startswith(".") and path.name.endswith(".tmp"):
+                    path.unlink(missing_ok=True)
+                    continue
+                found.setdefault(path.name.split(".")[0], []).append(path)
+        for name in sorted(found):
+            self.items[name] = found[name]
+            self.bytes += sum(_size(path) for path in found[name])
+        self._set_bytes()
+
+    def _set_bytes(self) -> None:
+        if self.metrics is not None:
+            self.metrics.kept_bytes.set(self.bytes)
+
+    def _count(self, key: str, reason: str | None = None) -> None:
+        label = f"{key}:{reason}" if reason else key
+        self.counts[label] = self.counts.get(label, 0) + 1
+        if self.metrics is None:
+            return
+        if key == "kept" and reason:
+            self.metrics.kept.labels(reason).inc()
+        elif key == "error":
+            self.metrics.keep_errors.inc()
+        elif key == "dropped" and reason:
+            self.metrics.keep_dropped.labels(reason).inc()
+        elif key == "evicted":
+            self.metrics.keep_evicted.inc()
+
+    # ---------------------------------------------------------------- the writer thread
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="defectdet-keep", daemon=True)
+                self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Write what is queued, then end the thread."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self.queue.put(None)
+            thread.join(timeout)
+
+    def submit(self, item: KeptItem) -> bool:
+        """Queue `item` for writing; False (counted) when the queue is full."""
+        self.start()
+        try:
+            self.queue.put_nowait(item)
+        except queue.Full:
+            logger.warning("keep queue full (%d items): an answer was not kept", self.queue.maxsize)
+            self._count("dropped", "queue")
+            return False
+        return True
+
+    def drain(self) -> None:
+        """Block until every queued item is written (tests, shutdown)."""
+        self.queue.join()
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            try:
+                if item is None:
+                    return
+                self.write(item)
+            except Exception as error:  # never let the thread die: the next item may succeed
+                logger.warning("could not keep an answer: %s", error)
+                self._count("error")
+            finally:
+                self.queue.task_done()
+
+    # ---------------------------------------------------------------- one item
+    def write(self, item: KeptItem) -> str | None:
+        """Write one item now (the thread calls this); its name, or None when it was not kept."""
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(item.sidecar.get("time", time.time())))
+        name = f"{stamp}Z-{uuid.uuid4().hex[:8]}"
+        extension = EXTENSIONS.get(image_format(item.image) or "", ".bin")
+        files: list[tuple[Path, bytes]] = [(self.folder / "images" / f"{name}{extension}", item.image)]
+        if item.template is not None:
+            template_ext = EXTENSIONS.get(image_format(item.template) or "", ".bin")
+            files.append((self.folder / "templates" / f"{name}{template_ext}", item.template))
+        sidecar = {
+            **item.sidecar,
+            "image": f"images/{files[0][0].name}",
+            "template": f"templates/{files[1][0].name}" if item.template is not None else None,
+        }
+        body = json.dumps(sidecar, indent=1, default=_native).encode()
+        files.append((self.folder / "predictions" / f"{name}.json", body))
+        size = sum(len(data) for _, data in files)
+        if not self._make_room(size):
+            logger.warning(
+                "keep folder at its cap (%d bytes of reviewed items): an answer was not kept", self.bytes
+            )
+            self._count("dropped", "cap")
+            return None
+        written: list[Path] = []
+        try:
+            for path, data in files:  # the sidecar last: an item with a sidecar is complete
+                atomic_write(path, data)
+                written.append(path)
+        except OSError:
+            for path in written:
+                path.unlink(missing_ok=True)
+            raise
+        self.items[name] = [path for path, _ in files]
+        self.bytes += size
+        self._set_bytes()
+        for reason in item.sidecar.get("reasons", []):
+            self._count("kept", reason)
+        return name
+
+    def _make_room(self, size: int) -> bool:
+        """Delete the oldest unreviewed items until `size` more bytes fit under the cap; False if they cannot."""
+        if self.max_bytes is None:
+            return True
+        if size > self.max_bytes:
+            return False
+        for name in list(self.items):
+            if self.bytes + size <= self.max_bytes:
+                break
+            if (self.folder / "labels" / f"{name}.txt").exists():
+                continue  # reviewed: training data, never deleted
+            for path in self.items.pop(name):
+                self.bytes -= _size(path)
+                path.unlink(missing_ok=True)
+            self._count("evicted")
+        self._set_bytes()
+        return self.bytes + size <= self.max_bytes
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same folder and `os.replace`."""
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _native(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")

@@ -1,0 +1,530 @@
+"""Reviewing kept images (or any folder of images with optional YOLO labels): decisions become labels.
+
+Layout of FOLDER: images in `FOLDER/images/` (or FOLDER itself), YOLO labels in `FOLDER/labels/NAME.txt`
+(`class cx cy w h`, normalised), optional templates in `FOLDER/templates/` and the model's predictions in
+`FOLDER/predictions/NAME.json` (what `serve --keep` writes). Decisions:
+
+- `accept` / `edit`: the operator's boxes become `labels/NAME.txt` (accept after reviewing; edit is saved as
+  each box is re-classed, deleted or drawn);
+- `clean`: an empty label file (a defect-free example);
+- `skip`: the image is dropped from the dataset; its label file, if any, is left as it is.
+
+Every decision is written at once (label file through a temporary file and `os.replace`) and appended to
+`FOLDER/decisions.jsonl` with the operator and the time; `FOLDER/reviewed.txt` (a YOLO image list) names the
+images decided and not skipped. A label file with a bad line is shown with the file and line and is never
+rewritten until the operator decides on that image. `export_coco` writes the decided labels as COCO json.
+The HTTP routes (`review_router`) are served by `defectdet serve --keep-dir` and `defectdet review`.
+No torch import.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cv2
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, Response
+
+from defectdet.data.formats import IMAGE_EXTENSIONS
+from defectdet.data.imageio import read_image, read_image_size, read_text_file
+from defectdet.errors import DefectDetError
+from defectdet.runtime.capture import atomic_write
+from defectdet.runtime.upload import UploadError
+
+ACTIONS = ("accept", "edit", "clean", "skip")
+LABELLED = frozenset({"accept", "edit", "clean"})
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+MAX_DECISION_BYTES = 1 << 20
+MAX_BOXES = 1000
+DECISIONS = "decisions.jsonl"
+REVIEWED = "reviewed.txt"
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; "
+        "connect-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+class LabelFileError(DefectDetError):
+    """A label file that does not parse: the message names the file and the line."""
+
+
+@dataclass
+class Box:
+    """One labelled or predicted box in image pixels."""
+
+    class_id: int
+    box: tuple[float, float, float, float]
+    score: float | None = None
+
+    def to_dict(self, class_names: list[str]) -> dict[str, Any]:
+        name = class_names[self.class_id] if 0 <= self.class_id < len(class_names) else str(self.class_id)
+        answer: dict[str, Any] = {
+            "class_id": self.class_id,
+            "class_name": name,
+            "box": [round(v, 2) for v in self.box],
+        }
+        if self.score is not None:
+            answer["score"] = round(self.score, 5)
+        return answer
+
+
+@dataclass
+class Decision:
+    action: str
+    operator: str
+    time: str
+
+
+@dataclass
+class ReviewFolder:
+    """A review folder on disk; thread-safe. `class_names`: None takes them from the sidecars or classes.txt."""
+
+    root: Path
+    class_names: list[str] | None = None
+    operator: str = ""
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    broken: dict[str, str] = field(default_factory=dict)  # image name -> why it cannot be shown
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+        if not self.root.is_dir():
+            raise DefectDetError(f"{self.root}: not a folder (review takes a folder of images)")
+        self._lock = threading.Lock()
+        self._sizes: dict[str, tuple[int, int]] = {}
+        self._read_decisions()
+        if self.class_names is None:
+            self.class_names = self._find_class_names()
+
+    # ---------------------------------------------------------------- layout
+    @property
+    def image_dir(self) -> Path:
+        images = self.root / "images"
+        return images if images.is_dir() else self.root
+
+    @property
+    def label_dir(self) -> Path:
+        return self.root / "labels"
+
+    def images(self) -> list[Path]:
+        """The images, sorted by name (kept items: oldest first)."""
+        return sorted(
+            path
+            for path in self.image_dir.iterdir()
+            if path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file() and not path.name.startswith(".")
+        )
+
+    def image_path(self, name: str) -> Path:
+        """The image called `name` (a file name from the listing); 404 otherwise (no paths from the client)."""
+        if "/" in name or "\\" in name or name.startswith("."):
+            raise UploadError(404, f"no image {name[:80]!r} in this folder")
+        path = self.image_dir / name
+        if path.suffix.lower() not in IMAGE_EXTENSIONS or not path.is_file():
+            raise UploadError(404, f"no image {name[:80]!r} in this folder")
+        return path
+
+    def label_path(self, image: Path) -> Path:
+        return self.label_dir / f"{image.stem}.txt"
+
+    def sidecar(self, image: Path) -> dict[str, Any] | None:
+        path = self.root / "predictions" / f"{image.stem}.json"
+        if not path.is_file():
+            return None
+        try:
+            value = json.loads(read_text_file(path))
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def template_path(self, image: Path) -> Path | None:
+        sidecar = self.sidecar(image) or {}
+        named = sidecar.get("template")
+        if isinstance(named, str) and "/" in named:
+            candidate = self.root / "templates" / Path(named).name
+            if candidate.is_file():
+                return candidate
+        folder = self.root / "templates"
+        if folder.is_dir():
+            for candidate in sorted(folder.glob(f"{image.stem}.*")):
+                if candidate.suffix.lower() in IMAGE_EXTENSIONS:
+                    return candidate
+        return None
+
+    def _find_class_names(self) -> list[str]:
+        classes = self.root / "classes.txt"
+        if classes.is_file():
+            names = [line.strip() for line in read_text_file(classes).splitlines() if line.strip()]
+            if names:
+                return names
+        predictions = self.root / "predictions"
+        if predictions.is_dir():
+            for path in sorted(predictions.glob("*.json")):
+                try:
+                    names = json.loads(read_text_file(path)).get("class_names")
+                except (OSError, ValueError, AttributeError):
+                    continue
+                if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
+                    return names
+        return ["defect"]
+
+    def _read_decisions(self) -> None:
+        path = self.root / DECISIONS
+        if not path.is_file():
+            return
+        for line in read_text_file(path).splitlines():
+            try:
+                entry = json.loads(line)
+                name = Path(entry["image"]).name
+                self.decisions[name] = Decision(
+                    entry["action"], entry.get("operator", ""), entry.get("time", "")
+                )
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn last line after a crash: the label files are the truth
+
+    # ---------------------------------------------------------------- reading
+    def image_size(self, image: Path) -> tuple[int, int]:
+        if image.name not in self._sizes:
+            self._sizes[image.name] = read_image_size(image)
+        return self._sizes[image.name]
+
+    def read_labels(self, image: Path) -> list[Box] | None:
+        """The label file's boxes in pixels; None when there is no label file; LabelFileError on a bad line."""
+        path = self.label_path(image)
+        if not path.is_file():
+            return None
+        width, height = self.image_size(image)
+        shown = path.relative_to(self.root)
+        boxes = []
+        for number, line in enumerate(read_text_file(path).splitlines(), start=1):
+            parts = line.split()
+            if not parts:
+                continue
+            try:
+                values = [float(part) for part in parts]
+            except ValueError:
+                values = []
+            if len(parts) != 5 or len(values) != 5 or not all(math.isfinite(v) for v in values):
+                raise LabelFileError(
+                    f"{shown} line {number}: expected 'class cx cy w h' (5 numbers), got {line.strip()[:60]!r}"
+                )
+            class_id, cx, cy, w, h = values
+            if class_id != int(class_id) or class_id < 0:
+                raise LabelFileError(f"{shown} line {number}: class {parts[0]!r} is not a class index")
+            if not (0 <= cx <= 1 and 0 <= cy <= 1 and 0 < w <= 1 and 0 < h <= 1):
+                raise LabelFileError(
+                    f"{shown} line {number}: centre and size must be normalised to [0, 1], got {line.strip()[:60]!r}"
+                )
+            box = ((cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height)
+            boxes.append(Box(int(class_id), box))
+        return boxes
+
+    def predictions(self, image: Path) -> list[Box]:
+        sidecar = self.sidecar(image) or {}
+        boxes = []
+        for detection in sidecar.get("detections", []) or []:
+            try:
+                boxes.append(
+                    Box(
+                        int(detection["class_id"]),
+                        tuple(float(v) for v in detection["box"][:4]),
+                        detection.get("score"),
+                    )
+                )
+            except (KeyError, TypeError, ValueError):
+                continue
+        return boxes
+
+    def item(self, image: Path) -> dict[str, Any]:
+        """What the page shows for one image."""
+        names = self.class_names or []
+        entry: dict[str, Any] = {"name": image.name, "status": "pending", "error": None, "label_error": None}
+        decision = self.decisions.get(image.name)
+        if decision is not None:
+            entry.update(status=decision.action, operator=decision.operator, decided=decision.time)
+        sidecar = self.sidecar(image) or {}
+        entry["reasons"] = sidecar.get("reasons", [])
+        entry["verdict"] = sidecar.get("verdict")
+        entry["template"] = self.template_path(image) is not None
+        entry["predictions"] = [box.to_dict(names) for box in self.predictions(image)]
+        if image.name in self.broken:
+            entry["error"] = self.broken[image.name]
+            entry["boxes"] = []
+            return entry
+        try:
+            entry["size"] = list(self.image_size(image))
+        except (DefectDetError, OSError) as error:
+            entry["error"] = str(error)
+            entry["boxes"] = []
+            return entry
+        try:
+            labels = self.read_labels(image)
+        except LabelFileError as error:
+            entry["label_error"] = str(error)
+            labels = None
+        except OSError as error:
+            entry["label_error"] = (
+                f"{self.label_path(image).relative_to(self.root)}: {error.strerror or error}"
+            )
+            labels = None
+        if labels is not None and decision is None:
+            entry["status"] = "labelled"
+        entry["boxes"] = (
+            [box.to_dict(names) for box in labels] if labels is not None else entry["predictions"]
+        )
+        return entry
+
+    def listing(self) -> dict[str, Any]:
+        items = [self.item(image) for image in self.images()]
+        counts: dict[str, int] = {"items": len(items), "broken": 0, "label_errors": 0}
+        for entry in items:
+            counts[entry["status"]] = counts.get(entry["status"], 0) + 1
+            counts["broken"] += entry["error"] is not None
+            counts["label_errors"] += entry["label_error"] is not None
+        return {
+            "folder": self.root.name,
+            "class_names": self.class_names,
+            "operator": self.operator,
+            "items": items,
+            "counts": counts,
+        }
+
+    def render(self, image: Path) -> bytes:
+        """The image as PNG for the browser (any accepted format, EXIF rotation applied); a decode failure
+        marks it broken (shown and counted on the page) and answers 422."""
+        try:
+            array = read_image(image, channels=3)
+            ok, encoded = cv2.imencode(".png", cv2.cvtColor(array, cv2.COLOR_RGB2BGR))
+            if not ok:
+                raise DefectDetError(f"{image.name}: could not be re-encoded for the page")
+        except (DefectDetError, OSError, cv2.error, MemoryError) as error:
+            reason = " ".join(str(error).split()) or type(error).__name__
+            self.broken[image.name] = reason
+            raise UploadError(422, f"{image.name}: {reason}") from None
+        self._sizes[image.name] = (array.shape[1], array.shape[0])
+        return encoded.tobytes()
+
+    # ---------------------------------------------------------------- deciding
+    def decide(
+        self, name: str, action: str, boxes: Any = None, operator: str | None = None
+    ) -> dict[str, Any]:
+        """Save one decision on image `name` (label file and log); the updated item. UploadError on bad input."""
+        image = self.image_path(name)
+        if action not in ACTIONS:
+            raise UploadError(422, f"action must be one of {', '.join(ACTIONS)}, got {str(action)[:30]!r}")
+        who = " ".join(str(operator or self.operator or "").split())[:80]
+        if not who:
+            raise UploadError(422, "name the operator: the page's name field or review --operator NAME")
+        if image.name in self.broken:
+            if action != "skip":
+                raise UploadError(
+                    422, f"{image.name} cannot be decoded ({self.broken[image.name]}): only skip"
+                )
+            parsed: list[Box] = []
+        else:
+            try:
+                size = self.image_size(image)
+            except (DefectDetError, OSError) as error:
+                if action != "skip":
+                    raise UploadError(422, f"{image.name}: {error}") from None
+                size = (1, 1)
+            parsed = self._parse_boxes(boxes, size) if action in ("accept", "edit") else []
+        label = self.label_path(image)
+        with self._lock:
+            if action in LABELLED:
+                label.parent.mkdir(parents=True, exist_ok=True)
+                width, height = self.image_size(image)
+                atomic_write(label, "".join(_yolo_line(box, width, height) for box in parsed).encode())
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            entry = {
+                "time": stamp,
+                "operator": who,
+                "image": str(image.relative_to(self.root)),
+                "action": action,
+                "boxes": [box.to_dict(self.class_names or []) for box in parsed],
+                "labels": str(label.relative_to(self.root)) if action in LABELLED else None,
+            }
+            _append_line(self.root / DECISIONS, json.dumps(entry))
+            self.decisions[image.name] = Decision(action, who, stamp)
+            self._write_reviewed()
+        return self.item(image)
+
+    def _parse_boxes(self, boxes: Any, size: tuple[int, int]) -> list[Box]:
+        if not isinstance(boxes, list):
+            raise UploadError(422, "boxes must be a list of {class_id, box: [x1, y1, x2, y2]}")
+        if len(boxes) > MAX_BOXES:
+            raise UploadError(422, f"at most {MAX_BOXES} boxes per image, got {len(boxes)}")
+        width, height = size
+        classes = len(self.class_names or [])
+        parsed = []
+        for index, value in enumerate(boxes):
+            where = f"boxes[{index}]"
+            if not isinstance(value, dict):
+                raise UploadError(422, f"{where}: expected an object with class_id and box")
+            class_id = value.get("class_id")
+            if not isinstance(class_id, int) or isinstance(class_id, bool) or not 0 <= class_id < classes:
+                raise UploadError(
+                    422, f"{where}.class_id must be an integer in [0, {classes - 1}], got {class_id!r}"
+                )
+            coords = value.get("box")
+            if (
+                not isinstance(coords, list)
+                or len(coords) != 4
+                or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                    for v in coords
+                )
+            ):
+                raise UploadError(422, f"{where}.box must be 4 finite numbers [x1, y1, x2, y2] in pixels")
+            x1, y1, x2, y2 = (float(v) for v in coords)
+            x1, x2 = sorted((min(max(x1, 0.0), width), min(max(x2, 0.0), width)))
+            y1, y2 = sorted((min(max(y1, 0.0), height), min(max(y2, 0.0), height)))
+            if x2 - x1 < 1 or y2 - y1 < 1:
+                raise UploadError(422, f"{where}: the box is empty inside the {width}x{height} image")
+            parsed.append(Box(class_id, (x1, y1, x2, y2)))
+        return parsed
+
+    def _write_reviewed(self) -> None:
+        lines = [
+            f"./{image.relative_to(self.root)}\n"
+            for image in self.images()
+            if self.decisions.get(image.name, Decision("", "", "")).action in LABELLED
+        ]
+        atomic_write(self.root / REVIEWED, "".join(lines).encode())
+
+    # ---------------------------------------------------------------- export
+    def export_coco(self, out: str | Path) -> dict[str, Any]:
+        """COCO json of the labelled images (decided and not skipped, or with a hand-made label file and no
+        decision). Images whose label file has a bad line or that cannot be read are left out and listed."""
+        out = Path(out)
+        names = self.class_names or []
+        images, annotations, problems = [], [], []
+        for image in self.images():
+            decision = self.decisions.get(image.name)
+            if decision is not None and decision.action == "skip":
+                continue
+            try:
+                labels = self.read_labels(image)
+                width, height = self.image_size(image)
+            except (DefectDetError, OSError) as error:
+                problems.append(str(error))
+                continue
+            if labels is None:
+                continue
+            image_id = len(images) + 1
+            relative = os.path.relpath(image.resolve(), out.resolve().parent)
+            images.append(
+                {"id": image_id, "file_name": Path(relative).as_posix(), "width": width, "height": height}
+            )
+            for box in labels:
+                if box.class_id >= len(names):
+                    problems.append(
+                        f"{self.label_path(image).relative_to(self.root)}: class {box.class_id} unnamed"
+                    )
+                    continue
+                x1, y1, x2, y2 = box.box
+                annotations.append(
+                    {
+                        "id": len(annotations) + 1,
+                        "image_id": image_id,
+                        "category_id": box.class_id + 1,
+                        "bbox": [round(x1, 2), round(y1, 2), round(x2 - x1, 2), round(y2 - y1, 2)],
+                        "area": round((x2 - x1) * (y2 - y1), 2),
+                        "iscrowd": 0,
+                    }
+                )
+        document = {
+            "images": images,
+            "annotations": annotations,
+            "categories": [{"id": index + 1, "name": name} for index, name in enumerate(names)],
+        }
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out, json.dumps(document, indent=1).encode())
+        return {
+            "path": str(out),
+            "images": len(images),
+            "annotations": len(annotations),
+            "problems": problems,
+        }
+
+
+def _yolo_line(box: Box, width: int, height: int) -> str:
+    x1, y1, x2, y2 = box.box
+    cx, cy = (x1 + x2) / 2 / width, (y1 + y2) / 2 / height
+    w, h = (x2 - x1) / width, (y2 - y1) / height
+    return f"{box.class_id} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}\n"
+
+
+def _append_line(path: Path, line: str) -> None:
+    """One whole line per write on an O_APPEND descriptor, synced: a crash can only tear the last line."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(descriptor, (line + "\n").encode())
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_DECISION_BYTES:
+            raise UploadError(413, f"a decision is at most {MAX_DECISION_BYTES} bytes")
+    try:
+        value = json.loads(bytes(body) or b"{}")
+    except ValueError as error:
+        raise UploadError(400, f"the body is not JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise UploadError(422, "the body must be a JSON object")
+    return value
+
+
+def review_router(folder: ReviewFolder, export_name: str = "annotations.coco.json") -> APIRouter:
+    """The page at /review and its API under /v1/review/ (POSTs go through the service's guard)."""
+    router = APIRouter()
+
+    @router.get("/review", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC_DIR / "review.html", media_type="text/html", headers=PAGE_HEADERS)
+
+    @router.get("/v1/review/items", summary="The review folder: items, their boxes and status")
+    async def items() -> dict[str, Any]:
+        return folder.listing()
+
+    @router.get("/v1/review/image/{name}", summary="One image as PNG")
+    async def image(name: str) -> Response:
+        return Response(folder.render(folder.image_path(name)), media_type="image/png")
+
+    @router.get("/v1/review/template/{name}", summary="The template of one image as PNG")
+    async def template(name: str) -> Response:
+        path = folder.template_path(folder.image_path(name))
+        if path is None:
+            raise UploadError(404, f"{name[:80]} has no template")
+        return Response(folder.render(path), media_type="image/png")
+
+    @router.post("/v1/review/decide", summary="Save a decision: accept, edit, clean or skip")
+    async def decide(request: Request) -> dict[str, Any]:
+        body = await _json_body(request)
+        name = body.get("image")
+        if not isinstance(name, str):
+            raise UploadError(422, "image: the image's file name (from /v1/review/items)")
+        return folder.decide(name, str(body.get("action")), body.get("boxes"), body.get("operator"))
+
+    @router.post("/v1/review/export", summary="Write the labels as COCO json in the folder")
+    async def export(request: Request) -> dict[str, Any]:
+        await _json_body(request)
+        summary = folder.export_coco(folder.root / export_name)
+        summary["path"] = export_name
+        return summary
+
+    return router

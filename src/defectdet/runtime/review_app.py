@@ -1,0 +1,76 @@
+"""`defectdet review FOLDER`: the review page and its API on their own, without a bundle. No torch import.
+
+The same routes as `serve --keep-dir` (`runtime.review.review_router`) behind the service's guards: Host check,
+the optional token on every route but the page and its static files, cross-site refusals, and on every POST
+the `X-Defectdet-Request` header and a JSON body. Errors are JSON `{"error", "status"}`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from defectdet.errors import DefectDetError
+from defectdet.runtime.review import ReviewFolder, review_router
+from defectdet.runtime.server import (
+    STATIC_DIR,
+    ServeSettings,
+    _error,
+    _Guard,
+    _JSONErrors,
+    _run_uvicorn,
+    uvicorn_config,
+)
+from defectdet.runtime.upload import UploadError
+
+
+def create_review_app(folder: ReviewFolder | str | Path, settings: ServeSettings | None = None) -> FastAPI:
+    """The review app over `folder` (a `ReviewFolder` or a path)."""
+    settings = settings or ServeSettings()
+    review = folder if isinstance(folder, ReviewFolder) else ReviewFolder(Path(folder))
+    app = FastAPI(
+        title="defectdet review", docs_url=None, redoc_url=None, description="Review kept images into labels."
+    )
+    app.state.review = review
+    app.add_middleware(_Guard, settings=settings)
+    app.add_middleware(_JSONErrors)
+
+    @app.exception_handler(UploadError)
+    async def upload_error(request: Request, error: UploadError) -> JSONResponse:
+        return _error(error.status, error.reason, error.headers)
+
+    @app.exception_handler(DefectDetError)
+    async def input_error(request: Request, error: DefectDetError) -> JSONResponse:
+        return _error(422, str(error))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        return _error(error.status_code, str(error.detail), getattr(error, "headers", None))
+
+    @app.get("/", include_in_schema=False)
+    async def home() -> Any:
+        return RedirectResponse("/review")
+
+    app.include_router(review_router(review))
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app
+
+
+def run_review(
+    folder: ReviewFolder | str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8001,
+    settings: ServeSettings | None = None,
+) -> None:
+    """Serve the review page until interrupted (what `defectdet review` does)."""
+    import logging
+
+    settings = settings or ServeSettings()
+    app = create_review_app(folder, settings)
+    logging.getLogger(__name__).info("review page on http://%s:%d/review", host, port)
+    _run_uvicorn(app, uvicorn_config(app, host, port, settings))

@@ -1,0 +1,204 @@
+"""`serve --keep`: the capture policies, atomic items with sidecars, the disk cap, and capture through the service."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from server_fakes import FakePredictor, board, encode
+
+from defectdet.runtime import capture as capture_module
+from defectdet.runtime.capture import Capture, KeptItem, keep_reasons, parse_keep
+from defectdet.runtime.predictor import Detection, PredictionResult
+from defectdet.runtime.server import ServeSettings, create_app
+
+
+def _result(scores: list[float], threshold: float = 0.5) -> PredictionResult:
+    detections = [Detection((1.0, 1.0, 5.0, 5.0), 0, "open", score) for score in scores]
+    verdict = "defective" if any(score >= threshold for score in scores) else "clean"
+    return PredictionResult(detections, verdict, threshold, (10, 10), {})
+
+
+def test_parse_keep_takes_repeats_and_commas_and_refuses_unknown_names() -> None:
+    assert parse_keep(["flagged,drift", "uncertain", "flagged"]) == ("flagged", "drift", "uncertain")
+    assert parse_keep(["none"]) == () and parse_keep([]) == ()
+    with pytest.raises(ValueError, match="unknown policy 'flaged'"):
+        parse_keep(["flaged"])
+    with pytest.raises(ValueError, match="'none' cannot be combined"):
+        parse_keep("none,all")
+    with pytest.raises(ValueError, match="--keep-dir"):
+        ServeSettings(keep=("all",))
+
+
+@pytest.mark.parametrize(
+    ("policies", "scores", "drift", "expected"),
+    [
+        (("all",), [], "ok", ["all"]),
+        (("flagged",), [0.9], "ok", ["flagged"]),
+        (("flagged",), [0.3], "ok", []),
+        (("uncertain",), [0.45], "ok", ["uncertain"]),  # below the threshold, within the margin
+        (("uncertain",), [0.58], "ok", ["uncertain"]),  # above it, within the margin
+        (("uncertain",), [0.9, 0.2], "ok", []),  # far on both sides
+        (("drift",), [], "warn", ["drift"]),
+        (("drift",), [], "alert", ["drift"]),
+        (("drift",), [], "ok", []),
+        (("drift",), [], "unknown", []),
+        (("flagged", "uncertain", "drift"), [0.55], "warn", ["flagged", "uncertain", "drift"]),
+    ],
+)
+def test_keep_reasons_per_policy(
+    policies: tuple[str, ...], scores: list[float], drift: str, expected: list[str]
+) -> None:
+    assert keep_reasons(policies, _result(scores), drift, stored_threshold=0.5, margin=0.1) == expected
+
+
+def _item(size: int = 1000, template: bool = False) -> KeptItem:
+    image = b"\x89PNG\r\n\x1a\n" + bytes(size - 8)  # a PNG signature: kept as .png
+    return KeptItem(
+        image, image if template else None, {"time": 1_700_000_000.0, "reasons": ["all"], "verdict": "clean"}
+    )
+
+
+def test_an_item_is_the_uploaded_bytes_a_template_and_a_sidecar_written_last(tmp_path: Path) -> None:
+    data = encode(board(1))
+    capture = Capture(tmp_path)
+    name = capture.write(KeptItem(data, data[::-1], {"time": 1.0, "reasons": ["flagged"], "verdict": "x"}))
+    assert name is not None and name.startswith("19700101T000001Z-")
+    assert (tmp_path / "images" / f"{name}.png").read_bytes() == data
+    assert (tmp_path / "templates" / f"{name}.bin").read_bytes() == data[::-1]  # not an image format: .bin
+    sidecar = json.loads((tmp_path / "predictions" / f"{name}.json").read_text())
+    assert sidecar["reasons"] == ["flagged"] and sidecar["image"] == f"images/{name}.png"
+    assert sidecar["template"] == f"templates/{name}.bin"
+    assert not list(tmp_path.rglob("*.tmp"))
+    assert capture.bytes == sum(path.stat().st_size for path in tmp_path.rglob("*") if path.is_file())
+
+
+def test_a_failed_replace_leaves_no_partial_item(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    capture = Capture(tmp_path)
+    calls = {"n": 0}
+    real_replace = capture_module.os.replace
+
+    def replace_then_fail(source: str, target: str) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the sidecar's move fails (disk full)
+            raise OSError(28, "No space left on device")
+        real_replace(source, target)
+
+    monkeypatch.setattr(capture_module.os, "replace", replace_then_fail)
+    with pytest.raises(OSError, match="No space"):
+        capture.write(_item(500))
+    assert not [path for path in tmp_path.rglob("*") if path.is_file()]  # image removed, no temp file left
+    assert capture.bytes == 0 and not capture.items
+
+
+def test_the_disk_cap_deletes_the_oldest_unreviewed_items_and_never_exceeds(tmp_path: Path) -> None:
+    capture = Capture(tmp_path, max_bytes=5000)
+    names = []
+    for index in range(8):
+        item = _item(1000)
+        item.sidecar["time"] = 1_700_000_000.0 + index
+        names.append(capture.write(item))
+        on_disk = sum(path.stat().st_size for path in tmp_path.rglob("*") if path.is_file())
+        assert on_disk <= 5000 and on_disk == capture.bytes
+    kept = sorted(path.stem for path in (tmp_path / "images").iterdir())
+    assert kept == names[-len(kept) :] and len(kept) < 8  # the newest stay
+    assert capture.counts["evicted"] == 8 - len(kept)
+
+
+def test_reviewed_items_are_never_deleted_so_the_cap_stops_keeping(tmp_path: Path) -> None:
+    capture = Capture(tmp_path, max_bytes=3000)
+    first = capture.write(_item(1000))
+    second = capture.write(_item(1000))
+    (tmp_path / "labels").mkdir()
+    for name in (first, second):
+        (tmp_path / "labels" / f"{name}.txt").write_text("0 0.5 0.5 0.1 0.1\n")
+    assert capture.write(_item(1000)) is None
+    assert capture.counts["dropped:cap"] == 1
+    assert sorted(path.stem for path in (tmp_path / "images").iterdir()) == sorted([first, second])
+    assert capture.write(_item(5000)) is None  # larger than the whole cap
+
+
+def test_a_restart_counts_what_is_there_and_removes_torn_temporary_files(tmp_path: Path) -> None:
+    Capture(tmp_path).write(_item(700, template=True))
+    (tmp_path / "images" / ".x.png.abc123.tmp").write_bytes(b"torn")
+    again = Capture(tmp_path, max_bytes=10_000)
+    assert len(again.items) == 1 and again.bytes == sum(
+        path.stat().st_size for path in tmp_path.rglob("*") if path.is_file()
+    )
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+# ------------------------------------------------------------------ through the service
+@pytest.fixture
+def keep_client(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[TestClient]:
+    policies, score = getattr(request, "param", (("flagged",), 0.9))
+    settings = ServeSettings(keep=policies, keep_dir=str(tmp_path / "kept"))
+    app = create_app(FakePredictor(score=score), settings)
+    with TestClient(app, base_url="http://localhost") as client:
+        assert app.state.service.ready.wait(30)
+        yield client
+
+
+def _detect(client: TestClient, blob: bool = True) -> dict:
+    response = client.post("/v1/detect", files={"image": encode(board(3, blob=blob))})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_flagged_answers_are_kept_with_a_sidecar_and_counted(keep_client: TestClient, tmp_path: Path) -> None:
+    assert _detect(keep_client)["kept"] is True
+    assert _detect(keep_client, blob=False)["kept"] is False
+    service = keep_client.app.state.service
+    service.capture.drain()
+    (sidecar_path,) = (tmp_path / "kept" / "predictions").iterdir()
+    sidecar = json.loads(sidecar_path.read_text())
+    assert sidecar["reasons"] == ["flagged"] and sidecar["verdict"] == "defective"
+    assert sidecar["detections"][0]["class_name"] == "short"
+    assert len(sidecar["bundle_sha256"]) == 64 and sidecar["bundle_sha256"].startswith(
+        sidecar["model_version"]
+    )
+    assert sidecar["stored_threshold"] == 0.25 and sidecar["drift"]["level"] in ("ok", "warn", "alert")
+    assert sidecar["class_names"][1] == "short" and sidecar["time"] > 0
+    image = tmp_path / "kept" / sidecar["image"]
+    assert image.read_bytes() == encode(board(3))
+    metrics = keep_client.get("/metrics").text
+    assert 'defectdet_kept_total{reason="flagged"} 1.0' in metrics
+    assert f"defectdet_kept_bytes {float(service.capture.bytes)}" in metrics
+
+
+@pytest.mark.parametrize("keep_client", [(("uncertain",), 0.2)], indirect=True)
+def test_uncertain_keeps_a_near_miss_but_answers_only_what_passes_the_threshold(
+    keep_client: TestClient, tmp_path: Path
+) -> None:
+    body = _detect(keep_client)
+    assert body["kept"] is True and body["verdict"] == "clean" and body["detections"] == []
+    keep_client.app.state.service.capture.drain()
+    (sidecar_path,) = (tmp_path / "kept" / "predictions").iterdir()
+    sidecar = json.loads(sidecar_path.read_text())
+    assert sidecar["reasons"] == ["uncertain"] and sidecar["detections"][0]["score"] == 0.2
+
+
+def test_a_disk_error_never_fails_the_request(
+    keep_client: TestClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def full(path: Path, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(capture_module, "atomic_write", full)
+    with caplog.at_level(logging.WARNING):
+        assert _detect(keep_client)["kept"] is True  # queued; the write fails later, off the request
+        keep_client.app.state.service.capture.drain()
+    assert "could not keep an answer" in caplog.text and "No space" in caplog.text
+    assert "defectdet_keep_errors_total 1.0" in keep_client.get("/metrics").text
+    assert _detect(keep_client)["verdict"] == "defective"
+
+
+def test_without_keep_the_answer_has_no_kept_field() -> None:
+    app = create_app(FakePredictor(), ServeSettings())
+    with TestClient(app, base_url="http://localhost") as client:
+        assert app.state.service.ready.wait(30)
+        assert "kept" not in _detect(client)
