@@ -40,7 +40,7 @@ from defectdet.data.sample import DatasetSplit, Sample  # noqa: E402
 from defectdet.engine.checkpoint import load_detector  # noqa: E402
 from defectdet.engine.predict import predict_records, registration_summary  # noqa: E402
 from defectdet.evaluation.threshold import board_rates, threshold_for_escape  # noqa: E402
-from defectdet.postprocess import PostprocessSettings  # noqa: E402
+from defectdet.runtime.spec import ModelSpec  # noqa: E402
 
 TARGET_ESCAPE = 0.01
 
@@ -81,11 +81,11 @@ def folds(split: DatasetSplit) -> tuple[list[Sample], list[Sample], str]:
 class Runner:
     def __init__(self, checkpoint: Path, imgsz: int | None) -> None:
         self.model, state = load_detector(checkpoint)
-        config = state.get("config") or {}
-        self.imgsz = imgsz or int(config.get("imgsz") or 640)
-        self.template = bool(self.model.template)
-        self.channels = self.model.in_channels // (2 if self.template else 1)
-        self.settings = PostprocessSettings.from_config(config)
+        spec = ModelSpec.from_checkpoint(state, checkpoint)
+        self.imgsz = imgsz or spec.input_size
+        self.template = spec.template
+        self.channels = spec.channels
+        self.settings = spec.postprocess
         self.checkpoint = checkpoint
         self.seconds = 0.0
 

@@ -150,19 +150,19 @@ def ours_records(checkpoint: Path, samples: list[Sample]) -> tuple[torch.nn.Modu
     `samples`."""
     from defectdet.engine.checkpoint import load_detector
     from defectdet.engine.predict import predict_records
-    from defectdet.postprocess import PostprocessSettings
+    from defectdet.runtime.spec import ModelSpec
 
     model, state = load_detector(checkpoint)
     config = state.get("config") or {}
-    template = bool(model.template)
+    spec = ModelSpec.from_checkpoint(state, checkpoint)
     records, skipped = predict_records(
         model,
         samples,
-        imgsz=int(config.get("imgsz") or 640),
-        channels=model.in_channels // (2 if template else 1),
-        use_template=template,
-        register_pairs=bool(config.get("register_pairs", True)),
-        postprocess_settings=PostprocessSettings.from_config(config),
+        imgsz=spec.input_size,
+        channels=spec.channels,
+        use_template=spec.template,
+        register_pairs=spec.registration,
+        postprocess_settings=spec.postprocess,
     )
     if skipped:
         raise SystemExit(f"unreadable images: {skipped[:3]}")
