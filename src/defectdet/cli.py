@@ -628,7 +628,212 @@ def _parse_strides(text: str | None) -> list[int] | None:
         ) from None
 
 
+labels_app = typer.Typer(
+    help="Interchange with labelling tools: Label Studio tasks and exports, CVAT's COCO 1.0, COCO json.",
+    no_args_is_help=True,
+)
+_EXISTING_HELP = (
+    "A label file in OUT_DIR that already holds other boxes: refuse (default; nothing is written), merge "
+    "(keep its boxes, add the new ones) or replace."
+)
+
+
+def _names(text: str | None) -> list[str] | None:
+    return [name.strip() for name in text.split(",") if name.strip()] if text else None
+
+
+def _unknown_policy(add_classes: bool, skip_unknown: bool) -> str:
+    if add_classes and skip_unknown:
+        raise typer.BadParameter("--add-classes and --skip-unknown exclude each other")
+    return "add" if add_classes else "skip" if skip_unknown else "error"
+
+
+def _print_import(report, split: str) -> None:
+    """The counts of one import (an `ImportReport`)."""
+    console.print(
+        f"[green]{split}[/green]: {report.images_copied} image(s) copied, {report.images_present} already there; "
+        f"labels: {report.labels_written} new, {report.labels_merged} merged, {report.labels_replaced} replaced, "
+        f"{report.labels_unchanged} unchanged; {report.boxes} box(es) -> {report.data_yaml}"
+    )
+    console.print(f"classes: {', '.join(report.class_names)}")
+    if report.added_classes:
+        console.print(f"[yellow]added classes[/yellow]: {', '.join(report.added_classes)}")
+    if report.skipped_boxes:
+        console.print(f"[yellow]{report.skipped_boxes} box(es) of unknown classes skipped[/yellow]")
+    for line in report.skipped_images:
+        console.print(f"[yellow]skipped[/yellow] {line}")
+    for line in report.warnings[:20]:
+        console.print(f"[yellow]warning[/yellow] {line}")
+    if len(report.warnings) > 20:
+        console.print(f"[yellow]... and {len(report.warnings) - 20} more warnings[/yellow]")
+
+
+@labels_app.command("export-labelstudio")
+def export_labelstudio(
+    source: Path = typer.Argument(
+        ...,
+        help="`defectdet predict`'s --out folder (or its predictions.jsonl), a `serve --keep` folder, or a "
+        "folder of images with a prediction <stem>.json beside each.",
+    ),
+    out: Path = typer.Argument(..., help="Tasks JSON to write (import it in Label Studio)."),
+    config: Path | None = typer.Option(
+        None, help="Labelling config XML to write (default: <OUT stem>_config.xml beside OUT)."
+    ),
+    classes: str | None = typer.Option(
+        None, help="Class names, comma-separated (default: predict's classes.txt, then the predicted names)."
+    ),
+    model_version: str = typer.Option(
+        "defectdet", help="model_version of the pre-annotations (default: the bundle a sidecar names)."
+    ),
+    document_root: Path | None = typer.Option(
+        None,
+        help="Label Studio's LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT: image URLs are paths below it "
+        "(default: the folder holding all the images).",
+    ),
+    url_prefix: str = typer.Option(
+        "/data/local-files/?d=", help="Put before each image's path below --document-root."
+    ),
+    images: Path | None = typer.Option(
+        None, help="Where the images predictions.jsonl names are now, when they moved since."
+    ),
+    min_score: float | None = typer.Option(
+        None, help="Leave out detections under this score (default: the threshold each record states)."
+    ),
+) -> None:
+    """Our predictions -> Label Studio import tasks with pre-annotations, and the labelling config.
+
+    Example: defectdet labels export-labelstudio runs/line3 tasks.json --document-root /data/line3
+    """
+    from defectdet.data.formats.labelstudio import export_tasks
+
+    result = export_tasks(
+        source, out, config_path=config, classes=_names(classes), model_version=model_version,
+        document_root=document_root, url_prefix=url_prefix, images=images, min_score=min_score,
+    )  # fmt: skip
+    console.print(
+        f"[green]wrote[/green] {result.tasks} task(s), {result.predictions} with pre-annotations "
+        f"({result.regions} box(es)) -> {result.tasks_path}"
+    )
+    console.print(
+        f"[green]labelling config[/green] ({', '.join(result.class_names)}) -> {result.config_path}"
+    )
+    console.print(
+        f"image URLs are below {result.document_root} (set LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT to it)"
+    )
+    for line in result.skipped:
+        console.print(f"[yellow]left out (predict failed)[/yellow] {line}")
+
+
+@labels_app.command("import-labelstudio")
+def import_labelstudio(
+    export: Path = typer.Argument(..., help="Label Studio's 'JSON' export (a list of tasks)."),
+    out_dir: Path = typer.Argument(..., help="YOLO dataset folder to import into (made when absent)."),
+    classes: str | None = typer.Option(
+        None,
+        help="Class names, comma-separated, in id order (default: OUT_DIR's data.yaml, else the export's).",
+    ),
+    images: list[Path] = typer.Option(
+        [], help="Folder to find task images in (repeatable; default: the export's folder)."
+    ),
+    split: str = typer.Option("train", help="Split to import into."),
+    add_classes: bool = typer.Option(False, "--add-classes", help="Append classes not in the list to it."),
+    skip_unknown: bool = typer.Option(False, "--skip-unknown", help="Drop boxes of classes not in the list."),
+    existing: str = typer.Option("refuse", help=_EXISTING_HELP),
+    skip_missing: bool = typer.Option(
+        False, "--skip-missing", help="Import the rest when images are missing."
+    ),
+    link: bool = typer.Option(False, "--link", help="Symlink images instead of copying them."),
+    image_key: str | None = typer.Option(
+        None, help="The task data field holding the image (default: image)."
+    ),
+) -> None:
+    """A Label Studio JSON export -> YOLO labels + data.yaml, images copied (or linked).
+
+    Example: defectdet labels import-labelstudio project-1.json data/line3 --images /data/line3
+    """
+    from defectdet.data.formats.labelstudio import import_export
+
+    report, unlabelled = import_export(
+        export, out_dir, images=images or None, split=split, classes=_names(classes),
+        unknown=_unknown_policy(add_classes, skip_unknown), existing=existing, link=link,
+        skip_missing=skip_missing, image_key=image_key,
+    )  # fmt: skip
+    _print_import(report, split)
+    if unlabelled:
+        console.print(f"{unlabelled} task(s) without an annotation left out")
+
+
+@labels_app.command("import-coco")
+def import_coco(
+    export: Path = typer.Argument(
+        ..., help="CVAT 'COCO 1.0' export: the unzipped folder (annotations/, images/) or a COCO json."
+    ),
+    out_dir: Path = typer.Argument(..., help="YOLO dataset folder to import into (made when absent)."),
+    classes: str | None = typer.Option(
+        None,
+        help="Class names, comma-separated, in id order (default: OUT_DIR's data.yaml, else the export's).",
+    ),
+    images: list[Path] = typer.Option([], help="More folders to find images in (repeatable)."),
+    split: str = typer.Option("train", help="Split for the 'default' subset (or a single json)."),
+    add_classes: bool = typer.Option(False, "--add-classes", help="Append classes not in the list to it."),
+    skip_unknown: bool = typer.Option(False, "--skip-unknown", help="Drop boxes of classes not in the list."),
+    existing: str = typer.Option("refuse", help=_EXISTING_HELP),
+    skip_missing: bool = typer.Option(
+        False, "--skip-missing", help="Import the rest when images are missing."
+    ),
+    link: bool = typer.Option(False, "--link", help="Symlink images instead of copying them."),
+    crowd: bool = typer.Option(
+        True, "--crowd/--no-crowd", help="Keep iscrowd annotations (CVAT's masks) by their box."
+    ),
+) -> None:
+    """A CVAT COCO 1.0 export (or any COCO json) -> YOLO labels + data.yaml, images copied (or linked).
+
+    Example: defectdet labels import-coco cvat-task-12/ data/line3 --split val
+    """
+    from defectdet.data.formats.cvat import import_coco as run_import
+
+    for result in run_import(
+        export, out_dir, images=images or None, split=split, classes=_names(classes),
+        unknown=_unknown_policy(add_classes, skip_unknown), existing=existing, link=link,
+        skip_missing=skip_missing, keep_crowd=crowd,
+    ):  # fmt: skip
+        console.print(f"{result.json_path}:")
+        _print_import(result.report, result.split)
+        if result.crowd:
+            console.print(f"{result.crowd} crowd (mask) annotation(s) kept by their box")
+
+
+@labels_app.command("export-coco")
+def export_coco_command(
+    data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
+    out: Path = typer.Argument(..., help="COCO json to write."),
+    split: str = typer.Option("train", help="Split to export."),
+    image_root: Path | None = typer.Option(
+        None,
+        help="file_names are relative to this folder (default: the folder holding all the split's images).",
+    ),
+    format: str | None = typer.Option(None, "--format", help="yolo|coco|voc|deeppcb (default: detected)."),
+) -> None:
+    """One split of our dataset -> COCO json (category ids 1..K) for tools that import COCO, e.g. CVAT.
+
+    Example: defectdet labels export-coco data/line3 line3-train.json --split train
+    """
+    from defectdet.data.formats.interchange import export_coco
+
+    result = export_coco(data, out, split=split, format=format, image_root=image_root)
+    console.print(
+        f"[green]wrote[/green] {result.images} image(s), {result.annotations} box(es), "
+        f"{len(result.categories)} categories ({', '.join(result.categories)}) -> {result.path}"
+    )
+    console.print(f"file_names are relative to {result.image_root}")
+    if result.warnings:
+        console.print(
+            f"[yellow]{len(result.warnings)} warning(s)[/yellow]: defectdet check {data} lists them"
+        )
+
+
 app.add_typer(doctor_app, name="doctor")
+app.add_typer(labels_app, name="labels")
 
 
 def main() -> None:
