@@ -1,0 +1,268 @@
+"""The review API (`defectdet review`, `serve --keep-dir`): decisions -> YOLO label files and the JSONL log, bad
+input, the guards, and COCO export."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from server_fakes import FakePredictor, board, encode
+
+from defectdet.data.formats import load_dataset
+from defectdet.runtime.review import ReviewFolder
+from defectdet.runtime.review_app import create_review_app
+from defectdet.runtime.server import ServeSettings, create_app
+
+CLASSES = ["open", "short", "mousebite"]
+POST_HEADERS = {"X-Defectdet-Request": "1"}
+BAD_LABEL = "0 0.5 0.5 0.2 0.2\n1 0.5 oops 0.2 0.2\n"
+
+
+def make_folder(root: Path) -> Path:
+    """images/a.png (200x100, a sidecar with one predicted box), b.png (a hand-edited label file with a bad
+    line 2), c.png (truncated: a valid header, no pixels), d.png (no labels), notes.png (not an image)."""
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    (root / "predictions").mkdir()
+    wide = board(1, size=200)[:100]
+    (root / "images" / "a.png").write_bytes(encode(wide))
+    (root / "images" / "b.png").write_bytes(encode(board(2, size=120)))
+    (root / "images" / "c.png").write_bytes(encode(board(3, size=120))[:60])
+    (root / "images" / "d.png").write_bytes(encode(board(4, size=80, blob=False)))
+    (root / "images" / "notes.png").write_bytes(b"these are my notes, not an image")
+    (root / "labels" / "b.txt").write_text(BAD_LABEL)
+    sidecar = {
+        "reasons": ["flagged"],
+        "verdict": "defective",
+        "class_names": CLASSES,
+        "detections": [{"class_id": 1, "class_name": "short", "score": 0.9, "box": [50, 40, 90, 70]}],
+    }
+    (root / "predictions" / "a.json").write_text(json.dumps(sidecar))
+    return root
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    return make_folder(tmp_path / "kept")
+
+
+@pytest.fixture
+def client(folder: Path) -> Iterator[TestClient]:
+    app = create_review_app(ReviewFolder(folder, operator=""), ServeSettings())
+    with TestClient(app, base_url="http://localhost") as client:
+        yield client
+
+
+def _decide(client: TestClient, image: str, action: str, boxes: list | None = None, **extra: object):
+    payload = {"image": image, "action": action, "boxes": boxes or [], "operator": "anna", **extra}
+    return client.post("/v1/review/decide", json=payload, headers=POST_HEADERS)
+
+
+def _log(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "decisions.jsonl").read_text().splitlines()]
+
+
+def test_the_listing_shows_predictions_label_errors_and_broken_images(client: TestClient) -> None:
+    body = client.get("/v1/review/items").json()
+    assert body["class_names"] == CLASSES  # from the kept sidecars
+    items = {item["name"]: item for item in body["items"]}
+    assert [item["name"] for item in body["items"]] == ["a.png", "b.png", "c.png", "d.png", "notes.png"]
+    assert items["a.png"]["boxes"] == [
+        {"class_id": 1, "class_name": "short", "box": [50, 40, 90, 70], "score": 0.9}
+    ]
+    assert items["a.png"]["status"] == "pending" and items["a.png"]["reasons"] == ["flagged"]
+    assert items["b.png"]["label_error"].startswith("labels/b.txt line 2: expected 'class cx cy w h'")
+    assert "not an accepted image format" in items["notes.png"]["error"]
+    assert body["counts"]["broken"] == 1 and body["counts"]["label_errors"] == 1
+    # the truncated PNG passes the header check; showing it fails, and from then on it is listed broken
+    refused = client.get("/v1/review/image/c.png")
+    assert refused.status_code == 422 and "c.png" in refused.json()["error"]
+    assert client.get("/v1/review/items").json()["counts"]["broken"] == 2
+    shown = client.get("/v1/review/image/a.png")
+    assert shown.status_code == 200 and shown.headers["content-type"] == "image/png"
+
+
+def test_accept_writes_the_boxes_as_yolo_labels_and_logs_who_and_when(
+    client: TestClient, folder: Path
+) -> None:
+    response = _decide(client, "a.png", "accept", [{"class_id": 1, "box": [50, 40, 90, 70]}])
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] == "accept"
+    assert (folder / "labels" / "a.txt").read_text() == "1 0.350000 0.550000 0.200000 0.300000\n"
+    (entry,) = _log(folder)
+    assert entry["operator"] == "anna" and entry["action"] == "accept" and entry["image"] == "images/a.png"
+    assert entry["labels"] == "labels/a.txt" and entry["time"].endswith("Z")
+    assert (folder / "reviewed.txt").read_text() == "./images/a.png\n"
+    assert not list(folder.rglob("*.tmp"))
+
+
+def test_reclass_delete_and_draw_are_saved_at_once(client: TestClient, folder: Path) -> None:
+    label = folder / "labels" / "a.txt"
+    _decide(client, "a.png", "edit", [{"class_id": 2, "box": [50, 40, 90, 70]}])  # re-classed
+    assert label.read_text() == "2 0.350000 0.550000 0.200000 0.300000\n"
+    drawn = [{"class_id": 2, "box": [50, 40, 90, 70]}, {"class_id": 0, "box": [0, 0, 20, 10]}]
+    _decide(client, "a.png", "edit", drawn)  # a box drawn
+    assert label.read_text().splitlines()[1] == "0 0.050000 0.050000 0.100000 0.100000"
+    _decide(client, "a.png", "edit", drawn[1:])  # the first deleted
+    assert label.read_text() == "0 0.050000 0.050000 0.100000 0.100000\n"
+    # a box past the edge is clipped to the image
+    _decide(client, "a.png", "edit", [{"class_id": 0, "box": [190, 90, 260, 130]}])
+    assert label.read_text() == "0 0.975000 0.950000 0.050000 0.100000\n"
+    assert [entry["action"] for entry in _log(folder)] == ["edit"] * 4
+
+
+def test_clean_writes_an_empty_label_file_and_skip_drops_the_image(client: TestClient, folder: Path) -> None:
+    assert _decide(client, "d.png", "clean").status_code == 200
+    assert (folder / "labels" / "d.txt").read_text() == ""
+    assert _decide(client, "a.png", "skip").json()["status"] == "skip"
+    assert not (folder / "labels" / "a.txt").exists()
+    assert (folder / "reviewed.txt").read_text() == "./images/d.png\n"
+    assert _decide(client, "notes.png", "skip").status_code == 200  # a broken image can be skipped
+    refused = _decide(client, "notes.png", "accept")
+    assert refused.status_code == 422 and "notes.png" in refused.json()["error"]
+    # a reload reads the log back
+    again = ReviewFolder(folder)
+    assert again.decisions["a.png"].action == "skip" and again.decisions["d.png"].operator == "anna"
+
+
+def test_a_bad_label_file_is_not_rewritten_until_the_operator_decides(
+    client: TestClient, folder: Path
+) -> None:
+    label = folder / "labels" / "b.txt"
+    client.get("/v1/review/items")
+    client.post("/v1/review/export", json={}, headers=POST_HEADERS)
+    _decide(client, "a.png", "accept", [{"class_id": 0, "box": [1, 1, 9, 9]}])
+    assert label.read_text() == BAD_LABEL
+    _decide(client, "b.png", "accept", [{"class_id": 0, "box": [0, 0, 60, 60]}])
+    assert label.read_text() == "0 0.250000 0.250000 0.500000 0.500000\n"
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "words"),
+    [
+        (
+            {"image": "a.png", "action": "accept", "boxes": [{"class_id": 7, "box": [0, 0, 5, 5]}]},
+            422,
+            "class_id",
+        ),
+        (
+            {"image": "a.png", "action": "accept", "boxes": [{"class_id": 0, "box": [0, 0, 5]}]},
+            422,
+            "4 finite",
+        ),
+        (
+            {"image": "a.png", "action": "accept", "boxes": [{"class_id": 0, "box": [5, 5, 5, 9]}]},
+            422,
+            "empty",
+        ),
+        ({"image": "a.png", "action": "burn"}, 422, "action must be one of"),
+        ({"image": "../decisions.jsonl", "action": "skip"}, 404, "no image"),
+        ({"image": "zz.png", "action": "skip"}, 404, "no image"),
+        ({"action": "skip"}, 422, "image"),
+    ],
+)
+def test_bad_decisions_get_a_4xx_with_the_reason(
+    client: TestClient, folder: Path, payload: dict, status: int, words: str
+) -> None:
+    response = client.post("/v1/review/decide", json={"operator": "anna", **payload}, headers=POST_HEADERS)
+    assert response.status_code == status, response.text
+    assert words in response.json()["error"]
+    assert not (folder / "decisions.jsonl").exists() and not (folder / "labels" / "a.txt").exists()
+
+
+def test_a_decision_needs_an_operator(client: TestClient) -> None:
+    response = _decide(client, "a.png", "clean", operator=" ")
+    assert response.status_code == 422 and "operator" in response.json()["error"]
+
+
+def test_state_changes_need_the_header_json_and_the_same_origin(client: TestClient, folder: Path) -> None:
+    payload = {"image": "a.png", "action": "clean", "operator": "anna"}
+    assert client.post("/v1/review/decide", json=payload).status_code == 403  # no X-Defectdet-Request
+    form = client.post("/v1/review/decide", data=payload, headers=POST_HEADERS)  # what an HTML form sends
+    assert form.status_code == 415
+    evil = {**POST_HEADERS, "Origin": "http://evil.example"}
+    assert client.post("/v1/review/decide", json=payload, headers=evil).status_code == 403
+    site = {**POST_HEADERS, "Sec-Fetch-Site": "cross-site"}
+    assert client.post("/v1/review/decide", json=payload, headers=site).status_code == 403
+    rebound = client.post("/v1/review/decide", json=payload, headers={**POST_HEADERS, "Host": "evil.example"})
+    assert rebound.status_code == 400
+    assert not (folder / "labels" / "a.txt").exists()
+
+
+def test_with_a_token_every_route_but_the_page_needs_it(folder: Path) -> None:
+    app = create_review_app(folder, ServeSettings(token="s3cret"))
+    with TestClient(app, base_url="http://localhost") as client:
+        page = client.get("/review")
+        assert page.status_code == 200 and "default-src 'none'" in page.headers["content-security-policy"]
+        assert client.get("/static/review.js").status_code == 200
+        assert client.get("/v1/review/items").status_code == 401
+        assert client.get("/v1/review/image/a.png").status_code == 401
+        assert _decide(client, "a.png", "clean").status_code == 401
+        auth = {"Authorization": "Bearer s3cret"}
+        assert client.get("/v1/review/items", headers=auth).status_code == 200
+        ok = client.post(
+            "/v1/review/decide",
+            json={"image": "a.png", "action": "clean", "operator": "x"},
+            headers={**auth, **POST_HEADERS},
+        )
+        assert ok.status_code == 200
+
+
+def test_export_coco_reads_back_as_a_coco_dataset(client: TestClient, folder: Path) -> None:
+    _decide(
+        client,
+        "a.png",
+        "accept",
+        [{"class_id": 1, "box": [50, 40, 90, 70]}, {"class_id": 2, "box": [0, 0, 20, 10]}],
+    )
+    _decide(client, "d.png", "clean")
+    _decide(client, "notes.png", "skip")
+    response = client.post("/v1/review/export", json={}, headers=POST_HEADERS)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["images"] == 2 and body["annotations"] == 2 and body["path"] == "annotations.coco.json"
+    assert any("labels/b.txt line 2" in problem for problem in body["problems"])
+    split = load_dataset(folder / "annotations.coco.json", format="coco")
+    samples = {sample.image_path.name: sample for sample in split.samples}
+    assert set(samples) == {"a.png", "d.png"} and split.class_names == CLASSES
+    assert samples["d.png"].boxes.shape[0] == 0
+    boxes = sorted(samples["a.png"].boxes.tolist())
+    assert boxes == [[0, 0, 20, 10], [50, 40, 90, 70]]
+    assert sorted(samples["a.png"].classes.tolist()) == [1, 2]
+
+
+def test_serve_with_keep_dir_reviews_what_it_kept(tmp_path: Path) -> None:
+    settings = ServeSettings(keep=("flagged",), keep_dir=str(tmp_path / "kept"))
+    app = create_app(FakePredictor(), settings)
+    with TestClient(app, base_url="http://localhost") as client:
+        assert app.state.service.ready.wait(30)
+        assert client.post("/v1/detect", files={"image": encode(board(5))}).json()["kept"] is True
+        app.state.service.capture.drain()
+        (item,) = client.get("/v1/review/items").json()["items"]
+        assert item["boxes"][0]["box"] == [50, 40, 90, 70] and item["reasons"] == ["flagged"]
+        response = _decide(client, item["name"], "accept", [{"class_id": 1, "box": [50, 40, 90, 70]}])
+        assert response.status_code == 200, response.text
+        stem = item["name"].rsplit(".", 1)[0]
+        assert (
+            tmp_path / "kept" / "labels" / f"{stem}.txt"
+        ).read_text() == "1 0.437500 0.343750 0.250000 0.187500\n"
+        assert "default-src 'none'" in client.get("/").headers["content-security-policy"]
+        assert 'route="/v1/review"' in client.get("/metrics").text
+
+
+def test_review_cli_exports_coco(folder: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from defectdet.cli import app
+
+    ReviewFolder(folder).decide("a.png", "accept", [{"class_id": 0, "box": [10, 10, 30, 30]}], "anna")
+    out = tmp_path / "out" / "labels.json"
+    result = CliRunner().invoke(app, ["review", str(folder), "--export-coco", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "1 images, 1 boxes" in result.output and "labels/b.txt line 2" in result.output
+    document = json.loads(out.read_text())
+    assert document["images"][0]["file_name"] == "../kept/images/a.png"
+    assert document["annotations"][0]["bbox"] == [10, 10, 20, 20]
