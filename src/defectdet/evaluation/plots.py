@@ -213,6 +213,79 @@ def _misses_and_false_alarms(
     return len(record.gt_boxes) - hits, int(kept.sum()) - hits
 
 
+def _draw_record(
+    axes,
+    record: ImageRecord,
+    load: Callable[[ImageRecord], np.ndarray | None],
+    class_names: Sequence[str],
+    score_threshold: float,
+    iou_threshold: float,
+) -> int:
+    """Draw one record on `axes`: the image, ground truth (green, dashed; a missed one named under its box) and
+    the predictions >= threshold (red, class + score). Returns how many predictions were drawn."""
+    from matplotlib.patches import Rectangle
+
+    image = load(record)
+    if image is None:
+        image = np.full((max(record.height, 1), max(record.width, 1)), 128, dtype=np.uint8)
+    axes.imshow(image, cmap="gray" if image.ndim == 2 else None, vmin=0, vmax=255)
+    axes.axis("on")  # a thin frame: binarized boards are mostly white
+    axes.set_xticks([])
+    axes.set_yticks([])
+    for spine in axes.spines.values():
+        spine.set_edgecolor("#9e9e9e")
+    kept = record.det_scores >= score_threshold
+    same_class = record.gt_classes[:, None] == record.det_classes[kept][None, :]
+    found = ((box_iou(record.gt_boxes, record.det_boxes[kept]) >= iou_threshold) & same_class).any(axis=1)
+    for box, class_id, was_found in zip(record.gt_boxes, record.gt_classes, found, strict=True):
+        if not was_found:  # name the missed defect under its box
+            name = class_names[class_id] if 0 <= class_id < len(class_names) else str(class_id)
+            axes.text(
+                box[0],
+                box[3] + 2,
+                f"missed {name}",
+                color="black",
+                fontsize=8,
+                va="top",
+                bbox={"facecolor": GT_COLOR, "edgecolor": "none", "pad": 1.0, "alpha": 0.85},
+            )
+        axes.add_patch(
+            Rectangle(
+                (box[0], box[1]),
+                box[2] - box[0],
+                box[3] - box[1],
+                fill=False,
+                edgecolor=GT_COLOR,
+                linewidth=1.6,
+                linestyle="--",
+            )
+        )
+    for box, score, class_id in zip(
+        record.det_boxes[kept], record.det_scores[kept], record.det_classes[kept], strict=True
+    ):
+        axes.add_patch(
+            Rectangle(
+                (box[0], box[1]),
+                box[2] - box[0],
+                box[3] - box[1],
+                fill=False,
+                edgecolor=PRED_COLOR,
+                linewidth=1.4,
+            )
+        )
+        name = class_names[class_id] if 0 <= class_id < len(class_names) else str(class_id)
+        axes.text(
+            box[0],
+            box[1] - 2,
+            f"{name} {score:.2f}",
+            color="white",
+            fontsize=8,
+            va="bottom",
+            bbox={"facecolor": PRED_COLOR, "edgecolor": "none", "pad": 1.0, "alpha": 0.85},
+        )
+    return int(kept.sum())
+
+
 def plot_prediction_grid(
     records: Sequence[ImageRecord],
     class_names: Sequence[str],
@@ -249,67 +322,10 @@ def plot_prediction_grid(
     for axes in panels.flat:
         axes.axis("off")
     for axes, record in zip(panels.flat, chosen, strict=False):
-        image = load(record)
-        if image is None:
-            image = np.full((max(record.height, 1), max(record.width, 1)), 128, dtype=np.uint8)
-        axes.imshow(image, cmap="gray" if image.ndim == 2 else None, vmin=0, vmax=255)
-        axes.axis("on")  # a thin frame: binarized boards are mostly white
-        axes.set_xticks([])
-        axes.set_yticks([])
-        for spine in axes.spines.values():
-            spine.set_edgecolor("#9e9e9e")
-        kept = record.det_scores >= score_threshold
-        same_class = record.gt_classes[:, None] == record.det_classes[kept][None, :]
-        found = ((box_iou(record.gt_boxes, record.det_boxes[kept]) >= iou_threshold) & same_class).any(axis=1)
-        for box, class_id, was_found in zip(record.gt_boxes, record.gt_classes, found, strict=True):
-            if not was_found:  # name the missed defect under its box
-                name = class_names[class_id] if 0 <= class_id < len(class_names) else str(class_id)
-                axes.text(
-                    box[0],
-                    box[3] + 2,
-                    f"missed {name}",
-                    color="black",
-                    fontsize=8,
-                    va="top",
-                    bbox={"facecolor": GT_COLOR, "edgecolor": "none", "pad": 1.0, "alpha": 0.85},
-                )
-            axes.add_patch(
-                Rectangle(
-                    (box[0], box[1]),
-                    box[2] - box[0],
-                    box[3] - box[1],
-                    fill=False,
-                    edgecolor=GT_COLOR,
-                    linewidth=1.6,
-                    linestyle="--",
-                )
-            )
-        for box, score, class_id in zip(
-            record.det_boxes[kept], record.det_scores[kept], record.det_classes[kept], strict=True
-        ):
-            axes.add_patch(
-                Rectangle(
-                    (box[0], box[1]),
-                    box[2] - box[0],
-                    box[3] - box[1],
-                    fill=False,
-                    edgecolor=PRED_COLOR,
-                    linewidth=1.4,
-                )
-            )
-            name = class_names[class_id] if 0 <= class_id < len(class_names) else str(class_id)
-            axes.text(
-                box[0],
-                box[1] - 2,
-                f"{name} {score:.2f}",
-                color="white",
-                fontsize=8,
-                va="bottom",
-                bbox={"facecolor": PRED_COLOR, "edgecolor": "none", "pad": 1.0, "alpha": 0.85},
-            )
         missed, false_alarms = errors[id(record)]
+        kept = _draw_record(axes, record, load, class_names, score_threshold, iou_threshold)
         axes.set_title(
-            f"{record.image_id}\n{len(record.gt_boxes)} gt, {int(kept.sum())} pred: "
+            f"{record.image_id}\n{len(record.gt_boxes)} gt, {kept} pred: "
             f"{missed} missed, {false_alarms} false",
             fontsize=10,
         )
@@ -326,6 +342,58 @@ def plot_prediction_grid(
     )
     selection = "images with the most errors" if worst_first else "first images"
     figure.suptitle(f"Validation predictions at conf >= {score_threshold:.3f} ({selection})", y=0.998)
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.45 / figure.get_figheight()))
+    return _save(figure, out_path)
+
+
+def plot_comparison_grid(
+    pairs: Sequence[tuple[ImageRecord, ImageRecord, str]],
+    class_names: Sequence[str],
+    out_path: str | Path,
+    thresholds: tuple[float, float],
+    labels: tuple[str, str] = ("OLD", "NEW"),
+    load_image: Callable[[ImageRecord], np.ndarray | None] | None = None,
+    iou_threshold: float = 0.5,
+) -> Path:
+    """One row per image, the two models side by side: (left record, right record, why they are shown).
+
+    Each panel is drawn as `plot_prediction_grid` draws one (ground truth green and dashed, that model's
+    predictions >= its own threshold in red) and titled with the model, its verdict and its errors."""
+    plt = _pyplot()
+    from matplotlib.patches import Rectangle
+
+    if not pairs:
+        raise ValueError("plot_comparison_grid: no image to draw")
+    load = load_image or _read_with_cv2
+    rows = len(pairs)
+    figure, panels = plt.subplots(rows, 2, figsize=(5.8 * 2, 6.3 * rows), squeeze=False)
+    for row, (left, right, reason) in zip(panels, pairs, strict=True):
+        for axes, record, label, threshold in zip(row, (left, right), labels, thresholds, strict=True):
+            missed, false_alarms = _misses_and_false_alarms(
+                record, len(class_names), threshold, iou_threshold
+            )
+            kept = _draw_record(axes, record, load, class_names, threshold, iou_threshold)
+            flagged = "defective" if kept else "clean"
+            axes.set_title(
+                f"{label} (conf >= {threshold:.3f}): {record.image_id}\n{flagged}, {len(record.gt_boxes)} gt, "
+                f"{kept} pred: {missed} missed, {false_alarms} false",
+                fontsize=10,
+            )
+        row[0].text(
+            0.0, -0.02, reason, transform=row[0].transAxes, fontsize=9, va="top", ha="left", color="#37474f"
+        )
+    figure.legend(
+        handles=[
+            Rectangle((0, 0), 1, 1, fill=False, edgecolor=GT_COLOR, linestyle="--", label="ground truth"),
+            Rectangle((0, 0), 1, 1, fill=False, edgecolor=PRED_COLOR, label="prediction (class score)"),
+        ],
+        loc="upper center",
+        ncol=2,
+        bbox_to_anchor=(0.5, 0.985),
+        fontsize=10,
+        frameon=False,
+    )
+    figure.suptitle(f"Where {labels[0]} and {labels[1]} disagree, each at its own threshold", y=0.998)
     figure.tight_layout(rect=(0, 0, 1, 1 - 0.45 / figure.get_figheight()))
     return _save(figure, out_path)
 
