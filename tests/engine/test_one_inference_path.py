@@ -14,7 +14,7 @@ from defectdet.data.synth import synthesize_dataset
 from defectdet.engine.checkpoint import load_checkpoint
 from defectdet.engine.config import TrainConfig
 from defectdet.engine.trainer import train
-from defectdet.engine.validate import validate
+from defectdet.engine.validate import ValidateSettings, validate
 from defectdet.errors import ConfigError
 
 
@@ -81,17 +81,18 @@ def test_clean_boards_and_threshold_from_another_split(trained) -> None:
     rows = list(csv.DictReader((out / "registration.csv").open()))
     assert len(rows) == 2 * val_images and all(abs(float(row["dx"])) <= 8 for row in rows)
 
-    given = validate(
-        result.best_checkpoint,
-        data_yaml,
+    given_settings = ValidateSettings(
         split="val",
         protocol="coco",
-        out=root / "given",
         clean_templates=True,
         clean_nuisance=RecaptureConfig.none(),
         conf_threshold=0.5,
         register_pairs=False,
     )
+    given = validate(
+        result.best_checkpoint, data_yaml, given_settings, out=root / "given"
+    )  # keywords apply over
+    assert (root / "given" / "report.html").is_file()
     assert given["threshold"]["rule"] == "given" and given["headline"]["conf_threshold"] == 0.5
     assert given["registration"] is None
     by_f1 = validate(
@@ -140,3 +141,24 @@ def test_clean_boards_for_a_model_without_templates(trained, tmp_path) -> None:
     val_images = len(load_dataset(data_yaml, "val").samples)
     assert metrics["registration"] is None and metrics["boards"]["clean_boards"] == val_images
     assert metrics["num_images"] == 2 * val_images
+
+
+def test_validate_settings_take_keywords_over_them_and_refuse_bad_ones(tmp_path) -> None:
+    base = ValidateSettings(split="test", protocol="coco", conf_threshold=0.3)
+    merged = ValidateSettings.merged(base, {"conf_threshold": 0.6, "out": tmp_path})
+    assert (merged.split, merged.protocol, merged.conf_threshold, merged.out) == (
+        "test",
+        "coco",
+        0.6,
+        tmp_path,
+    )
+    assert (
+        ValidateSettings.merged(base, {}) is base and ValidateSettings.merged(None, {}) == ValidateSettings()
+    )
+    with pytest.raises(TypeError, match="protcol"):
+        validate(tmp_path / "none.pt", tmp_path, protcol="coco")
+    # refused in the CLI's words before anything is loaded (the checkpoint does not exist)
+    with pytest.raises(ConfigError, match="--protocol must be one of"):
+        validate(tmp_path / "none.pt", tmp_path, ValidateSettings(protocol="voc"))
+    with pytest.raises(ConfigError, match="either --conf or --conf-from"):
+        validate(tmp_path / "none.pt", tmp_path, base, conf_from="train")

@@ -13,10 +13,12 @@ import csv
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 from rich.table import Table
 
@@ -78,123 +80,203 @@ def write_registrations(records: Sequence[ImageRecord], path: Path) -> None:
                 writer.writerow((record.image_id, *(record.registration[name] for name in fields)))
 
 
-def validate(
-    checkpoint: str | Path,
-    data: str | Path,
-    *,
-    split: str = "val",
-    protocol: str = "both",
-    out: str | Path | None = None,
-    conf_threshold: float | None = None,
-    conf_from: str | None = None,
-    target_escape: float = DEFAULT_TARGET_ESCAPE,
-    conf_rule: str = "escape",
-    target_recall: float = 0.99,
-    clean_templates: bool = False,
-    clean_nuisance: RecaptureConfig | None = None,
-    register_pairs: bool | None = None,
-    tiles: bool | None = None,
-    seed: int = 0,
-    batch: int = DEFAULT_EVAL_BATCH,
-    format: str | None = None,
-    imgsz: int | None = None,
-    threads: int | None = None,
-    console: Console | None = None,
-) -> dict[str, Any]:
-    """Evaluate `checkpoint` (or a bundle) on `split` of `data`; writes metrics.json, plots and report.html into `out`.
+class ValidateSettings(BaseModel):
+    """How `validate` scores a model: the split and protocol, the output folder, how the operating threshold
+    is chosen, clean boards, and overrides of the model's own input settings (None: as trained/exported).
 
-    Prediction is `engine.predict.predict_records`, the path the trainer's evaluation runs. Images are read in
-    this process (no loader workers) so the per-stage timings are real.
-
-    - Operating threshold: `conf_threshold` when given; else with `conf_from` (another split of `data`) the highest
-      threshold whose board escape rate there is <= `target_escape` (`conf_rule="escape"`) or its best pooled
-      box F1 (`conf_rule="f1"`, for box-scoring protocols such as DeepPCB's F); `conf_from="bundle"`: a bundle's stored
-      `thresholds.score`; else the best-F1 threshold of the reported records themselves (optimistic; the report
-      says so).
-      `metrics["threshold"]` records the value, rule and source.
+    - Operating threshold: `conf_threshold` when given; else with `conf_from` (another split of the data) the
+      highest threshold whose board escape rate there is <= `target_escape` (`conf_rule="escape"`) or its best
+      pooled box F1 (`conf_rule="f1"`, for box-scoring protocols such as DeepPCB's F); `conf_from="bundle"`: a
+      bundle's stored `thresholds.score`; else the best-F1 threshold of the reported records themselves
+      (optimistic; the report says so). `metrics["threshold"]` records the value, rule and source.
     - `clean_templates`: add a clean board per template, a recapture with `clean_nuisance` (default
-      `RecaptureConfig()`; `RecaptureConfig.none()` feeds the template as its own tested image).
+      `RecaptureConfig()`; `RecaptureConfig.none()` feeds the template as its own tested image), seeded by `seed`.
     - `register_pairs`: align each template to its tested image (None: as the model was trained, default on).
     - `tiles`: also run native-resolution tiles of images much larger than the letterbox (`data.tiling`;
       None: as the bundle or the training run chose).
     """
-    from defectdet.data.formats import load_dataset
-    from defectdet.evaluation.report import evaluate_records, to_jsonable
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    split: str = "val"
+    protocol: str = "both"  # one of PROTOCOLS
+    out: str | Path | None = None  # default runs/val/<checkpoint stem>
+    conf_threshold: float | None = None
+    conf_from: str | None = None
+    target_escape: float = DEFAULT_TARGET_ESCAPE
+    conf_rule: str = "escape"  # one of CONF_RULES
+    target_recall: float = 0.99
+    clean_templates: bool = False
+    clean_nuisance: RecaptureConfig | None = None
+    register_pairs: bool | None = None
+    tiles: bool | None = None
+    seed: int = 0
+    batch: int = DEFAULT_EVAL_BATCH
+    format: str | None = None  # dataset format (None: detected)
+    imgsz: int | None = None
+    threads: int | None = None
+
+    def check(self) -> None:
+        """Raise ConfigError, in the CLI's words, for values or combinations `validate` cannot run."""
+        if self.protocol not in PROTOCOLS:
+            raise ConfigError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        if self.conf_threshold is not None and self.conf_from is not None:
+            raise ConfigError("give either --conf or --conf-from, not both")
+        if self.conf_rule not in CONF_RULES:
+            raise ConfigError(f"--conf-rule must be one of {', '.join(CONF_RULES)}, got {self.conf_rule!r}")
+        if self.conf_from is not None and self.conf_from == self.split:
+            raise ConfigError(
+                f"--conf-from {self.conf_from!r} is the split being reported: choose the threshold on another split"
+            )
+
+    @classmethod
+    def merged(cls, settings: ValidateSettings | None, overrides: dict[str, Any]) -> ValidateSettings:
+        """`settings` (default: all defaults) with `overrides` (field name -> value) applied over it."""
+        unknown = sorted(set(overrides) - set(cls.model_fields))
+        if unknown:
+            raise TypeError(f"validate() got unexpected keyword argument(s): {', '.join(unknown)}")
+        base = settings if settings is not None else cls()
+        return cls.model_validate({**dict(base), **overrides}) if overrides else base
+
+
+def validate(
+    checkpoint: str | Path,
+    data: str | Path,
+    settings: ValidateSettings | None = None,
+    *,
+    console: Console | None = None,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """Evaluate `checkpoint` (or a bundle) on a split of `data` per `settings` (`ValidateSettings`; its fields
+    may also be given as keywords, which apply over `settings`); writes metrics.json, plots and report.html
+    into `settings.out`. Returns the metrics, with `report` (the page's path) and `skipped_images`.
+
+    Prediction is `engine.predict.predict_records`, the path the trainer's evaluation runs. Images are read in
+    this process (no loader workers) so the per-stage timings are real.
+    """
     from defectdet.evaluation.timing import StageTimer
 
-    if protocol not in PROTOCOLS:
-        raise ConfigError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
-    if conf_threshold is not None and conf_from is not None:
-        raise ConfigError("give either --conf or --conf-from, not both")
-    if conf_rule not in CONF_RULES:
-        raise ConfigError(f"--conf-rule must be one of {', '.join(CONF_RULES)}, got {conf_rule!r}")
-    if conf_from is not None and conf_from == split:
-        raise ConfigError(
-            f"--conf-from {conf_from!r} is the split being reported: choose the threshold on another split"
+    settings = ValidateSettings.merged(settings, overrides)
+    settings.check()
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    run = _ValidationRun.load(checkpoint, data, settings)
+    choice = _threshold_choice(run, settings)
+    samples = list(run.dataset.samples)
+    recapture = settings.clean_nuisance if settings.clean_nuisance is not None else RecaptureConfig()
+    if settings.clean_templates:
+        samples += make_clean_boards(
+            run.dataset,
+            run.out_dir / "clean_boards",
+            recapture,
+            channels=run.spec.channels,
+            seed=settings.seed,
         )
-    if threads:
-        torch.set_num_threads(threads)
-    from defectdet.engine.bundle_model import is_bundle, load_bundle_model
-
-    bundle = is_bundle(checkpoint)
-    model, state = load_bundle_model(checkpoint, threads) if bundle else load_detector(checkpoint)
-    metadata = getattr(model, "metadata", None)
-    if conf_from == "bundle" and metadata is None:
-        raise ConfigError(f"--conf-from bundle: {checkpoint} is a checkpoint, not a bundle (.onnx)")
-    spec = model_spec(state, metadata, checkpoint, imgsz=imgsz, register_pairs=register_pairs, tiles=tiles)
-    dataset = load_dataset(data, split, format=format)
-    class_names = list(spec.class_names or dataset.class_names)
-    if len(class_names) != len(dataset.class_names):
+    timer = StageTimer()
+    records, skipped = run.predict(samples, timer=timer, progress=console is not None)
+    if not records:
         raise ConfigError(
-            f"{checkpoint} predicts {len(class_names)} classes {class_names} but {data} split {split!r} "
-            f"has {len(dataset.class_names)} {dataset.class_names}"
+            f"no image of {data} split {settings.split!r} could be read ({len(skipped)} skipped)"
         )
-    use_template = spec.template
-    _check_templates(dataset, use_template, checkpoint)
-    channels, size, register, tiles = spec.channels, spec.input_size, spec.registration, spec.tiles
-    out_dir = Path(out) if out else Path("runs/val") / Path(checkpoint).stem
-    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics = _score(run, settings, records, skipped, choice, recapture, timer)
+    metrics["clean_boards"] = (
+        {
+            "count": len(samples) - len(run.dataset.samples),
+            "nuisances": recapture.model_dump(mode="json"),
+            "seed": settings.seed,
+        }
+        if settings.clean_templates
+        else None
+    )
+    from defectdet.evaluation.report import to_jsonable
 
-    def predict(samples, timer=None, progress=False) -> tuple[list[ImageRecord], list[str]]:
+    metrics = to_jsonable(metrics)
+    (run.out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
+    metrics["report"] = str(run.out_dir / "report.html")
+    metrics["skipped_images"] = skipped
+    if console is not None:
+        console.print(summary_table(metrics))
+    return metrics
+
+
+@dataclass
+class _ValidationRun:
+    """The loaded model, its settings (`spec`, with the caller's overrides), the split, the output folder."""
+
+    checkpoint: str | Path
+    data: str | Path
+    model: Any
+    metadata: BundleMetadata | None
+    spec: ModelSpec
+    dataset: DatasetSplit
+    class_names: list[str]
+    out_dir: Path
+    batch: int
+
+    @classmethod
+    def load(cls, checkpoint: str | Path, data: str | Path, settings: ValidateSettings) -> _ValidationRun:
+        from defectdet.data.formats import load_dataset
+        from defectdet.engine.bundle_model import is_bundle, load_bundle_model
+
+        bundle = is_bundle(checkpoint)
+        model, state = (
+            load_bundle_model(checkpoint, settings.threads) if bundle else load_detector(checkpoint)
+        )
+        metadata = getattr(model, "metadata", None)
+        if settings.conf_from == "bundle" and metadata is None:
+            raise ConfigError(f"--conf-from bundle: {checkpoint} is a checkpoint, not a bundle (.onnx)")
+        spec = model_spec(
+            state,
+            metadata,
+            checkpoint,
+            imgsz=settings.imgsz,
+            register_pairs=settings.register_pairs,
+            tiles=settings.tiles,
+        )
+        split = settings.split
+        dataset = load_dataset(data, split, format=settings.format)
+        class_names = list(spec.class_names or dataset.class_names)
+        if len(class_names) != len(dataset.class_names):
+            raise ConfigError(
+                f"{checkpoint} predicts {len(class_names)} classes {class_names} but {data} split {split!r} "
+                f"has {len(dataset.class_names)} {dataset.class_names}"
+            )
+        _check_templates(dataset, spec.template, checkpoint)
+        out_dir = Path(settings.out) if settings.out else Path("runs/val") / Path(checkpoint).stem
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return cls(checkpoint, data, model, metadata, spec, dataset, class_names, out_dir, settings.batch)
+
+    def predict(self, samples, timer=None, progress=False) -> tuple[list[ImageRecord], list[str]]:
+        spec = self.spec
         return predict_records(
-            model,
+            self.model,
             samples,
-            imgsz=size,
-            channels=channels,
-            use_template=use_template,
-            register_pairs=register,
+            imgsz=spec.input_size,
+            channels=spec.channels,
+            use_template=spec.template,
+            register_pairs=spec.registration,
             postprocess_settings=spec.postprocess,
-            batch_size=batch,
+            batch_size=self.batch,
             timer=timer,
             progress=progress,
-            tiles=tiles,
+            tiles=spec.tiles,
         )
 
-    choice = _threshold_choice(
-        conf_threshold,
-        conf_from,
-        conf_rule,
-        target_escape,
-        data,
-        format,
-        metadata,
-        checkpoint,
-        use_template,
-        predict,
-        len(class_names),
-    )
-    samples = list(dataset.samples)
-    recapture = clean_nuisance if clean_nuisance is not None else RecaptureConfig()
-    if clean_templates:
-        samples += make_clean_boards(
-            dataset, out_dir / "clean_boards", recapture, channels=channels, seed=seed
-        )
 
-    timer = StageTimer()
-    records, skipped = predict(samples, timer=timer, progress=console is not None)
-    if not records:
-        raise ConfigError(f"no image of {data} split {split!r} could be read ({len(skipped)} skipped)")
-    deeppcb_dir = out_dir / "deeppcb_results" if protocol in ("deeppcb", "both") else None
+def _score(
+    run: _ValidationRun,
+    settings: ValidateSettings,
+    records: list[ImageRecord],
+    skipped: list[str],
+    choice: ThresholdChoice | None,
+    recapture: RecaptureConfig,
+    timer: Any,
+) -> dict[str, Any]:
+    """evaluate_records (metrics, plots, report) plus the threshold's source, board rates, registration."""
+    from defectdet.evaluation.report import evaluate_records
+
+    spec, split = run.spec, settings.split
+    deeppcb_dir = run.out_dir / "deeppcb_results" if settings.protocol in ("deeppcb", "both") else None
     threshold_note = (
         f"{choice.threshold:.4g} ({choice.rule}: {choice.source})"
         if choice is not None
@@ -202,25 +284,25 @@ def validate(
     )
     metrics = evaluate_records(
         records,
-        class_names,
-        out_dir,
-        protocol,
-        target_recall=target_recall,
+        run.class_names,
+        run.out_dir,
+        settings.protocol,
+        target_recall=settings.target_recall,
         conf_threshold=None if choice is None else choice.threshold,
         timing=timer.summary(),
         deeppcb_results_dir=deeppcb_dir,
-        title=f"defectdet val: {Path(checkpoint).name} on {Path(data).name} [{split}]",
+        title=f"defectdet val: {Path(run.checkpoint).name} on {Path(run.data).name} [{split}]",
         settings={
-            "checkpoint": str(checkpoint),
-            "data": str(data),
+            "checkpoint": str(run.checkpoint),
+            "data": str(run.data),
             "split": split,
-            "imgsz": size,
-            "batch": batch,
+            "imgsz": spec.input_size,
+            "batch": settings.batch,
             "threads": torch.get_num_threads(),
             "operating threshold": threshold_note,
-            "pair registration": register and use_template,
-            "tiles": tiles,
-            "clean boards": _clean_note(clean_templates, recapture, seed),
+            "pair registration": spec.registration and spec.template,
+            "tiles": spec.tiles,
+            "clean boards": _clean_note(settings.clean_templates, recapture, settings.seed),
             "skipped_images": len(skipped),
         },
     )
@@ -233,24 +315,9 @@ def validate(
     metrics["headline"]["threshold_source"] = threshold_note
     metrics["boards"] = board_rates(records, threshold)
     metrics["registration"] = registration_summary(records)
-    metrics["tiles"] = tiles  # native-resolution tiles of large images joined the whole-image pass
+    metrics["tiles"] = spec.tiles  # native-resolution tiles of large images joined the whole-image pass
     if metrics["registration"] is not None:
-        write_registrations(records, out_dir / "registration.csv")
-    metrics["clean_boards"] = (
-        {
-            "count": len(samples) - len(dataset.samples),
-            "nuisances": recapture.model_dump(mode="json"),
-            "seed": seed,
-        }
-        if clean_templates
-        else None
-    )
-    metrics = to_jsonable(metrics)
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
-    metrics["report"] = str(out_dir / "report.html")
-    metrics["skipped_images"] = skipped
-    if console is not None:
-        console.print(summary_table(metrics))
+        write_registrations(records, run.out_dir / "registration.csv")
     return metrics
 
 
@@ -263,39 +330,28 @@ def _check_templates(dataset: DatasetSplit, use_template: bool, checkpoint: str 
         )
 
 
-def _threshold_choice(
-    conf_threshold: float | None,
-    conf_from: str | None,
-    conf_rule: str,
-    target_escape: float,
-    data: str | Path,
-    format: str | None,
-    metadata: Any,
-    checkpoint: str | Path,
-    use_template: bool,
-    predict: Any,
-    num_classes: int,
-) -> ThresholdChoice | None:
+def _threshold_choice(run: _ValidationRun, settings: ValidateSettings) -> ThresholdChoice | None:
     """The operating threshold from --conf, --conf-from SPLIT / bundle, or None (best F1 on the records)."""
     from defectdet.data.formats import load_dataset
 
-    if conf_threshold is not None:
-        return ThresholdChoice(float(conf_threshold), "given", "--conf")
+    conf_from, checkpoint, data = settings.conf_from, run.checkpoint, run.data
+    if settings.conf_threshold is not None:
+        return ThresholdChoice(float(settings.conf_threshold), "given", "--conf")
     if conf_from is None:
         return None
     if conf_from == "bundle":
-        stored = metadata.thresholds
+        stored = run.metadata.thresholds
         return ThresholdChoice(
             float(stored.score), "bundle", f"{checkpoint} thresholds.score ({stored.score_source})"
         )
-    calibration = load_dataset(data, conf_from, format=format)
-    _check_templates(calibration, use_template, checkpoint)
-    records, _ = predict(list(calibration.samples))
+    calibration = load_dataset(data, conf_from, format=settings.format)
+    _check_templates(calibration, run.spec.template, checkpoint)
+    records, _ = run.predict(list(calibration.samples))
     source = f"split {conf_from!r} of {data}"
     try:
-        if conf_rule == "f1":
-            return threshold_for_f1(records, num_classes, source=source)
-        return threshold_for_escape(records, target_escape, source=source)
+        if settings.conf_rule == "f1":
+            return threshold_for_f1(records, len(run.class_names), source=source)
+        return threshold_for_escape(records, settings.target_escape, source=source)
     except ValueError as error:
         raise ConfigError(f"--conf-from {conf_from}: {error}") from None
 
