@@ -89,10 +89,12 @@ def _page(image_path: Path, seed: int) -> Iterator:
 def _inspect(page, url: str, image_path: Path) -> None:
     """Open the page, wait until the service is ready, upload the image and wait for its boxes."""
     page.goto(url + "/")
-    page.wait_for_function("document.getElementById('ready').textContent === 'ready'", timeout=15_000)
+    page.wait_for_function("() => document.getElementById('ready').textContent === 'ready'", timeout=15_000)
     page.set_input_files("#image", str(image_path))
     page.click("#submit")
-    page.wait_for_function("Number(document.getElementById('canvas').dataset.boxes || 0) > 0", timeout=15_000)
+    page.wait_for_function(
+        "() => Number(document.getElementById('canvas').dataset.boxes || 0) > 0", timeout=15_000
+    )
 
 
 def test_page_uploads_and_draws_boxes(base_url: str, tmp_path: Path) -> None:
@@ -110,9 +112,11 @@ def test_page_uploads_and_draws_boxes(base_url: str, tmp_path: Path) -> None:
         )
         assert red > 100, f"only {red} box-coloured pixels on the canvas"
         assert "short" in page.text_content("#detections")
-        page.wait_for_function("document.querySelectorAll('#results tbody tr').length >= 1", timeout=10_000)
         page.wait_for_function(
-            "document.querySelectorAll('#drift-charts svg polyline').length >= 4", timeout=10_000
+            "() => document.querySelectorAll('#results tbody tr').length >= 1", timeout=10_000
+        )
+        page.wait_for_function(
+            "() => document.querySelectorAll('#drift-charts svg polyline').length >= 4", timeout=10_000
         )
         assert page.text_content("#drift-level") in ("ok", "warn", "alert")
         screenshot = Path(os.environ.get("DEFECTDET_PAGE_SCREENSHOT", tmp_path / "page.png"))

@@ -78,7 +78,9 @@ async function loadFolder() {
 
 function renderCounts() {
   const counts = {};
-  for (const item of state.items) counts[item.status] = (counts[item.status] || 0) + 1;
+  for (const item of state.items) {
+    if (!state.broken.has(item.name)) counts[item.status] = (counts[item.status] || 0) + 1;
+  }
   const parts = Object.entries(counts).map(([k, v]) => `${v} ${k}`);
   $("counts").textContent = `${state.items.length} images · ${parts.join(" · ")} · broken: ${state.broken.size}`;
   $("counts").dataset.broken = String(state.broken.size);
@@ -274,7 +276,8 @@ $("canvas").addEventListener("mousedown", (event) => {
   if (!state.image || event.button !== 0) return;
   const p = canvasPoint(event);
   state.drag = { x0: p.x, y0: p.y, x1: p.x, y1: p.y, moved: false };
-  event.preventDefault();
+  event.preventDefault();  // no text selection while dragging; leave the name field so shortcuts work
+  if (document.activeElement && document.activeElement !== document.body) document.activeElement.blur();
 });
 
 window.addEventListener("mousemove", (event) => {
@@ -339,6 +342,7 @@ $("items").addEventListener("click", (event) => {
 });
 
 $("operator").addEventListener("change", () => localStorage.setItem(OPERATOR_KEY, $("operator").value.trim()));
+$("operator").addEventListener("keydown", (event) => { if (event.key === "Enter") $("operator").blur(); });
 
 $("export").addEventListener("click", async () => {
   const { ok, body } = await postJson("/v1/review/export", {});
