@@ -9,20 +9,20 @@ from typer.testing import CliRunner
 from defectdet.cli import app
 from defectdet.data.synth import synthesize_dataset
 from defectdet.engine.checkpoint import load_checkpoint
-from defectdet.engine.config import TrainConfig
 from defectdet.engine.trainer import build_train_data, train
 from defectdet.engine.validate import validate
 
 runner = CliRunner()
-QUICK = {"epochs": 1, "batch": 2, "workers": 0, "max_steps": 2, "progress": False, "warmup_steps": 1}
 
 
-def test_no_template_on_a_dataset_with_templates(tmp_path) -> None:
+def test_no_template_on_a_dataset_with_templates(tmp_path, small_train_config) -> None:
     data_yaml = synthesize_dataset(
         tmp_path / "pcb", boards=6, seed=0, min_size=160, max_size=200, progress=False
     )
     assert "templates" in yaml.safe_load(data_yaml.read_text())
-    config = TrainConfig(data=data_yaml, template=False, out=tmp_path / "run", **QUICK)
+    config = small_train_config(
+        tmp_path / "run", data=data_yaml, template=False, epochs=1, batch=2, max_steps=2
+    )
     data = build_train_data(config)
     config.val_every = 3  # set after the data, as the demo does: train keeps it and takes the chosen settings
     result = train(config, data=data)

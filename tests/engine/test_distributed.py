@@ -11,7 +11,6 @@ import torch
 from fakes import TinyDataset, TinyDetector
 
 from defectdet.engine.checkpoint import load_checkpoint
-from defectdet.engine.config import TrainConfig
 from defectdet.engine.trainer import TrainData, train
 
 HERE = Path(__file__).resolve().parent
@@ -46,7 +45,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_two_process_ddp_and_single_process_resume(tmp_path):
+def test_two_process_ddp_and_single_process_resume(tmp_path, small_train_config):
     script = tmp_path / "ddp_worker.py"
     script.write_text(WORKER)
     out = tmp_path / "run"
@@ -74,13 +73,11 @@ def test_two_process_ddp_and_single_process_resume(tmp_path):
         assert torch.equal(checkpoint["model"][key], value), key
 
     # the DDP checkpoint resumes in a single process
-    config = TrainConfig(
+    config = small_train_config(
+        tmp_path / "single",
         epochs=3,
         batch=4,
-        workers=0,
-        device="cpu",
-        out=tmp_path / "single",
-        progress=False,
+        warmup_steps=None,
         val_split=None,
         resume=out / "last.pt",
         lr=0.01,

@@ -6,7 +6,6 @@ import torch
 from fakes import TinyDataset
 
 from defectdet.data.synth import synthesize_dataset
-from defectdet.engine.config import TrainConfig
 from defectdet.engine.loop import LoopOptions, TrainState, train_one_epoch
 from defectdet.engine.optim import build_optimizer
 from defectdet.engine.trainer import train
@@ -31,22 +30,11 @@ def test_real_detector_loss_falls():
     assert state.step == 6 and last < 0.8 * first
 
 
-def test_train_on_synthesized_dataset(tmp_path):
+def test_train_on_synthesized_dataset(tmp_path, small_train_config):
     data_yaml = synthesize_dataset(
         tmp_path / "data", boards=6, seed=0, min_size=128, max_size=160, progress=False
     )
-    config = TrainConfig(
-        data=data_yaml,
-        imgsz=128,
-        crop_size=None,
-        epochs=2,
-        batch=2,
-        workers=0,
-        device="cpu",
-        out=tmp_path / "run",
-        progress=False,
-        warmup_steps=1,
-    )
+    config = small_train_config(tmp_path / "run", data=data_yaml, imgsz=128, crop_size=None, batch=2)
     result = train(config)
     assert result.state.epoch == 2 and result.best_checkpoint is not None
     rows = list(csv.DictReader((result.run_dir / "metrics.csv").open()))

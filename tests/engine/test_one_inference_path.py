@@ -12,30 +12,19 @@ from defectdet.data.formats import load_dataset
 from defectdet.data.recapture import RecaptureConfig
 from defectdet.data.synth import synthesize_dataset
 from defectdet.engine.checkpoint import load_checkpoint
-from defectdet.engine.config import TrainConfig
 from defectdet.engine.trainer import train
 from defectdet.engine.validate import ValidateSettings, validate
 from defectdet.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, small_train_config):
     root = tmp_path_factory.mktemp("one_path")
     data_yaml = synthesize_dataset(
         root / "data", boards=10, seed=3, min_size=128, max_size=160, progress=False
     )
-    config = TrainConfig(
-        data=data_yaml,
-        imgsz=128,
-        crop_size=0,
-        epochs=3,
-        batch=4,
-        workers=0,
-        device="cpu",
-        out=root / "run",
-        progress=False,
-        warmup_steps=1,
-        protocol="coco",
+    config = small_train_config(
+        root / "run", data=data_yaml, imgsz=128, crop_size=0, epochs=3, batch=4, protocol="coco"
     )
     return root, data_yaml, train(config)
 
@@ -112,20 +101,16 @@ def test_clean_boards_and_threshold_from_another_split(trained) -> None:
         validate(result.best_checkpoint, data_yaml, split="val", conf_from="val", out=root / "bad")
 
 
-def test_clean_boards_for_a_model_without_templates(trained, tmp_path) -> None:
+def test_clean_boards_for_a_model_without_templates(trained, tmp_path, small_train_config) -> None:
     """Without templates the clean boards are still recaptures of the templates, fed alone (no registration)."""
     root, data_yaml, _ = trained
-    config = TrainConfig(
+    config = small_train_config(
+        tmp_path / "plain",
         data=data_yaml,
         imgsz=128,
         crop_size=0,
         epochs=1,
         batch=4,
-        workers=0,
-        device="cpu",
-        out=tmp_path / "plain",
-        progress=False,
-        warmup_steps=1,
         protocol="coco",
         template=False,
     )

@@ -11,7 +11,6 @@ import torch
 
 from defectdet.data.synth import synthesize_dataset
 from defectdet.engine.checkpoint import load_checkpoint
-from defectdet.engine.config import TrainConfig
 from defectdet.engine.trainer import train
 
 
@@ -22,30 +21,22 @@ def boards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def run(boards: Path, out: Path, workers: int, **overrides) -> TrainConfig:
-    # 7 boards: 6 in the train split; batch 2: 3 steps per epoch; crops of 64 from 96 canvases, default augmentation
-    values = dict(
-        data=boards,
-        val_split=None,
-        imgsz=96,
-        crop_size=64,
-        batch=2,
-        epochs=2,
-        workers=workers,
-        device="cpu",
-        out=out,
-        progress=False,
-        warmup_steps=1,
-        seed=7,
-    )
-    values.update(overrides)
-    return train(TrainConfig(**values))
+@pytest.fixture(scope="module")
+def run(boards: Path, small_train_config):
+    """`run(out, workers, **overrides) -> TrainResult` on the boards: 7 boards, 6 in the train split; batch 2:
+    3 steps per epoch; crops of 64 from 96 canvases, default augmentation."""
+
+    def train_boards(out: Path, workers: int, **overrides):
+        values = dict(data=boards, val_split=None, imgsz=96, crop_size=64, batch=2, workers=workers, seed=7)
+        return train(small_train_config(out, **{**values, **overrides}))
+
+    return train_boards
 
 
 @pytest.fixture(scope="module")
-def straight(boards: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+def straight(run, tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
     """The uninterrupted run's final weights and optimizer moments."""
-    result = run(boards, tmp_path_factory.mktemp("straight"), workers=0)
+    result = run(tmp_path_factory.mktemp("straight"), workers=0)
     assert result.state.step == 6
     return weights(result.last_checkpoint)
 
@@ -57,12 +48,12 @@ def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_mid_epoch_resume_gives_identical_weights(
-    boards: Path, straight: dict[str, torch.Tensor], tmp_path: Path, workers: int
+    run, straight: dict[str, torch.Tensor], tmp_path: Path, workers: int
 ) -> None:
-    part = run(boards, tmp_path / "part", workers=workers, max_steps=4)  # stops 1 batch into epoch 2
+    part = run(tmp_path / "part", workers=workers, max_steps=4)  # stops 1 batch into epoch 2
     assert part.state.step == 4 and (part.state.epoch, part.state.epoch_batch) == (1, 1)
     torch.manual_seed(999)  # a fresh process would start from other global RNG states
-    resumed = run(boards, tmp_path / "resumed", workers=workers, resume=part.last_checkpoint)
+    resumed = run(tmp_path / "resumed", workers=workers, resume=part.last_checkpoint)
     assert resumed.state.step == 6 and resumed.state.epoch == 2
 
     expected, found = straight, weights(resumed.last_checkpoint)

@@ -20,22 +20,17 @@ from defectdet.errors import NonFiniteError
 CLASSES = ["open", "short"]
 
 
-def make_config(tmp_path, name, **overrides):
-    values = dict(
-        epochs=2,
-        batch=4,
-        workers=0,
-        device="cpu",
-        out=tmp_path / name,
-        progress=False,
-        val_split=None,
-        warmup_steps=2,
-        grad_stats_every=2,
-        lr=0.01,
-        ema_ramp_steps=3.0,
-    )
-    values.update(overrides)
-    return TrainConfig(**values)
+@pytest.fixture
+def make_config(tmp_path, small_train_config):
+    """`make_config(name, **overrides)`: 2 epochs of 4 batches of 4 on the fake data, no validation."""
+
+    def make(name, **overrides):
+        values = dict(
+            batch=4, val_split=None, warmup_steps=2, grad_stats_every=2, lr=0.01, ema_ramp_steps=3.0
+        )
+        return small_train_config(tmp_path / name, **{**values, **overrides})
+
+    return make
 
 
 def fresh_model(seed=0):
@@ -62,18 +57,16 @@ def _assert_states_equal(first: dict, second: dict):
 
 
 @pytest.mark.parametrize("stop_after", [3, 4])  # mid-epoch and epoch boundary (4 batches per epoch)
-def test_resume_is_exact(tmp_path, stop_after):
+def test_resume_is_exact(make_config, stop_after):
     straight_model = fresh_model()
-    straight = train(make_config(tmp_path, "straight"), data=data(), model=straight_model)
+    straight = train(make_config("straight"), data=data(), model=straight_model)
     assert straight.state.step == 8
 
-    first = train(make_config(tmp_path, "part", max_steps=stop_after), data=data(), model=fresh_model())
+    first = train(make_config("part", max_steps=stop_after), data=data(), model=fresh_model())
     assert first.state.step == stop_after
     scramble_rng()  # a fresh process would start from other RNG states
     resumed_model = TinyDetector()  # different init: the checkpoint must overwrite everything
-    resumed = train(
-        make_config(tmp_path, "resumed", resume=first.last_checkpoint), data=data(), model=resumed_model
-    )
+    resumed = train(make_config("resumed", resume=first.last_checkpoint), data=data(), model=resumed_model)
     assert resumed.state.step == 8 and resumed.state.epoch == 2
 
     _assert_states_equal(straight_model.state_dict(), resumed_model.state_dict())
@@ -88,9 +81,9 @@ def test_resume_is_exact(tmp_path, stop_after):
     ]
 
 
-def test_run_dir_outputs_validation_and_best_checkpoint(tmp_path):
+def test_run_dir_outputs_validation_and_best_checkpoint(tmp_path, make_config):
     result = train(
-        make_config(tmp_path, "run", val_split="val", epochs=2),
+        make_config("run", val_split="val", epochs=2),
         data=data(tmp_path / "val_images"),
         model=fresh_model(),
     )
@@ -115,14 +108,14 @@ def test_run_dir_outputs_validation_and_best_checkpoint(tmp_path):
     assert 0.0 <= result.best_metrics["mAP50"] <= 1.0
 
 
-def test_time_budget_stops_training_and_saves(tmp_path, monkeypatch):
+def test_time_budget_stops_training_and_saves(make_config, monkeypatch):
     """A one-second budget on a fake clock that moves 0.02 s per reading, so the budget ends after the same
     steps however loaded the machine is (on the real clock one slow step could end it before the LR decayed)."""
     import defectdet.engine.trainer as trainer_module
 
     readings = itertools.count()
     monkeypatch.setattr(trainer_module, "time", SimpleNamespace(perf_counter=lambda: 0.02 * next(readings)))
-    config = make_config(tmp_path, "timed", epochs=None, time_minutes=1.0 / 60)  # one second
+    config = make_config("timed", epochs=None, time_minutes=1.0 / 60)  # one second
     result = train(config, data=data(), model=fresh_model())
     assert 1.0 <= result.state.elapsed_seconds < 1.1  # stopped at the first reading past the budget
     assert result.state.step > 10 and result.last_checkpoint.is_file()
@@ -187,7 +180,6 @@ def test_empty_batches_are_skipped():
 
 
 def test_validation_schedule_follows_val_every_or_a_share_of_the_time_budget() -> None:
-    from defectdet.engine.config import TrainConfig
     from defectdet.engine.trainer import validation_due
 
     every_third = TrainConfig(epochs=9, val_every=3)
