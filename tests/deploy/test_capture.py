@@ -202,3 +202,24 @@ def test_without_keep_the_answer_has_no_kept_field() -> None:
     with TestClient(app, base_url="http://localhost") as client:
         assert app.state.service.ready.wait(30)
         assert "kept" not in _detect(client)
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        (["--keep", "flaged"], "unknown policy 'flaged'"),
+        (["--keep", "all"], "--keep-dir"),
+        (["--keep", "all", "--keep-dir", "k", "--workers", "2"], "--workers 1"),
+        (["--keep", "all", "--keep-dir", "k", "--keep-max-mb", "0"], "keep_max_mb"),
+    ],
+)
+def test_serve_refuses_bad_keep_options_before_loading_anything(
+    options: list[str], words: str, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from defectdet.cli import app
+
+    result = CliRunner().invoke(app, ["serve", str(tmp_path / "missing.onnx"), *options])
+    assert result.exit_code == 2, result.output
+    assert words in " ".join(result.output.replace("│", " ").split())

@@ -23,6 +23,7 @@ from defectdet.runtime.server import (
     _error,
     _Guard,
     _JSONErrors,
+    _loopback,
     _run_uvicorn,
     uvicorn_config,
 )
@@ -67,10 +68,25 @@ def run_review(
     port: int = 8001,
     settings: ServeSettings | None = None,
 ) -> None:
-    """Serve the review page until interrupted (what `defectdet review` does)."""
+    """Serve the review page until interrupted (what `defectdet review` does). Like `serve`: the bind host (and,
+    beyond loopback, the machine's name) are served Host names, and binding beyond loopback without a token
+    warns."""
     import logging
+    import socket
+    from dataclasses import replace
 
+    logger = logging.getLogger(__name__)
     settings = settings or ServeSettings()
+    names = [host.lower().strip("[]")]
+    if not _loopback(host):
+        names.append(socket.gethostname().lower())
+        if settings.token is None:
+            logger.warning(
+                "review on %s without a token: anyone who can reach the port can change the labels; "
+                "pass --token-file (or set DEFECTDET_TOKEN)",
+                host,
+            )
+    settings = replace(settings, allowed_hosts=tuple(dict.fromkeys([*settings.allowed_hosts, *names])))
     app = create_review_app(folder, settings)
-    logging.getLogger(__name__).info("review page on http://%s:%d/review", host, port)
+    logger.info("review page on http://%s:%d/review", host, port)
     _run_uvicorn(app, uvicorn_config(app, host, port, settings))
