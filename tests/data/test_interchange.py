@@ -21,7 +21,13 @@ from defectdet.data.formats import load_dataset
 from defectdet.data.formats.coco import read_coco
 from defectdet.data.formats.cvat import import_coco
 from defectdet.data.formats.interchange import export_coco
-from defectdet.data.formats.labelstudio import export_tasks, import_export, read_export
+from defectdet.data.formats.labelstudio import (
+    config_classes,
+    export_tasks,
+    import_export,
+    labeling_config,
+    read_export,
+)
 from defectdet.errors import DatasetError
 
 runner = CliRunner()
@@ -180,6 +186,17 @@ def test_keep_folder_sidecars_become_tasks(tmp_path: Path, writers) -> None:
         len(task["predictions"][0]["result"]) == 1
     )  # the near-threshold detection the sidecar keeps stays out
     assert result.document_root == keep / "images"
+
+
+def test_label_config_gives_the_class_order(tmp_path: Path, writers) -> None:
+    config = writers.text(tmp_path / "c.xml", labeling_config(["open", "short", 'a "quoted" & <odd> name']))
+    assert config_classes(config) == ["open", "short", 'a "quoted" & <odd> name']
+    writers.text(tmp_path / "bad.xml", "<View>\n  <RectangleLabels name='label'>\n</View>")
+    with pytest.raises(DatasetError, match=r"bad\.xml:3:3: invalid XML"):
+        config_classes(tmp_path / "bad.xml")
+    writers.text(tmp_path / "none.xml", "<View><Image name='image' value='$image'/></View>")
+    with pytest.raises(DatasetError, match="no <RectangleLabels>"):
+        config_classes(tmp_path / "none.xml")
 
 
 # ---------------------------------------------------------------- bad input

@@ -68,9 +68,6 @@ class ImportReport:
     skipped_images: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {key: str(value) if isinstance(value, Path) else value for key, value in self.__dict__.items()}
-
 
 def write_yolo(
     items: list[LabelledImage],

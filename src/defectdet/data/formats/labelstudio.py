@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -60,6 +61,24 @@ class TasksExport:
     document_root: Path
     class_names: list[str]
     skipped: list[str] = field(default_factory=list)  # predict's failed files
+
+
+def config_classes(path: Path) -> list[str]:
+    """The class names of a labelling config XML in order: the `Label` values of its first `RectangleLabels`
+    (Label Studio's export carries no class list, so this fixes the class ids of a new dataset)."""
+    path = Path(path)
+    try:
+        root = ElementTree.parse(path).getroot()
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: labelling config not found") from None
+    except ElementTree.ParseError as error:
+        line, column = error.position
+        raise DatasetError(f"{path}:{line}:{column + 1}: invalid XML ({error})") from None
+    labels = root if root.tag == "RectangleLabels" else root.find(".//RectangleLabels")
+    names = [label.get("value", "") for label in labels.iter("Label")] if labels is not None else []
+    if not names or not all(names):
+        raise DatasetError(f"{path}: no <RectangleLabels> with <Label value=...> children")
+    return names
 
 
 def labeling_config(class_names: list[str]) -> str:
@@ -482,7 +501,7 @@ def _url_path(url: str) -> tuple[str | None, str]:
     parsed = urlparse(url)
     if parsed.path.endswith("/data/local-files/") or parsed.path.endswith("/data/local-files"):
         values = parse_qs(parsed.query).get("d")
-        relative = unquote(values[0]) if values else ""
+        relative = values[0] if values else ""  # parse_qs has decoded it
         return relative.lstrip("/"), PurePosixPath(relative).name
     name = PurePosixPath(unquote(parsed.path)).name
     if "/data/upload/" in parsed.path:
