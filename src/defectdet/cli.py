@@ -746,15 +746,23 @@ def import_labelstudio(
     image_key: str | None = typer.Option(
         None, help="The task data field holding the image (default: image)."
     ),
+    label_config: Path | None = typer.Option(
+        None,
+        help="The project's labelling config XML (export-labelstudio's, or Settings > Labeling Interface > Code): "
+        "its labels in order are the classes (instead of --classes).",
+    ),
 ) -> None:
     """A Label Studio JSON export -> YOLO labels + data.yaml, images copied (or linked).
 
     Example: defectdet labels import-labelstudio project-1.json data/line3 --images /data/line3
     """
-    from defectdet.data.formats.labelstudio import import_export
+    from defectdet.data.formats.labelstudio import config_classes, import_export
 
+    if label_config is not None and classes:
+        raise typer.BadParameter("--label-config and --classes exclude each other")
+    names = config_classes(label_config) if label_config is not None else _names(classes)
     report, unlabelled = import_export(
-        export, out_dir, images=images or None, split=split, classes=_names(classes),
+        export, out_dir, images=images or None, split=split, classes=names,
         unknown=_unknown_policy(add_classes, skip_unknown), existing=existing, link=link,
         skip_missing=skip_missing, image_key=image_key,
     )  # fmt: skip
