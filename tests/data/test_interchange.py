@@ -402,3 +402,7 @@ def test_labels_commands_end_to_end(tmp_path: Path, writers) -> None:
     result = runner.invoke(app, ["labels", "import-labelstudio", str(export), str(out), "--images",
                                  str(tmp_path / "ls_files"), "--add-classes", "--skip-unknown"])  # fmt: skip
     assert result.exit_code != 0 and "exclude each other" in result.output
+    result = runner.invoke(app, ["labels", "import-labelstudio", str(export), str(tmp_path / "fresh"), "--images",
+                                 str(tmp_path / "ls_files"), "--classes", "short"])  # fmt: skip
+    assert isinstance(result.exception, DatasetError)  # main() prints it as one line and exits 2
+    assert "task 1: class 'open'" in str(result.exception) and not (tmp_path / "fresh").exists()
