@@ -223,3 +223,46 @@ def test_serve_refuses_bad_keep_options_before_loading_anything(
     result = CliRunner().invoke(app, ["serve", str(tmp_path / "missing.onnx"), *options])
     assert result.exit_code == 2, result.output
     assert words in " ".join(result.output.replace("│", " ").split())
+
+
+def test_keep_and_review_run_on_a_real_bundle_with_torch_unimportable(
+    bundle_path: Path, tiny_dataset: Path, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    from torch_blocker import BLOCK_TORCH
+
+    from defectdet.data.formats import load_dataset
+
+    sample = load_dataset(tiny_dataset, "val").samples[0]
+    kept = tmp_path / "kept"
+    script = (
+        BLOCK_TORCH
+        + f"""
+import json, pathlib
+from fastapi.testclient import TestClient
+from defectdet.runtime.server import ServeSettings, create_app
+settings = ServeSettings(keep=("all", "uncertain"), keep_dir={str(kept)!r}, keep_margin=1.0)
+app = create_app({str(bundle_path)!r}, settings)
+with TestClient(app, base_url="http://localhost") as client:
+    assert app.state.service.ready.wait(120)
+    files = {{"image": open({str(sample.image_path)!r}, "rb").read(), "template": open({str(sample.template_path)!r}, "rb").read()}}
+    body = client.post("/v1/detect", files=files).json()
+    assert body["kept"] is True, body
+    assert all(d["score"] >= body["threshold"] for d in body["detections"])
+    app.state.service.capture.drain()
+    (item,) = client.get("/v1/review/items").json()["items"]
+    assert item["template"] and "all" in item["reasons"], item
+    assert client.get("/v1/review/template/" + item["name"]).status_code == 200
+assert "torch" not in sys.modules
+print("ok")
+"""
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "ok"
+    (sidecar,) = (kept / "predictions").iterdir()
+    assert json.loads(sidecar.read_text())["bundle"] == bundle_path.name
