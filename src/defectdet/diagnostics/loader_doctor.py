@@ -246,10 +246,7 @@ def loader_report(
     if scan_limit != 0:
         indices = list(range(length if scan_limit is None else min(length, scan_limit)))
         scan = scan_samples(dataset, indices, batch_size, collate, sample_timeout)
-    bad = {problem.index for problem in (scan.problems if scan else [])} | {
-        index for problem in (scan.problems if scan else []) for index in problem.indices
-    }
-    good = [index for index in range(length) if index not in bad][: batch_size * batches_per_setting]
+    good = _readable(length, scan)[: batch_size * batches_per_setting]
     settings, first_batch = sweep(
         dataset,
         good,
@@ -268,14 +265,9 @@ def loader_report(
         if model is None and training is not None:
             model = _training_model(*training)
         if model is not None:
-            try:
-                seconds = measure_model_step(model, first_batch, seconds=model_seconds)
-            except (RuntimeError, ValueError, TypeError, KeyError) as error:
-                step_error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            else:
-                size = batch_length(first_batch)
-                name = training[0].preset if training else type(model).__name__
-                step = ModelStep(name, size, seconds, size / seconds)
+            step, step_error = _time_model_step(model, first_batch, training, model_seconds)
+            if step is not None:
+                name = step.preset
     seeding = (
         check_worker_seeding(dataset, good[0], worker_init_fn, timeout=sample_timeout * 2)
         if good
@@ -294,6 +286,34 @@ def loader_report(
         seeding,
         [],
     )
+    report.findings = _findings(report, step_error)
+    return report
+
+
+def _readable(length: int, scan: ScanResult | None) -> list[int]:
+    """The sample indices no scan problem names."""
+    problems = scan.problems if scan else []
+    bad = {problem.index for problem in problems} | {
+        index for problem in problems for index in problem.indices
+    }
+    return [index for index in range(length) if index not in bad]
+
+
+def _time_model_step(
+    model: nn.Module, batch: Any, training: tuple | None, seconds: float
+) -> tuple[ModelStep | None, str]:
+    """Time training steps of `model` on a loader batch: (the step, "") or (None, why it failed)."""
+    try:
+        elapsed = measure_model_step(model, batch, seconds=seconds)
+    except (RuntimeError, ValueError, TypeError, KeyError) as error:
+        return None, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    size = batch_length(batch)
+    name = training[0].preset if training else type(model).__name__
+    return ModelStep(name, size, elapsed, size / elapsed), ""
+
+
+def _findings(report: LoaderReport, step_error: str) -> list[Finding]:
+    """Sample problems, a failed model step, then timing, memory and seeding findings, in that order."""
     step_findings = (
         [
             Finding(
@@ -306,11 +326,10 @@ def loader_report(
         if step_error
         else []
     )
-    report.findings = (
-        (_problem_findings(scan) if scan else [])
+    return (
+        (_problem_findings(report.scan) if report.scan else [])
         + step_findings
         + _timing_findings(report)
         + _memory_findings(report)
-        + _seeding_finding(seeding)
+        + _seeding_finding(report.seeding)
     )
-    return report

@@ -172,6 +172,67 @@ def _signal_message(exitcode: int | None, crash_log: Any) -> str:
     return message + (f"; crashed at {frames[0]}" if frames else "")
 
 
+@dataclasses.dataclass
+class _Seen:
+    """What a scan has found so far: per index the item's signature, file and note, and the problems."""
+
+    signatures: dict[int, str]
+    files: dict[int, str | None]
+    notes: dict[int, str]
+    problems: list[SampleProblem]
+
+
+def _follow_child(
+    receiver: Any, process: Any, dataset: Any, sample_timeout: float, crash_log: Any, seen: _Seen
+) -> tuple[int | None, bool]:
+    """Record one scanning child's messages until it ends, dies or hangs (killed after `sample_timeout`).
+    Returns the index it was on when it died or hung (None when between samples) and whether it finished."""
+    problems = seen.problems
+    current, finished = None, False
+    while True:
+        if not receiver.poll(sample_timeout):
+            process.kill()
+            if current is not None:
+                problems.append(
+                    SampleProblem(
+                        "hang",
+                        current,
+                        sample_file(dataset, current),
+                        f"no result after {sample_timeout:g} s",
+                    )
+                )
+            break
+        try:
+            message = receiver.recv()
+        except EOFError:  # the child died
+            process.join(5)
+            if current is not None:
+                problems.append(
+                    SampleProblem(
+                        "died",
+                        current,
+                        sample_file(dataset, current),
+                        _signal_message(process.exitcode, crash_log),
+                    )
+                )
+            break
+        if message[0] == "start":
+            current = message[1]
+        elif message[0] == "done":
+            seen.signatures[message[1]], seen.files[message[1]], current = message[2], message[3], None
+            if message[4]:
+                seen.notes[message[1]] = message[4]
+        elif message[0] == "error":
+            problems.append(SampleProblem("error", message[1], sample_file(dataset, message[1]), message[2]))
+            current = None
+        elif message[0] == "collate":
+            problems.append(SampleProblem("collate", message[1][0], None, message[2], list(message[1])))
+        elif message[0] == "end":
+            finished = True
+            break
+    return current, finished
+
+
 def scan_samples(
     dataset: Any,
     indices: Sequence[int] | None = None,
@@ -190,6 +251,7 @@ def scan_samples(
     files: dict[int, str | None] = {}
     notes: dict[int, str] = {}
     problems: list[SampleProblem] = []
+    seen = _Seen(signatures, files, notes, problems)
     failures, start, stopped = 0, time.perf_counter(), ""
     while pending:
         receiver, sender = context.Pipe(duplex=False)
@@ -199,50 +261,7 @@ def scan_samples(
         )
         process.start()
         sender.close()
-        current, finished = None, False
-        while True:
-            if not receiver.poll(sample_timeout):
-                process.kill()
-                if current is not None:
-                    problems.append(
-                        SampleProblem(
-                            "hang",
-                            current,
-                            sample_file(dataset, current),
-                            f"no result after {sample_timeout:g} s",
-                        )
-                    )
-                break
-            try:
-                message = receiver.recv()
-            except EOFError:  # the child died
-                process.join(5)
-                if current is not None:
-                    problems.append(
-                        SampleProblem(
-                            "died",
-                            current,
-                            sample_file(dataset, current),
-                            _signal_message(process.exitcode, crash_log),
-                        )
-                    )
-                break
-            if message[0] == "start":
-                current = message[1]
-            elif message[0] == "done":
-                signatures[message[1]], files[message[1]], current = message[2], message[3], None
-                if message[4]:
-                    notes[message[1]] = message[4]
-            elif message[0] == "error":
-                problems.append(
-                    SampleProblem("error", message[1], sample_file(dataset, message[1]), message[2])
-                )
-                current = None
-            elif message[0] == "collate":
-                problems.append(SampleProblem("collate", message[1][0], None, message[2], list(message[1])))
-            elif message[0] == "end":
-                finished = True
-                break
+        current, finished = _follow_child(receiver, process, dataset, sample_timeout, crash_log, seen)
         process.join(5)
         receiver.close()
         if crash_log is not None:
