@@ -451,6 +451,64 @@ def predict(
 
 
 @app.command()
+def compare(
+    old: Path = typer.Argument(
+        ..., help="The model on the line now: a bundle (.onnx) or a checkpoint (exported first)."
+    ),
+    new: Path = typer.Argument(..., help="The candidate: a bundle (.onnx) or a checkpoint (exported first)."),
+    data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
+    split: str = typer.Option(
+        "val", help="Held-out split to compare on (a dataset without one: the training's hash hold-out)."
+    ),
+    format: str | None = typer.Option(None, "--format", help="yolo|coco|voc|deeppcb (default: detected)."),
+    clean: Path | None = typer.Option(
+        None, "--clean", help="Folder of defect-free boards, for the false calls."
+    ),
+    clean_templates: Path | None = typer.Option(
+        None,
+        "--clean-templates",
+        help="Templates of the --clean boards, matched by file name (template models).",
+    ),
+    clean_auto: bool = typer.Option(
+        False,
+        "--clean-auto",
+        help="Add a recaptured clean board per template of the split (exposure, noise, JPEG, small shift/rotation).",
+    ),
+    out: Path = typer.Option(
+        Path("runs/compare"), "--out", help="Output folder (compare.json, disagreements.png)."
+    ),
+    threads: int | None = typer.Option(
+        None, help="onnxruntime threads per model (default: physical cores, <= 4)."
+    ),
+    tol_escape: float = typer.Option(0.005, help="Escape and missed-defect rates NEW may exceed OLD's by."),
+    tol_map: float = typer.Option(0.01, help="mAP@0.5 NEW may fall below OLD's by."),
+    tol_false_call: float = typer.Option(0.01, help="False-call rate NEW may exceed OLD's by."),
+) -> None:
+    """Should NEW replace OLD? Both run through the torch-free runtime on the same held-out images, each at its
+    own stored threshold: mAP@0.5 and @0.5:0.95, escapes, false calls, per-class AP50, latency (p50/p95 end to
+    end, interleaved), the images where they disagree (disagreements.png), compare.json and a verdict.
+    Rule: promote NEW only if its escape rate and missed-defect rate are at most OLD's plus the escape
+    tolerance, its mAP@0.5 at least OLD's minus the mAP tolerance, and its false-call rate (defect-free images
+    and clean boards flagged) at most OLD's plus the false-call tolerance; a criterion that cannot be measured
+    (no defect-free image) keeps OLD. Equal is not worse. Exit code 0: promote, 1: keep OLD, 2: error (models
+    that cannot be compared: another input layout, other channels, or other classes; NEW may reorder or add
+    classes, which are matched by name).
+
+    Example: defectdet compare line.onnx runs/train/best.pt data.yaml --clean-auto --out runs/compare
+    """
+    from defectdet.export.compare import PROMOTE, Tolerances, compare_models
+    from defectdet.export.compare_view import print_comparison
+
+    document = compare_models(
+        old, new, data, split=split, format=format, clean=clean, clean_templates=clean_templates,
+        clean_auto=clean_auto, out=out, threads=threads, progress=True,
+        tolerances=Tolerances(escape=tol_escape, map50=tol_map, false_call=tol_false_call),
+    )  # fmt: skip
+    print_comparison(document, console)
+    raise typer.Exit(0 if document["verdict"]["decision"] == PROMOTE else 1)
+
+
+@app.command()
 def serve(
     bundle: Path = typer.Argument(..., help="A bundle written by `defectdet export` (.onnx)."),
     host: str = typer.Option(

@@ -378,6 +378,7 @@ def plot_comparison_grid(
                 f"{label} (conf >= {threshold:.3f}): {record.image_id}\n{flagged}, {len(record.gt_boxes)} gt, "
                 f"{kept} pred: {missed} missed, {false_alarms} false",
                 fontsize=10,
+                pad=14,  # above the labels of boxes at the top edge
             )
         row[0].text(
             0.0, -0.02, reason, transform=row[0].transAxes, fontsize=9, va="top", ha="left", color="#37474f"
