@@ -138,16 +138,7 @@ def register_pair(
     tested = _reduce(_gray(image), small)
     reference = _reduce(_gray(template), small)
 
-    # translation: phase correlation on a central crop (the Hanning window tapers its edges)
-    crop_w, crop_h = max(8, (small[0] * 4 // 5) & ~1), max(8, (small[1] * 4 // 5) & ~1)
-    x0, y0 = (small[0] - crop_w) // 2, (small[1] - crop_h) // 2
-    (shift_x, shift_y), response = cv2.phaseCorrelate(
-        reference[y0 : y0 + crop_h, x0 : x0 + crop_w],
-        tested[y0 : y0 + crop_h, x0 : x0 + crop_w],
-        _hanning(crop_w, crop_h),
-    )
-    if not (math.isfinite(shift_x) and math.isfinite(shift_y)):
-        shift_x = shift_y = 0.0
+    shift_x, shift_y, response = _phase_shift(tested, reference, small)
     if math.hypot(shift_x * scale_x, shift_y * scale_y) > max_shift + 1.0:  # out of bounds: leave the pair
         ms = (time.perf_counter() - started) * 1e3
         dx, dy = float(shift_x * scale_x), float(shift_y * scale_y)
@@ -165,17 +156,7 @@ def register_pair(
         ms = (time.perf_counter() - started) * 1e3
         return template, Registration(0.0, 0.0, 0.0, float(response), float("nan"), False, ms)
 
-    # to full resolution: full index = scale * (reduced index + 0.5) - 0.5
-    scale = np.diag([scale_x, scale_y])
-    offset = np.array([0.5 * scale_x - 0.5, 0.5 * scale_y - 0.5])
-    linear_small = warp[:, :2].astype(np.float64)
-    linear = scale @ linear_small @ np.linalg.inv(scale)
-    translation = scale @ (linear_small @ (-np.linalg.inv(scale) @ offset) + warp[:, 2]) + offset
-    inverse = np.hstack([linear, translation[:, None]])  # tested pixel -> template pixel
-    forward = cv2.invertAffineTransform(inverse)  # template pixel -> tested pixel
-    centre = np.array([(width - 1) / 2.0, (height - 1) / 2.0])
-    dx, dy = forward[:, :2] @ centre + forward[:, 2] - centre
-    angle = math.degrees(math.atan2(forward[0, 1], forward[0, 0]))
+    dx, dy, angle = _full_resolution_motion(warp, scale_x, scale_y, width, height)
     if not rotation:
         angle = 0.0
 
@@ -191,6 +172,41 @@ def register_pair(
     return aligned, Registration(
         float(dx), float(dy), float(angle), float(response), float(correlation), applied, ms
     )
+
+
+def _phase_shift(
+    tested: np.ndarray, reference: np.ndarray, small: tuple[int, int]
+) -> tuple[float, float, float]:
+    """Translation (reduced pixels, 0 when undefined) and response of phase correlation on a central crop
+    (the Hanning window tapers its edges)."""
+    crop_w, crop_h = max(8, (small[0] * 4 // 5) & ~1), max(8, (small[1] * 4 // 5) & ~1)
+    x0, y0 = (small[0] - crop_w) // 2, (small[1] - crop_h) // 2
+    (shift_x, shift_y), response = cv2.phaseCorrelate(
+        reference[y0 : y0 + crop_h, x0 : x0 + crop_w],
+        tested[y0 : y0 + crop_h, x0 : x0 + crop_w],
+        _hanning(crop_w, crop_h),
+    )
+    if not (math.isfinite(shift_x) and math.isfinite(shift_y)):
+        shift_x = shift_y = 0.0
+    return shift_x, shift_y, response
+
+
+def _full_resolution_motion(
+    warp: np.ndarray, scale_x: float, scale_y: float, width: int, height: int
+) -> tuple[float, float, float]:
+    """The reduced-resolution warp (tested -> template pixel) as the template's motion at full resolution:
+    (dx, dy) of the image centre and the angle in degrees. Full index = scale * (reduced index + 0.5) - 0.5."""
+    scale = np.diag([scale_x, scale_y])
+    offset = np.array([0.5 * scale_x - 0.5, 0.5 * scale_y - 0.5])
+    linear_small = warp[:, :2].astype(np.float64)
+    linear = scale @ linear_small @ np.linalg.inv(scale)
+    translation = scale @ (linear_small @ (-np.linalg.inv(scale) @ offset) + warp[:, 2]) + offset
+    inverse = np.hstack([linear, translation[:, None]])  # tested pixel -> template pixel
+    forward = cv2.invertAffineTransform(inverse)  # template pixel -> tested pixel
+    centre = np.array([(width - 1) / 2.0, (height - 1) / 2.0])
+    dx, dy = forward[:, :2] @ centre + forward[:, 2] - centre
+    angle = math.degrees(math.atan2(forward[0, 1], forward[0, 0]))
+    return dx, dy, angle
 
 
 def _refine_opencv(

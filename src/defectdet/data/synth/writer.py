@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import cv2
@@ -85,14 +86,7 @@ def synthesize_dataset(
     template = kind == "pcb" if template is None else template
     min_size = DEFAULT_SIZES[kind][0] if min_size is None else min_size
     max_size = DEFAULT_SIZES[kind][1] if max_size is None else max_size
-    if boards < 1:
-        raise DefectDetError(f"boards: must be at least 1, got {boards}")
-    if seed < 0:
-        raise DefectDetError(f"seed: must be a non-negative integer, got {seed}")
-    if not 32 <= min_size <= max_size:
-        raise DefectDetError(f"min_size/max_size: need 32 <= min_size <= max_size, got {min_size}/{max_size}")
-    if not 0.0 <= val_fraction < 1.0:
-        raise DefectDetError(f"val_fraction: must be in [0, 1), got {val_fraction}")
+    _check_counts(boards, seed, min_size, max_size, val_fraction)
     splits = _split_of_boards(boards, val_fraction, seed)
     used_splits = sorted(set(splits), key=["train", "val"].index)
     folders = ["images", "labels"] + (["templates"] if template else [])
@@ -119,17 +113,9 @@ def synthesize_dataset(
         _write_png(out / "images" / split / f"{name}.png", image)
         (out / "labels" / split / f"{name}.txt").write_text(_label_lines(image, boxes, classes))
 
-    if progress:
-        from rich.progress import Progress
-
-        with Progress(transient=False) as bar:
-            task = bar.add_task(f"synthesizing {'surfaces' if kind == 'surface' else 'boards'}", total=boards)
-            for index in range(boards):
-                work(index)
-                bar.advance(task)
-    else:
-        for index in range(boards):
-            work(index)
+    _run_each(
+        work, boards, f"synthesizing {'surfaces' if kind == 'surface' else 'boards'}" if progress else None
+    )
 
     config: dict = {"path": ".", "train": "images/train", "val": "images/val"}
     if template:
@@ -139,6 +125,32 @@ def synthesize_dataset(
     data_yaml.write_text(yaml.safe_dump(config, sort_keys=False))
     logger.info("wrote %d %s images (%s) to %s", boards, kind, ", ".join(used_splits), out)
     return data_yaml
+
+
+def _check_counts(boards: int, seed: int, min_size: int, max_size: int, val_fraction: float) -> None:
+    if boards < 1:
+        raise DefectDetError(f"boards: must be at least 1, got {boards}")
+    if seed < 0:
+        raise DefectDetError(f"seed: must be a non-negative integer, got {seed}")
+    if not 32 <= min_size <= max_size:
+        raise DefectDetError(f"min_size/max_size: need 32 <= min_size <= max_size, got {min_size}/{max_size}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise DefectDetError(f"val_fraction: must be in [0, 1), got {val_fraction}")
+
+
+def _run_each(work: Callable[[int], None], count: int, label: str | None) -> None:
+    """work(0) .. work(count - 1), under a rich progress bar titled `label` unless it is None."""
+    if label is None:
+        for index in range(count):
+            work(index)
+        return
+    from rich.progress import Progress
+
+    with Progress(transient=False) as bar:
+        task = bar.add_task(label, total=count)
+        for index in range(count):
+            work(index)
+            bar.advance(task)
 
 
 def _surface_is_color(seed: int, index: int) -> bool:
