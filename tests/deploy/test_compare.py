@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from defectdet.cli import app
 from defectdet.errors import InputError
-from defectdet.export.compare import RULE, check_comparable, compare_models
+from defectdet.export.compare import RULE, compare_models
+from defectdet.export.compare_inputs import check_comparable
 from defectdet.runtime.bundle import read_metadata, write_metadata
 
 runner = CliRunner()
@@ -212,3 +213,21 @@ def test_a_folder_of_clean_boards_counts_its_false_calls(
     assert document["verdict"]["decision"] == "promote"
     with pytest.raises(InputError, match="has none"):
         compare_models(bundle_path, bundle_path, tiny_dataset, clean=boards, out=tmp_path / "missing")
+
+
+def test_two_bundles_compare_without_torch(bundle_path: Path, tiny_dataset: Path, tmp_path: Path) -> None:
+    """On a line PC without PyTorch: bundles need no export, so nothing imports torch."""
+    from torch_blocker import BLOCK_TORCH
+
+    script = BLOCK_TORCH + (
+        "from defectdet.export.compare import compare_models\n"
+        f"document = compare_models({str(bundle_path)!r}, {str(bundle_path)!r}, {str(tiny_dataset)!r}, "
+        f"clean_auto=True, out={str(tmp_path)!r})\n"
+        "assert 'torch' not in sys.modules\n"
+        "print(document['verdict']['decision'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "promote"
