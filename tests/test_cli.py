@@ -209,8 +209,13 @@ def test_every_command_that_takes_data_has_a_format_option(
 
     def record(name: str):
         def stand_in(*args, **kwargs):
-            config = kwargs.get("overrides") or (args[0] if name == "train" else kwargs)
-            seen["format"] = getattr(config, "format", None) if name == "train" else config.get("format")
+            # train: a TrainConfig; val: its ValidateSettings; the others: keywords or an overrides dict
+            config = kwargs.get("overrides") or (
+                args[0] if name == "train" else args[-1] if name == "val" else kwargs
+            )
+            seen["format"] = (
+                config.get("format") if isinstance(config, dict) else getattr(config, "format", None)
+            )
             raise _Stop
 
         return stand_in

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -186,38 +187,16 @@ def train(
 
     Example: defectdet train data/synth/data.yaml --time 5 --out runs/synth
     """
-    from defectdet.engine.config import load_config, parse_overrides
+    from defectdet.engine.config import load_config
     from defectdet.engine.trainer import train as run_training
 
-    overrides = parse_overrides(set_)
-    named = {
-        "data": str(data),
-        "preset": preset,
-        "imgsz": imgsz,
-        "crop_size": crop_size,
-        "template": template,
-        "channels": channels,
-        "strides": _parse_strides(strides),
-        "epochs": epochs,
-        "time_minutes": time,
-        "batch": batch,
-        "workers": workers,
-        "lr": lr,
-        "out": str(out) if out else None,
-        "resume": str(resume) if resume else None,
-        "device": device,
-        "amp": amp,
-        "seed": seed,
-        "train_split": train_split,
-        "val_split": val_split,
-        "on_nonfinite": on_nonfinite,
-        "format": format,
-    }
-    overrides.update({key: value for key, value in named.items() if value is not None})
-    if from_scratch:
-        overrides["pretrained"] = False
-    if time is not None and epochs is None:
-        overrides["epochs"] = None
+    named = {"data": str(data), "preset": preset, "imgsz": imgsz, "crop_size": crop_size, "template": template,
+             "channels": channels, "strides": _parse_strides(strides), "epochs": epochs, "time_minutes": time,
+             "batch": batch, "workers": workers, "lr": lr, "out": str(out) if out else None,
+             "resume": str(resume) if resume else None, "device": device, "amp": amp, "seed": seed,
+             "train_split": train_split, "val_split": val_split, "on_nonfinite": on_nonfinite,
+             "format": format}  # fmt: skip
+    overrides = _train_overrides(set_, named, from_scratch)
     from defectdet.engine.autoconfig import choices_table
     from defectdet.engine.trainer import build_train_data
 
@@ -233,6 +212,20 @@ def train(
     if result.best_metrics:
         summary = ", ".join(f"{k}={v:.4f}" for k, v in result.best_metrics.items() if isinstance(v, float))
         console.print(f"best: {summary}")
+
+
+def _train_overrides(set_: list[str], named: dict[str, Any], from_scratch: bool) -> dict[str, Any]:
+    """TrainConfig overrides from `train`'s options: --set pairs, then the named options that were given;
+    --from-scratch turns `pretrained` off, and --time without --epochs clears the default epochs."""
+    from defectdet.engine.config import parse_overrides
+
+    overrides = parse_overrides(set_)
+    overrides.update({key: value for key, value in named.items() if value is not None})
+    if from_scratch:
+        overrides["pretrained"] = False
+    if named["time_minutes"] is not None and named["epochs"] is None:
+        overrides["epochs"] = None
+    return overrides
 
 
 def _recapture_config(nuisance: bool, shift: float | None, rotation: float | None):
@@ -304,11 +297,9 @@ def val(
     Example: defectdet val runs/train/best.pt ../shared/datasets/deeppcb --split val --clean-templates
     --conf-from train
     """
-    from defectdet.engine.validate import validate
+    from defectdet.engine.validate import ValidateSettings, validate
 
-    metrics = validate(
-        checkpoint,
-        data,
+    settings = ValidateSettings(
         split=split,
         protocol=protocol,
         out=out,
@@ -323,8 +314,8 @@ def val(
         tiles=tiles,
         batch=batch,
         format=format,
-        console=console,
     )
+    metrics = validate(checkpoint, data, settings, console=console)
     console.print(f"[green]report[/green]: {metrics['report']}")
 
 
@@ -570,21 +561,30 @@ def serve(
 
     Example: defectdet serve model.onnx --port 8000 --keep flagged,uncertain --keep-dir kept --keep-max-mb 2000
     """
-    from defectdet.runtime.server import LOOPBACK_HOSTS, TOKEN_ENV, ServeSettings
+    from defectdet.runtime.server import TOKEN_ENV
     from defectdet.runtime.server import serve as run_service
 
-    token = _read_token(token_file, TOKEN_ENV)
     given = {"max_concurrency": max_concurrency, "max_queue": max_queue, "max_bytes": max_bytes,
              "max_pixels": max_pixels, "threads": threads, "max_connections": max_connections}  # fmt: skip
+    keeping = {"keep": tuple(keep), "keep_dir": str(keep_dir) if keep_dir is not None else None,
+               "keep_margin": keep_margin, "keep_max_mb": keep_max_mb}  # fmt: skip
+    settings = _serve_settings(given, keeping, _read_token(token_file, TOKEN_ENV), allowed_host, workers)
+    run_service(bundle, host, port, settings, workers=workers)
+
+
+def _serve_settings(
+    given: dict[str, Any], keeping: dict[str, Any], token: str | None, allowed_host: list[str], workers: int
+):
+    """`serve`'s ServeSettings: the limits given (None: the defaults), the token, the allowed hosts and the
+    keep options; a bad value or combination is a BadParameter naming it."""
+    from defectdet.runtime.server import LOOPBACK_HOSTS, ServeSettings
+
     try:
         settings = ServeSettings(
             **{key: value for key, value in given.items() if value is not None},
             token=token,
             allowed_hosts=(*LOOPBACK_HOSTS, *allowed_host),
-            keep=tuple(keep),
-            keep_dir=str(keep_dir) if keep_dir is not None else None,
-            keep_margin=keep_margin,
-            keep_max_mb=keep_max_mb,
+            **keeping,
         )
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -592,7 +592,7 @@ def serve(
             raise ValueError("--keep runs in one process (one disk cap, one writer): use --workers 1")
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
-    run_service(bundle, host, port, settings, workers=workers)
+    return settings
 
 
 def _read_token(token_file: Path | None, env: str) -> str | None:
