@@ -188,6 +188,16 @@ def test_keep_folder_sidecars_become_tasks(tmp_path: Path, writers) -> None:
     assert result.document_root == keep / "images"
 
 
+def test_two_tasks_of_one_image_keep_the_later(tmp_path: Path, writers) -> None:
+    writers.image(tmp_path / "x.png", 100, 100)
+    tasks = [{"id": n, "data": {"image": "x.png"}, "annotations": [{"result": [_region(box, "short", 100, 100)]}]}
+             for n, box in ((1, (0, 0, 10, 10)), (2, (50, 50, 70, 70)))]  # fmt: skip
+    writers.text(tmp_path / "dup.json", json.dumps(tasks))
+    report, _ = import_export(tmp_path / "dup.json", tmp_path / "out")
+    assert report.labels_written == 1 and "task 2 labels the same image as task 1" in report.warnings[0]
+    np.testing.assert_allclose(load_dataset(tmp_path / "out").samples[0].boxes, [[50, 50, 70, 70]], atol=1.0)
+
+
 def test_label_config_gives_the_class_order(tmp_path: Path, writers) -> None:
     config = writers.text(tmp_path / "c.xml", labeling_config(["open", "short", 'a "quoted" & <odd> name']))
     assert config_classes(config) == ["open", "short", 'a "quoted" & <odd> name']

@@ -192,7 +192,7 @@ def _plan(
     report: ImportReport,
     origin_kind: str,
 ) -> list[_Plan]:
-    plans: list[_Plan] = []
+    plans: dict[Path, _Plan] = {}  # by destination: two tasks of one image keep the later one
     taken: dict[PurePosixPath, Path] = {}
     conflicts: list[str] = []
     for item in items:
@@ -242,7 +242,11 @@ def _plan(
                 action = "unchanged" if lines == old else "merge"
             else:
                 action = "replace"
-        plans.append(_Plan(item, destination, label, lines, action, copy))
+        if destination in plans:
+            report.warnings.append(
+                f"{item.origin} labels the same image as {plans[destination].item.origin}; kept {item.origin}'s boxes"
+            )
+        plans[destination] = _Plan(item, destination, label, lines, action, copy)
     if conflicts:
         listed = "\n  ".join(conflicts[:_LISTED])
         more = f"\n  (and {len(conflicts) - _LISTED} more)" if len(conflicts) > _LISTED else ""
@@ -250,7 +254,7 @@ def _plan(
             f"nothing imported: {len(conflicts)} {origin_kind}(s) would overwrite files in {image_dir.parent.parent}:"
             f"\n  {listed}{more}"
         )
-    return plans
+    return list(plans.values())
 
 
 def _below(path: Path, folder: Path) -> PurePosixPath | None:
