@@ -49,7 +49,23 @@ class ServiceMetrics:
     def __init__(self, class_names: list[str], monitor: DriftMonitor | None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
-        registry = self.registry
+        self._service_metrics(self.registry)
+        self._drift_metrics(self.registry)
+        self._keep_metrics(self.registry)
+        for name in class_names:
+            self.detections.labels(name)
+        for verdict in ("defective", "clean"):
+            self.verdicts.labels(verdict)
+        if monitor is not None:
+            for name, limits in monitor.limits().items():
+                self.drift_limit.labels(name).set(limits["alert_limit"])
+                self.drift_z.labels(name).set(0)
+                self.drift_chart_level.labels(name).set(0)
+        else:
+            self.drift_level.set(-1)
+
+    def _service_metrics(self, registry: CollectorRegistry) -> None:
+        """Requests, latencies, detections, verdicts, places in service and readiness."""
         self.requests = Counter(
             "defectdet_requests", "HTTP requests by route and status", ["route", "status"], registry=registry
         )
@@ -88,6 +104,9 @@ class ServiceMetrics:
             registry=registry,
             multiprocess_mode="livemin",
         )
+
+    def _drift_metrics(self, registry: CollectorRegistry) -> None:
+        """The drift monitor's overall level and, per statistic, its EWMA, z, limit and level."""
         self.drift_level = Gauge(
             "defectdet_drift_level", "Overall drift state: 0 ok, 1 warn, 2 alert", registry=registry,
             multiprocess_mode="livemax",
@@ -117,6 +136,9 @@ class ServiceMetrics:
             registry=registry,
             multiprocess_mode="livemax",
         )
+
+    def _keep_metrics(self, registry: CollectorRegistry) -> None:
+        """What `serve --keep` kept, failed to keep, dropped and evicted, and the bytes it holds."""
         self.kept = Counter(
             "defectdet_kept", "Answers kept (serve --keep) by the policy that kept them", ["reason"],
             registry=registry,
@@ -137,17 +159,6 @@ class ServiceMetrics:
             "defectdet_kept_bytes", "Bytes of kept images, templates and sidecars", registry=registry,
             multiprocess_mode="livemax",
         )  # fmt: skip
-        for name in class_names:
-            self.detections.labels(name)
-        for verdict in ("defective", "clean"):
-            self.verdicts.labels(verdict)
-        if monitor is not None:
-            for name, limits in monitor.limits().items():
-                self.drift_limit.labels(name).set(limits["alert_limit"])
-                self.drift_z.labels(name).set(0)
-                self.drift_chart_level.labels(name).set(0)
-        else:
-            self.drift_level.set(-1)
 
     def observe_request(self, path: str, status: int, seconds: float) -> None:
         route = path if path in ROUTES else ("/static" if path.startswith("/static/") else "other")
