@@ -80,72 +80,103 @@ def predict_records(
         max_detections=settings.max_detections,
     )
     timer = timer or StageTimer()
-    device = torch.device(device)
-    is_module = isinstance(model, torch.nn.Module)
-    records: list[ImageRecord] = []
+    batches = _Batches(model, settings, batch_size, torch.device(device), autocast, timer)
     skipped: list[str] = []
-    pending: list[tuple[Sample, Prepared]] = []
-    inputs: list[np.ndarray] = []  # each pending image's whole letterbox, then its tiles: (C, S, S) each
-
-    def flush() -> None:
-        """Run the model on the pending inputs and turn them into records."""
-        with timer.stage("model"):
-            predictions = np.concatenate(
-                [
-                    _run_model(model, torch.from_numpy(np.stack(part)), is_module, device, autocast)
-                    for part in _batches(inputs, batch_size)
-                ]
-            )  # (inputs, A, 4 + K)
-        with timer.stage("postprocess"):
-            position = 0
-            for sample, prepared in pending:
-                rows = predictions[position : position + prepared.passes]  # the whole image, then its tiles
-                found = pipeline.finish(rows, prepared, settings)
-                position += prepared.passes
-                records.append(
-                    ImageRecord(
-                        image_id=sample.image_id,
-                        width=prepared.transform.original_width,
-                        height=prepared.transform.original_height,
-                        gt_boxes=sample.boxes,
-                        gt_classes=sample.classes,
-                        det_boxes=found.boxes,
-                        det_scores=found.scores,
-                        det_classes=found.classes,
-                        image_path=str(sample.image_path),
-                        registration=prepared.registration,
-                    )
-                )
-        timer.add_images(len(pending))
-        pending.clear()
-        inputs.clear()
-
     with Progress(disable=not progress, transient=True) as bar, torch.inference_mode():
         task = bar.add_task("evaluating", total=len(samples))
         for sample in samples:
             bar.advance(task)
-            try:
-                with timer.stage("decode"):
-                    template_path = sample.template_path if use_template else None
-                    if use_template and template_path is None:
-                        raise InputError(
-                            f"{sample.image_path}: this model needs a template and the sample has none"
-                        )
-                    image, template = pipeline.load_pair(sample.image_path, template_path, channels)
-                prepared = pipeline.prepare(image, template, spec, timer)
-            except (ImageReadError, InputError, cv2.error, OSError) as error:
-                # an unreadable file, or a pair the pipeline refuses (a template of another size): skipped and
-                # listed, as `Predictor.predict` would refuse it
-                logger.warning("skipping %s: %s", sample.image_path, error)
+            prepared = _prepare(sample, spec, timer)
+            if prepared is None:
                 skipped.append(str(sample.image_path))
-                continue
-            pending.append((sample, prepared))
-            inputs.extend(prepared.inputs)
-            if len(inputs) >= batch_size:  # memory stays within a batch plus one image's tiles
-                flush()
-        if pending:
-            flush()
-    return records, skipped
+            else:
+                batches.add(sample, prepared)
+        batches.flush()
+    return batches.records, skipped
+
+
+def _prepare(sample: Sample, spec: ModelSpec, timer: Any) -> Prepared | None:
+    """Decode and prepare one sample (`runtime.pipeline`); None, with a warning, for an unreadable file or a
+    pair the pipeline refuses (a template of another size), as `Predictor.predict` would refuse it."""
+    try:
+        with timer.stage("decode"):
+            template_path = sample.template_path if spec.template else None
+            if spec.template and template_path is None:
+                raise InputError(f"{sample.image_path}: this model needs a template and the sample has none")
+            image, template = pipeline.load_pair(sample.image_path, template_path, spec.channels)
+        return pipeline.prepare(image, template, spec, timer)
+    except (ImageReadError, InputError, cv2.error, OSError) as error:
+        logger.warning("skipping %s: %s", sample.image_path, error)
+        return None
+
+
+class _Batches:
+    """Prepared images waiting for the model, run `batch_size` inputs at a time (an image's whole letterbox,
+    then its tiles); memory stays within a batch plus one image's tiles."""
+
+    def __init__(
+        self,
+        model: Callable[[torch.Tensor], Any],
+        settings: PostprocessSettings,
+        batch_size: int,
+        device: torch.device,
+        autocast: Callable[[], contextlib.AbstractContextManager] | None,
+        timer: Any,
+    ) -> None:
+        self.model, self.settings, self.batch_size = model, settings, batch_size
+        self.device, self.autocast, self.timer = device, autocast, timer
+        self.is_module = isinstance(model, torch.nn.Module)
+        self.records: list[ImageRecord] = []
+        self.pending: list[tuple[Sample, Prepared]] = []
+        self.inputs: list[np.ndarray] = []  # (C, S, S) each
+
+    def add(self, sample: Sample, prepared: Prepared) -> None:
+        self.pending.append((sample, prepared))
+        self.inputs.extend(prepared.inputs)
+        if len(self.inputs) >= self.batch_size:
+            self.flush()
+
+    def flush(self) -> None:
+        """Run the model on the pending inputs and turn them into records (`pipeline.finish` per image)."""
+        if not self.pending:
+            return
+        with self.timer.stage("model"):
+            predictions = np.concatenate(
+                [
+                    _run_model(
+                        self.model,
+                        torch.from_numpy(np.stack(part)),
+                        self.is_module,
+                        self.device,
+                        self.autocast,
+                    )
+                    for part in _batches(self.inputs, self.batch_size)
+                ]
+            )  # (inputs, A, 4 + K)
+        with self.timer.stage("postprocess"):
+            position = 0
+            for sample, prepared in self.pending:
+                rows = predictions[position : position + prepared.passes]  # the whole image, then its tiles
+                position += prepared.passes
+                self.records.append(_record(sample, prepared, pipeline.finish(rows, prepared, self.settings)))
+        self.timer.add_images(len(self.pending))
+        self.pending.clear()
+        self.inputs.clear()
+
+
+def _record(sample: Sample, prepared: Prepared, found: pipeline.Found) -> ImageRecord:
+    return ImageRecord(
+        image_id=sample.image_id,
+        width=prepared.transform.original_width,
+        height=prepared.transform.original_height,
+        gt_boxes=sample.boxes,
+        gt_classes=sample.classes,
+        det_boxes=found.boxes,
+        det_scores=found.scores,
+        det_classes=found.classes,
+        image_path=str(sample.image_path),
+        registration=prepared.registration,
+    )
 
 
 def _run_model(

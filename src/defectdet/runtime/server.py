@@ -317,54 +317,11 @@ class Service:
         """Read the upload (no place taken yet), then take an inference place and run it."""
         self.check_ready()
         arrived = time.perf_counter()
-        self.reading += 1
-        self.metrics.reading.set(self.reading)
-        try:
-            fields = {
-                "image": self.settings.max_bytes,
-                "template": self.settings.max_bytes,
-                "conf": CONF_FIELD_BYTES,
-            }
-            reading = read_form(
-                {key.lower(): value for key, value in request.headers.items()},
-                _stream(request),
-                self.settings.max_bytes,
-                fields,
-            )
-            try:
-                form = await asyncio.wait_for(reading, self.settings.body_timeout_s)
-            except asyncio.TimeoutError:
-                raise UploadError(
-                    408, f"the upload took longer than {self.settings.body_timeout_s:g} s"
-                ) from None
-        finally:
-            self.reading -= 1
-            self.metrics.reading.set(self.reading)
-        if "image" not in form:
-            raise UploadError(422, "missing form field 'image' (the image file to inspect)")
-        conf = _parse_conf(form["conf"].data) if "conf" in form else None
-        template = bytes(form["template"].data) if "template" in form else None
-        if self.metadata.template and template is None:
-            raise UploadError(
-                422,
-                "this bundle compares each image to its defect-free template: send the 'template' field",
-            )
-        if not self.metadata.template and template is not None:
-            raise UploadError(422, "this bundle takes no template: drop the 'template' field")
+        form = await self._read_upload(request)
+        image, template, conf = self._fields(form)
         received = time.perf_counter()
-        self.admit()
-        submitted = False
-        try:
-            job = self.executor.submit(self._timed_infer, bytes(form["image"].data), template, conf)
-            submitted = True
-            # the place is given back when the work ends, not when this coroutine does: a client that
-            # hangs up cannot leave work behind that the queue limit no longer counts
-            job.add_done_callback(_release_on(asyncio.get_running_loop(), self.leave))
-            result, drift, queued, kept = await asyncio.wrap_future(job)
-            finished = time.perf_counter()
-        finally:
-            if not submitted:
-                self.leave()
+        result, drift, queued, kept = await self._run(image, template, conf)
+        finished = time.perf_counter()
         timings = {
             "receive": (received - arrived) * 1e3,
             "queue": (queued - received) * 1e3,
@@ -383,19 +340,64 @@ class Service:
         }
         if self.capture is not None:
             answer["kept"] = kept
-        self.results.appendleft(
-            {
-                "time": time.time(),
-                "verdict": result.verdict,
-                "detections": len(result.detections),
-                "classes": sorted({detection.class_name for detection in result.detections}),
-                "top_score": max((detection.score for detection in result.detections), default=0.0),
-                "drift": drift["level"],
-                "total_ms": round(timings["total"], 1),
-                "image_size": list(result.image_size),
-            }
-        )
+        self.results.appendleft(_recent(result, drift, timings["total"]))
         return answer
+
+    async def _read_upload(self, request: Request) -> dict[str, Any]:
+        """The multipart form, read as a stream within `body_timeout_s` (408 beyond)."""
+        self.reading += 1
+        self.metrics.reading.set(self.reading)
+        try:
+            fields = {
+                "image": self.settings.max_bytes,
+                "template": self.settings.max_bytes,
+                "conf": CONF_FIELD_BYTES,
+            }
+            reading = read_form(
+                {key.lower(): value for key, value in request.headers.items()},
+                _stream(request),
+                self.settings.max_bytes,
+                fields,
+            )
+            try:
+                return await asyncio.wait_for(reading, self.settings.body_timeout_s)
+            except asyncio.TimeoutError:
+                raise UploadError(
+                    408, f"the upload took longer than {self.settings.body_timeout_s:g} s"
+                ) from None
+        finally:
+            self.reading -= 1
+            self.metrics.reading.set(self.reading)
+
+    def _fields(self, form: dict[str, Any]) -> tuple[bytes, bytes | None, float | None]:
+        """(image, template, conf) from the form; 422 for a missing image or a template the bundle does not take."""
+        if "image" not in form:
+            raise UploadError(422, "missing form field 'image' (the image file to inspect)")
+        conf = _parse_conf(form["conf"].data) if "conf" in form else None
+        template = bytes(form["template"].data) if "template" in form else None
+        if self.metadata.template and template is None:
+            raise UploadError(
+                422,
+                "this bundle compares each image to its defect-free template: send the 'template' field",
+            )
+        if not self.metadata.template and template is not None:
+            raise UploadError(422, "this bundle takes no template: drop the 'template' field")
+        return bytes(form["image"].data), template, conf
+
+    async def _run(self, image: bytes, template: bytes | None, conf: float | None) -> tuple[Any, ...]:
+        """Take a place (503 when full) and infer on a worker thread: (result, drift, queued, kept)."""
+        self.admit()
+        submitted = False
+        try:
+            job = self.executor.submit(self._timed_infer, image, template, conf)
+            submitted = True
+            # the place is given back when the work ends, not when this coroutine does: a client that
+            # hangs up cannot leave work behind that the queue limit no longer counts
+            job.add_done_callback(_release_on(asyncio.get_running_loop(), self.leave))
+            return await asyncio.wrap_future(job)
+        finally:
+            if not submitted:
+                self.leave()
 
     def drift_report(self) -> dict[str, Any]:
         if self.monitor is None:
@@ -419,6 +421,20 @@ _NO_DRIFT: dict[str, Any] = {
     "message": "the bundle carries no drift reference (metadata.drift_reference is null)",
     "charts": {},
 }
+
+
+def _recent(result: PredictionResult, drift: dict[str, Any], total_ms: float) -> dict[str, Any]:
+    """One row of `/v1/results` (the page's last results)."""
+    return {
+        "time": time.time(),
+        "verdict": result.verdict,
+        "detections": len(result.detections),
+        "classes": sorted({detection.class_name for detection in result.detections}),
+        "top_score": max((detection.score for detection in result.detections), default=0.0),
+        "drift": drift["level"],
+        "total_ms": round(total_ms, 1),
+        "image_size": list(result.image_size),
+    }
 
 
 def _release_on(loop: asyncio.AbstractEventLoop, release: Any) -> Any:
@@ -574,6 +590,18 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
     app.add_middleware(_Guard, settings=settings)
     app.add_middleware(_MetricsMiddleware, metrics=service.metrics)
     app.add_middleware(_JSONErrors)
+    _add_error_handlers(app)
+    _add_inspection_routes(app, service, settings)
+    _add_monitoring_routes(app, service)
+    if service.review is not None:
+        app.include_router(review_router(service.review))
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every refusal as `{"error": one line, "status": N}`."""
 
     @app.exception_handler(UploadError)
     async def upload_error(request: Request, error: UploadError) -> JSONResponse:
@@ -599,6 +627,10 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         return _error(error.status_code, str(error.detail), getattr(error, "headers", None))
+
+
+def _add_inspection_routes(app: FastAPI, service: Service, settings: ServeSettings) -> None:
+    """/v1/detect, the health and readiness probes and /v1/model."""
 
     @app.post("/v1/detect", openapi_extra=DETECT_BODY_SCHEMA, summary="Detect defects in one image")
     async def detect(request: Request) -> Response:
@@ -630,6 +662,10 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
             },
         }
 
+
+def _add_monitoring_routes(app: FastAPI, service: Service) -> None:
+    """Drift, the last results, /metrics and the page."""
+
     @app.get("/v1/drift", summary="Drift state, chart limits and recent chart values")
     async def drift() -> dict[str, Any]:
         return service.drift_report()
@@ -653,12 +689,6 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=PAGE_HEADERS)
-
-    if service.review is not None:
-        app.include_router(review_router(service.review))
-
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-    return app
 
 
 class _MetricsMiddleware:
