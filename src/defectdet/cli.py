@@ -135,6 +135,14 @@ def presets(imgsz: int = typer.Option(640, help="Input size for the GFLOPs figur
     console.print(table)
 
 
+_FROM_HELP = (
+    "Continue from a deployed model (best.pt, or a model.onnx exported with its weights): its architecture "
+    "and weights, classes matched by name, a tenth of the default lr."
+)
+_OLD_DATA_HELP = "With --from: the old training data, mixed in and validated on too."
+_NEW_SHARE_HELP = "With --old-data: the least share of each epoch drawn from DATA (default 0.3)."
+
+
 @app.command()
 def train(
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
@@ -145,6 +153,9 @@ def train(
         "--from-scratch",
         help="Start from random weights instead of the weights shipped for the preset (see the settings table).",
     ),
+    start_from: Path | None = typer.Option(None, "--from", help=_FROM_HELP),
+    old_data: Path | None = typer.Option(None, "--old-data", help=_OLD_DATA_HELP),
+    new_share: float | None = typer.Option(None, "--new-share", help=_NEW_SHARE_HELP),
     imgsz: int | None = typer.Option(
         None, help="Letterbox size S, a multiple of 32 (default: chosen from the image and defect sizes)."
     ),
@@ -195,7 +206,8 @@ def train(
              "batch": batch, "workers": workers, "lr": lr, "out": str(out) if out else None,
              "resume": str(resume) if resume else None, "device": device, "amp": amp, "seed": seed,
              "train_split": train_split, "val_split": val_split, "on_nonfinite": on_nonfinite,
-             "format": format}  # fmt: skip
+             "format": format, "start_from": str(start_from) if start_from else None,
+             "old_data": str(old_data) if old_data else None, "new_share": new_share}  # fmt: skip
     overrides = _train_overrides(set_, named, from_scratch)
     from defectdet.engine.autoconfig import choices_table
     from defectdet.engine.trainer import build_train_data
@@ -206,8 +218,11 @@ def train(
     if rank_zero:
         console.print(choices_table(train_data.choices))
     result = run_training(train_data.config or train_config, data=train_data)
-    if not rank_zero:
-        return
+    if rank_zero:
+        _print_train_result(result)
+
+
+def _print_train_result(result: Any) -> None:
     console.print(f"[green]done[/green]: run folder {result.run_dir}")
     if result.best_metrics:
         summary = ", ".join(f"{k}={v:.4f}" for k, v in result.best_metrics.items() if isinstance(v, float))

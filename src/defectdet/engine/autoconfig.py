@@ -78,12 +78,12 @@ MIN_AUTO_BATCH = 4  # BatchNorm statistics get noisy below this
 ALL_STRIDES = (8, 16, 32)
 GRAY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"})
 
-Source = Literal["auto", "user", "checkpoint", "fixed"]
+Source = Literal["auto", "user", "checkpoint", "fixed", "model"]  # model: fixed by `train --from`
 
 
 @dataclass(frozen=True)
 class Choice:
-    """One setting: its value, why, and who decided (auto / user / checkpoint / fixed)."""
+    """One setting: its value, why, and who decided (auto / user / checkpoint / fixed / model)."""
 
     name: str
     value: Any

@@ -21,6 +21,8 @@ VAL_BUDGET_SHARE = 0.1  # with a time budget and no val_every: about ten validat
 # AdamW: what bench/results/train_deeppcb_*.json ran with
 DEFAULT_LEARNING_RATES = {"adamw": 0.008, "sgd": 0.01}
 DEFAULT_WEIGHT_DECAY = {"adamw": 0.05, "sgd": 0.0005}
+# continuing from a trained model: small steps keep what it learned (the usual fine-tuning tenth)
+FINE_TUNE_LR_FACTOR = 0.1
 
 
 class TrainConfig(BaseModel):
@@ -54,6 +56,13 @@ class TrainConfig(BaseModel):
     preset: str = "nano"
     # start from the weights shipped for the preset and input layout (model.pretrained); None: when they exist
     pretrained: bool | None = None
+    # continue from a deployed model (checkpoint .pt or bundle .onnx, `train --from`): its architecture and
+    # weights, classes matched by name (engine.start_model); a tenth of the default lr unless lr is set
+    start_from: Path | None = None
+    old_data: Path | None = None  # with start_from: old training data mixed with `data` (engine.data_mix)
+    # with old_data: the least share of each epoch drawn from `data` (new images repeated); 0.3 lets a few dozen
+    # captures count while most of each epoch keeps showing the old line
+    new_share: float = Field(0.3, gt=0, lt=1)
 
     # budget: epochs, wall-clock minutes, or both (whichever ends first; the LR schedule follows epochs then)
     epochs: int | None = Field(None, ge=1)
@@ -62,7 +71,7 @@ class TrainConfig(BaseModel):
 
     # optimisation
     optimizer: Literal["adamw", "sgd"] = "adamw"
-    lr: float | None = Field(None, gt=0)  # None: DEFAULT_LEARNING_RATES[optimizer]
+    lr: float | None = Field(None, gt=0)  # None: DEFAULT_LEARNING_RATES[optimizer], a tenth with start_from
     weight_decay: float | None = Field(None, ge=0)  # None: DEFAULT_WEIGHT_DECAY[optimizer]
     momentum: float = Field(0.9, ge=0, lt=1)  # SGD momentum, AdamW beta1
     warmup_epochs: float = Field(1.0, ge=0)
@@ -130,7 +139,8 @@ class TrainConfig(BaseModel):
         # Resolve optimizer-dependent defaults here so config.yaml records the values actually used.
         # (object.__setattr__ avoids re-running validation through validate_assignment.)
         if self.lr is None:
-            object.__setattr__(self, "lr", DEFAULT_LEARNING_RATES[self.optimizer])
+            factor = FINE_TUNE_LR_FACTOR if self.start_from is not None else 1.0
+            object.__setattr__(self, "lr", DEFAULT_LEARNING_RATES[self.optimizer] * factor)
         if self.weight_decay is None:
             object.__setattr__(self, "weight_decay", DEFAULT_WEIGHT_DECAY[self.optimizer])
         if self.epochs is None and self.time_minutes is None:

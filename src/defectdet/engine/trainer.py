@@ -91,6 +91,7 @@ class TrainData:
     collate_fn: Any = None
     config: TrainConfig | None = None  # the config with its auto settings filled (engine.autoconfig)
     choices: list = field(default_factory=list)  # autoconfig.Choice per setting: value and why
+    old_val: Dataset | None = None  # `train --from --old-data`: the old data's val split, validated too
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:
@@ -158,7 +159,9 @@ def build_train_data(config: TrainConfig) -> TrainData:
     previous = None
     if config.resume is not None:  # keep the resumed run's choices so the model rebuilds exactly
         previous = load_checkpoint(config.resume).get("config")
+    config, train_split, old_val_split, extra_choices = _continue_from(config, train_split)
     config, choices = choose_settings(collect_split_stats(train_split, seed=config.seed), config, previous)
+    choices = _with_start_rows(config, choices + extra_choices)
     if config.class_balance == "repeat":
         train_split = balance_split(train_split, config.seed)
     channels = config.channels or 1
@@ -175,29 +178,72 @@ def build_train_data(config: TrainConfig) -> TrainData:
         cache_bytes=cache_budget_bytes(config.cache_mb, config.workers),
     )
     template = bool(train_set.use_template)
-    val_set = None
-    if val_split is not None and val_split.samples:
-        val_set = DetectionDataset(
-            val_split,
-            config.imgsz,
-            channels,
-            template,
-            None,
-            False,
-            None,
-            seed=config.seed,
-            register_pairs=config.register_pairs,
-        )
-    in_channels = channels * (2 if template else 1)
     return TrainData(
         train_set,
-        val_set,
+        _val_set(val_split, config, template),
         list(train_split.class_names),
-        in_channels,
+        channels * (2 if template else 1),
         template,
         config=config,
         choices=choices,
+        old_val=_val_set(old_val_split, config, template),  # `--from --old-data`: validated on too
     )
+
+
+def _with_start_rows(config: TrainConfig, choices: list) -> list:
+    """With `start_from`: the settings rows the model fixes marked "[from model]", and the lr row."""
+    if config.start_from is None:
+        return choices
+    from defectdet.engine.start_model import read_start, start_choices
+
+    return start_choices(choices, read_start(config.start_from), config)
+
+
+def _val_set(split: Any, config: TrainConfig, template: bool) -> Dataset | None:
+    """A validation DetectionDataset of `split` (None when it is missing or empty)."""
+    from defectdet.data.dataset import DetectionDataset
+
+    if split is None or not split.samples:
+        return None
+    channels = config.channels or 1
+    return DetectionDataset(
+        split, config.imgsz, channels, template, None, False, None, seed=config.seed,
+        register_pairs=config.register_pairs,
+    )  # fmt: skip
+
+
+def _continue_from(config: TrainConfig, train_split: Any) -> tuple[TrainConfig, Any, Any, list]:
+    """With `start_from`: the config with the model's architecture (engine.start_model), and with `old_data`
+    the old training split mixed in (engine.data_mix). Returns (config, train split, the old data's
+    validation split or None, the extra settings rows)."""
+    from defectdet.engine.autoconfig import Choice
+
+    if config.start_from is None:
+        if config.old_data is not None:
+            raise ConfigError("field 'old_data': only with start_from (train --from MODEL --old-data OLD)")
+        return config, train_split, None, []
+    if config.resume is not None:
+        raise ConfigError(
+            "--from and --resume exclude each other: --resume continues a run, --from starts one"
+        )
+    from defectdet.data.formats import load_dataset
+    from defectdet.engine.data_mix import mix_splits, remap_classes
+    from defectdet.engine.start_model import check_classes, fit_config, read_start
+
+    start = read_start(config.start_from)
+    check_classes(start, list(train_split.class_names), config.data)
+    config = fit_config(config, start, train_split)
+    if config.old_data is None:
+        return config, train_split, None, []
+    names = list(train_split.class_names)
+    old_train = remap_classes(load_dataset(config.old_data, config.train_split), names, config.old_data)
+    old_val = None
+    if config.val_split:
+        old_val = remap_classes(load_dataset(config.old_data, config.val_split), names, config.old_data)
+    train_split, mix = mix_splits(train_split, old_train, config.new_share)
+    logging.getLogger(LOGGER_NAME).info("data mix: %s", mix.describe())
+    why = f"{config.old_data} (old) mixed with {config.data} (new); validated on both val splits"
+    return config, train_split, old_val, [Choice("data mix", mix.describe(), why, "auto")]
 
 
 def resolve_run_dir(config: TrainConfig) -> Path:
@@ -364,8 +410,14 @@ class Trainer:
         self.config = config
 
     def _setup_model(self) -> None:
-        """The given model, else the preset's (from the shipped weights unless resuming or from scratch)."""
+        """The given model, else `start_from`'s (engine.start_model), else the preset's (from the shipped weights
+        unless resuming or from scratch)."""
         config, data = self.config, self.data
+        if self.model is None and config.start_from is not None and self.checkpoint is None:
+            from defectdet.engine.start_model import build_start_model, read_start
+
+            self.model, summary = build_start_model(read_start(config.start_from), list(data.class_names))
+            self.log.info("starting weights: %s", summary)
         if self.model is None:
             from defectdet.engine.autoconfig import model_overrides
             from defectdet.model import build_model
@@ -540,8 +592,30 @@ class Trainer:
             settings=config.to_dict(),
             tiles=bool(config.tiles),
         )
+        if self.data.old_val is not None:
+            metrics = {**metrics, **self._validate_old(stopped)}
         self.final_metrics = metrics
         return metrics
+
+    def _validate_old(self, stopped: bool) -> dict[str, float]:
+        """`train --from --old-data`: the old data's validation split too (val_old_* columns), so a fine-tune
+        that forgets the old line shows it."""
+        _, metrics = evaluate(
+            self.ema.module if self.ema is not None else self.model,
+            self.data.old_val,
+            self.data.class_names,
+            device=self.device,
+            amp=self.amp,
+            postprocess_settings=PostprocessSettings.from_config(self.config.to_dict()),
+            out_dir=self.run_dir / "val_old",
+            protocol=self.config.protocol,
+            plots=False,
+            settings=self.config.to_dict(),
+            tiles=bool(self.config.tiles),
+        )
+        return {
+            f"val_old_{key.removeprefix('val_')}": value for key, value in _scalar_metrics(metrics).items()
+        }
 
     def _log_row(self, summary: EpochSummary, metrics: dict) -> None:
         state = self.state

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from defectdet.engine.start_model import WEIGHTS_KEY, encode_weights
 from defectdet.errors import ConfigError, DatasetError, DefectDetError
 from defectdet.runtime.bundle import (
     FEATURES_OUTPUT,
@@ -103,6 +104,21 @@ def export_onnx_graph(detector: nn.Module, path: Path, channels: int, imgsz: int
             dynamo=False,
         )
     onnx.checker.check_model(onnx.load(str(path)), full_check=True)
+
+
+def embed_weights(path: Path, text: str) -> None:
+    """Store `engine.start_model.encode_weights` output as the ONNX file's `metadata_props[WEIGHTS_KEY]`
+    (other entries kept; `write_metadata` keeps this one): the BatchNorm-folded graph cannot be trained, these
+    can."""
+    import onnx
+
+    model = onnx.load(str(path))
+    kept = [prop for prop in model.metadata_props if prop.key != WEIGHTS_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = WEIGHTS_KEY, text
+    onnx.save(model, str(path))
 
 
 def base_metadata(detector: nn.Module, checkpoint: dict[str, Any]) -> BundleMetadata:
@@ -192,6 +208,7 @@ def export_bundle(
     wanted = set(FORMATS[:-1]) if "all" in formats else set(formats) | {"onnx"}
     checkpoint = Path(checkpoint)
     detector, state = load_detector(checkpoint)
+    trainable = encode_weights(detector)  # the unfolded float weights, for `train --from model.onnx`
     fold_batchnorm(detector)
     metadata = base_metadata(detector, state)
     bundle = Path(out) if out else checkpoint.with_suffix(".onnx")
@@ -200,6 +217,7 @@ def export_bundle(
     size, channels = metadata.input_size, metadata.input_channels
 
     export_onnx_graph(detector, bundle, channels, size)
+    embed_weights(bundle, trainable)
     write_metadata(bundle, metadata)
     probe = np.random.default_rng(0).random((2, channels, size, size), dtype=np.float32)
     max_diff = parity(detector, bundle, probe)

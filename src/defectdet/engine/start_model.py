@@ -1,0 +1,221 @@
+"""The model a fine-tune starts from (`train --from`): a training checkpoint or a bundle with embedded weights.
+
+A bundle's graph has BatchNorm folded into its convolutions, so it cannot be trained as it stands; the exporter
+therefore also stores the unfolded float state_dict (the checkpoint's EMA weights, the ones it exported) and the
+model config in the ONNX file's `metadata_props[WEIGHTS_KEY]` (torch.save, zlib, base64), and `read_start`
+restores exactly the model the bundle was exported from. Older bundles lack it: they are refused with a way out.
+
+Classes are matched by name: the new data must keep every class of the model (a fine-tune does not silently
+forget one); classes it adds get fresh logits rows, the old rows are copied.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from defectdet.errors import CheckpointError, ConfigError
+
+WEIGHTS_KEY = "defectdet.weights"
+WEIGHTS_FORMAT = "defectdet-bundle-weights/1"
+CLASSIFIER_PREFIX = "head.classifiers."
+ARCHITECTURE = ("preset", "imgsz", "strides", "channels", "template")  # TrainConfig fields the model fixes
+
+
+@dataclass
+class StartModel:
+    """What `--from` names: the float weights, the model config they fit, the classes and training settings."""
+
+    path: Path
+    kind: str  # "checkpoint" | "bundle"
+    model_config: dict[str, Any]
+    state_dict: dict[str, torch.Tensor]
+    class_names: list[str]
+    train_config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def architecture(self) -> dict[str, Any]:
+        """The TrainConfig values the model was built with (preset, imgsz, strides, channels, template)."""
+        from defectdet.model.detector import STRIDES_BY_LEVEL
+
+        model, config = self.model_config, self.train_config
+        in_channels, template = int(model["in_channels"]), bool(model["template"])
+        return {
+            "preset": model.get("preset") or config.get("preset"),
+            "imgsz": config.get("imgsz"),
+            "strides": [STRIDES_BY_LEVEL[level] for level in model["levels"]],
+            "channels": in_channels // (2 if template else 1),
+            "template": template,
+        }
+
+
+def encode_weights(model: nn.Module) -> str:
+    """`model`'s float state_dict and config as one ASCII string (torch.save, zlib level 9, base64)."""
+    buffer = io.BytesIO()
+    state = {name: tensor.detach().cpu().clone() for name, tensor in model.state_dict().items()}
+    torch.save({"format": WEIGHTS_FORMAT, "model_config": dict(model.config), "state_dict": state}, buffer)
+    return base64.b64encode(zlib.compress(buffer.getvalue(), 9)).decode("ascii")
+
+
+def decode_weights(text: str, source: str | Path) -> dict[str, Any]:
+    try:
+        raw = zlib.decompress(base64.b64decode(text.encode("ascii"), validate=True))
+        payload = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - base64, zlib and torch errors get one message
+        raise CheckpointError(
+            f"{source}: the embedded weights are unreadable ({type(error).__name__})"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != WEIGHTS_FORMAT:
+        raise CheckpointError(f"{source}: the embedded weights are not in format {WEIGHTS_FORMAT!r}")
+    return payload
+
+
+def _read_bundle(path: Path) -> StartModel:
+    import onnx
+
+    from defectdet.runtime.bundle import read_metadata
+
+    metadata = read_metadata(path)
+    model = onnx.load(str(path), load_external_data=False)
+    text = next((prop.value for prop in model.metadata_props if prop.key == WEIGHTS_KEY), None)
+    if not text:
+        raise CheckpointError(
+            f"{path}: this bundle has no trainable weights (no {WEIGHTS_KEY!r} entry: exported before "
+            "defectdet embedded them, and its graph has BatchNorm folded away); re-export it from its "
+            "checkpoint with `defectdet export`, or pass the checkpoint to --from"
+        )
+    payload = decode_weights(text, path)
+    train_config = {**metadata.train_config, "imgsz": metadata.input_size}
+    return StartModel(
+        path,
+        "bundle",
+        payload["model_config"],
+        payload["state_dict"],
+        list(metadata.class_names),
+        train_config,
+    )
+
+
+def _read_checkpoint(path: Path) -> StartModel:
+    from defectdet.engine.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(path)
+    model_config = checkpoint.get("model_config")
+    if not isinstance(model_config, dict):
+        raise CheckpointError(
+            f"{path}: no 'model_config' in the checkpoint; was it written by `defectdet train`?"
+        )
+    weights = checkpoint["ema"] if checkpoint.get("ema") is not None else checkpoint["model"]
+    if isinstance(weights, dict) and "module" in weights:  # the EMA's state: its module's weights
+        weights = weights["module"]
+    names = checkpoint.get("class_names") or []
+    return StartModel(path, "checkpoint", model_config, weights, list(names), checkpoint.get("config") or {})
+
+
+def read_start(path: str | Path) -> StartModel:
+    """The model a fine-tune starts from: a checkpoint (EMA weights when kept, as `export` uses) or a bundle."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"field 'start_from': {path} not found (a checkpoint .pt or a bundle .onnx)")
+    return _read_bundle(path) if path.suffix.lower() == ".onnx" else _read_checkpoint(path)
+
+
+def check_classes(start: StartModel, class_names: list[str], data: str | Path) -> None:
+    """ConfigError unless `class_names` (the new data's) keeps every class of the model, by name."""
+    dropped = [name for name in start.class_names if name not in class_names]
+    if dropped:
+        raise ConfigError(
+            f"{data}: its classes {class_names} drop {dropped}, which {start.path.name} detects; a fine-tune "
+            "cannot forget a class silently: keep the name in the dataset's class list (with no boxes if need "
+            "be) or train --from-scratch"
+        )
+
+
+def build_start_model(start: StartModel, class_names: list[str]) -> tuple[nn.Module, str]:
+    """The model of `start` with `class_names` classes, its weights loaded: everything when the classes are
+    the same, else the old classes' logits rows copied by name and added classes left at their fresh init.
+    Returns the model and a one-line summary."""
+    from defectdet.engine.state_dict import load_state_dict_checked
+    from defectdet.model import detector_from_config
+
+    model = detector_from_config({**start.model_config, "num_classes": len(class_names)})
+    weights = dict(start.state_dict)
+    added = [name for name in class_names if name not in start.class_names]
+    if class_names != start.class_names:
+        fresh = model.state_dict()
+        for key, old in start.state_dict.items():
+            if key.startswith(CLASSIFIER_PREFIX) and old.shape[0] == len(start.class_names):
+                rows = fresh[key].clone()
+                for index, name in enumerate(class_names):
+                    if name in start.class_names:
+                        rows[index] = old[start.class_names.index(name)]
+                weights[key] = rows
+    load_state_dict_checked(model, weights, source=f"{start.path} weights")
+    summary = f"all {len(weights)} tensors from {start.path.name}"
+    if added:
+        summary += f"; logits rows of the old classes kept by name, new classes {added} start fresh"
+    elif class_names != start.class_names:
+        summary += "; logits rows reordered by class name"
+    return model, summary
+
+
+def fit_config(config: Any, start: StartModel, train_split: Any) -> Any:
+    """`config` with the model's architecture (preset, imgsz, strides, channels, template) filled in, so the
+    data cannot choose another; ConfigError when a value set by the user, or the data's layout, differs."""
+    architecture = start.architecture
+    name = start.path.name
+    if architecture["imgsz"] is None:
+        raise ConfigError(f"{start.path}: it records no input size (imgsz); re-export or retrain it")
+    for key in ("imgsz", "strides", "channels", "template"):
+        given = getattr(config, key)
+        if given is not None and given != architecture[key]:
+            raise ConfigError(
+                f"field {key!r}: {given} was set, but {name} was built with {architecture[key]}; a fine-tune keeps "
+                f"the model's {key} (drop the setting, or train --from-scratch)"
+            )
+    if architecture["template"]:
+        lacking = sum(sample.template_path is None for sample in train_split.samples)
+        if lacking:
+            raise ConfigError(
+                f"{config.data}: {lacking} of {len(train_split.samples)} training images have no template, but "
+                f"{name} compares each image with its template (template layout); give them templates or train "
+                "--from-scratch"
+            )
+    return config.model_copy(update={**architecture, "pretrained": False})
+
+
+def start_choices(choices: list[Any], start: StartModel, config: Any) -> list[Any]:
+    """The settings table with the rows the model fixes marked "[from model] FILE", plus its preset, the
+    starting weights and the learning rate rows."""
+    from defectdet.engine.autoconfig import Choice
+    from defectdet.engine.config import DEFAULT_LEARNING_RATES, FINE_TUNE_LR_FACTOR
+
+    name = start.path.name
+    fixed = f"[from model] {name}: the model was built with it"
+    rows = [Choice("preset", start.architecture["preset"], fixed, "model")]
+    for choice in choices:
+        if choice.name in ARCHITECTURE:
+            rows.append(Choice(choice.name, choice.value, fixed, "model"))
+        elif choice.name == "pretrained":
+            why = f"[from model] starts from {name}'s weights ({start.kind}), not the shipped ones"
+            rows.append(Choice("pretrained", False, why, "model"))
+        else:
+            rows.append(choice)
+    default = DEFAULT_LEARNING_RATES[config.optimizer]
+    if math.isclose(config.lr, default * FINE_TUNE_LR_FACTOR):
+        why = (
+            f"continuing from {name}: {FINE_TUNE_LR_FACTOR:g} x the {config.optimizer} default {default:g}, so "
+            "small steps keep what it learned (set lr to override)"
+        )
+        rows.append(Choice("lr", config.lr, why, "auto"))
+    else:
+        rows.append(Choice("lr", config.lr, f"set by you (continuing from {name})", "user"))
+    return rows
