@@ -60,8 +60,8 @@ class TrainConfig(BaseModel):
     # weights, classes matched by name (engine.start_model); a tenth of the default lr unless lr is set
     start_from: Path | None = None
     old_data: Path | None = None  # with start_from: old training data mixed with `data` (engine.data_mix)
-    # with old_data: the least share of each epoch drawn from `data` (new images repeated); 0.3 lets a few dozen
-    # captures count while most of each epoch keeps showing the old line
+    # with old_data: the least share of each epoch drawn from `data` (new images repeated); the default lets a
+    # few dozen captures count while most of each epoch keeps showing the old line
     new_share: float = Field(0.3, gt=0, lt=1)
 
     # budget: epochs, wall-clock minutes, or both (whichever ends first; the LR schedule follows epochs then)
