@@ -220,3 +220,44 @@ def test_old_data_needs_a_starting_model(boards, tmp_path) -> None:
     config = TrainConfig(**QUICK, data=boards, out=tmp_path / "x", old_data=boards)
     with pytest.raises(ConfigError, match="field 'old_data': only with start_from"):
         build_train_data(config)
+
+
+def test_a_fine_tune_resumes_with_its_lr_and_data_mix(boards, deployed, tmp_path) -> None:
+    first = TrainConfig(
+        **QUICK, data=boards, out=tmp_path / "ft", start_from=deployed, old_data=boards, max_steps=1,
+        val_split=None, class_balance="off",
+    )  # fmt: skip
+    result = train(first)
+    again = TrainConfig(**{**QUICK, "epochs": 2}, data=boards, resume=result.last_checkpoint, max_steps=2)
+    data = build_train_data(again)
+    assert data.config.lr == pytest.approx(0.0008) and data.config.start_from == deployed
+    assert any(choice.name == "data mix" for choice in data.choices)
+    resumed = train(data.config, data=data)
+    assert resumed.state.step == 2 and load_checkpoint(resumed.last_checkpoint)["config"][
+        "lr"
+    ] == pytest.approx(0.0008)
+
+
+def test_train_cli_from_prints_the_model_rows(boards, deployed, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from defectdet.cli import app
+
+    args = ["train", str(boards), "--from", str(deployed), "--epochs", "1", "--batch", "2", "--workers", "0"]
+    args += [
+        "--out",
+        str(tmp_path / "run"),
+        "--set",
+        "max_steps=1",
+        "--set",
+        "progress=false",
+        "--device",
+        "cpu",
+    ]
+    result = CliRunner().invoke(app, args, terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "[from model]" in result.output  # the table (wrapped to the terminal) marks the model's rows
+    notes = (tmp_path / "run" / "config.yaml").read_text()
+    assert "imgsz = 192 [model]: [from model] last.pt" in notes and "0.1 x the adamw default" in notes
+    bad = CliRunner().invoke(app, [*args[:4], "--resume", str(deployed)], terminal_width=200)
+    assert isinstance(bad.exception, ConfigError) and "--from and --resume exclude" in str(bad.exception)

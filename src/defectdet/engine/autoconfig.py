@@ -473,6 +473,7 @@ def model_overrides(config: TrainConfig) -> dict[str, Any]:
 
 def choices_table(choices: list[Choice], title: str = "settings chosen for this run"):
     """A rich Table: setting | value | why (who decided)."""
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title, show_lines=False)
@@ -480,6 +481,7 @@ def choices_table(choices: list[Choice], title: str = "settings chosen for this 
     table.add_column("value", justify="right")
     table.add_column("why")
     for choice in choices:
-        who = "" if choice.source == "auto" else f" [{choice.source}]"
-        table.add_row(choice.name, _show(choice.value), choice.reason + who)
+        who = "" if choice.source in ("auto", "model") else f" [{choice.source}]"  # model: in the reason
+        # escaped: "[from model]" and the " [user]" suffix are text, not rich markup
+        table.add_row(choice.name, escape(_show(choice.value)), escape(choice.reason + who))
     return table

@@ -159,6 +159,7 @@ def build_train_data(config: TrainConfig) -> TrainData:
     previous = None
     if config.resume is not None:  # keep the resumed run's choices so the model rebuilds exactly
         previous = load_checkpoint(config.resume).get("config")
+        config = _resumed_start(config, previous or {})
     config, train_split, old_val_split, extra_choices = _continue_from(config, train_split)
     config, choices = choose_settings(collect_split_stats(train_split, seed=config.seed), config, previous)
     choices = _with_start_rows(config, choices + extra_choices)
@@ -212,6 +213,27 @@ def _val_set(split: Any, config: TrainConfig, template: bool) -> Dataset | None:
     )  # fmt: skip
 
 
+def _resumed_start(config: TrainConfig, previous: dict) -> TrainConfig:
+    """Resuming a fine-tune: its start_from, old_data, new_share (the same data mix) and, unless set, its lr."""
+    if config.start_from is not None:
+        raise ConfigError(
+            "--from and --resume exclude each other: --resume continues a run, --from starts one"
+        )
+    if not previous.get("start_from"):
+        return config
+    from defectdet.engine.config import DEFAULT_LEARNING_RATES
+
+    old_data = previous.get("old_data")
+    update = {
+        "start_from": Path(previous["start_from"]),
+        "old_data": Path(old_data) if old_data else None,
+        "new_share": previous.get("new_share", config.new_share),
+    }
+    if config.lr == DEFAULT_LEARNING_RATES[config.optimizer] and previous.get("lr"):
+        update["lr"] = previous["lr"]
+    return config.model_copy(update=update)
+
+
 def _continue_from(config: TrainConfig, train_split: Any) -> tuple[TrainConfig, Any, Any, list]:
     """With `start_from`: the config with the model's architecture (engine.start_model), and with `old_data`
     the old training split mixed in (engine.data_mix). Returns (config, train split, the old data's
@@ -222,10 +244,6 @@ def _continue_from(config: TrainConfig, train_split: Any) -> tuple[TrainConfig, 
         if config.old_data is not None:
             raise ConfigError("field 'old_data': only with start_from (train --from MODEL --old-data OLD)")
         return config, train_split, None, []
-    if config.resume is not None:
-        raise ConfigError(
-            "--from and --resume exclude each other: --resume continues a run, --from starts one"
-        )
     from defectdet.data.formats import load_dataset
     from defectdet.engine.data_mix import mix_splits, remap_classes
     from defectdet.engine.start_model import check_classes, fit_config, read_start
