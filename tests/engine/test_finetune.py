@@ -261,3 +261,18 @@ def test_train_cli_from_prints_the_model_rows(boards, deployed, tmp_path) -> Non
     assert "imgsz = 192 [model]: [from model] last.pt" in notes and "0.1 x the adamw default" in notes
     bad = CliRunner().invoke(app, [*args[:4], "--resume", str(deployed)], terminal_width=200)
     assert isinstance(bad.exception, ConfigError) and "--from and --resume exclude" in str(bad.exception)
+
+
+def test_embedded_weights_that_inflate_too_far_are_refused(monkeypatch) -> None:
+    """A bundle is untrusted: a zlib bomb in its weights entry is refused before it fills memory."""
+    import base64
+    import zlib
+
+    from defectdet.engine import start_model
+
+    monkeypatch.setattr(start_model, "MAX_EMBEDDED_WEIGHTS_BYTES", 1 << 20)
+    bomb = base64.b64encode(zlib.compress(b"\0" * (4 << 20), 9)).decode("ascii")
+    with pytest.raises(CheckpointError, match="inflate beyond 1 MiB"):
+        start_model.decode_weights(bomb, "evil.onnx")
+    with pytest.raises(CheckpointError, match="unreadable"):
+        start_model.decode_weights(base64.b64encode(zlib.compress(b"not torch")).decode("ascii"), "odd.onnx")

@@ -65,10 +65,24 @@ def encode_weights(model: nn.Module) -> str:
     return base64.b64encode(zlib.compress(buffer.getvalue(), 9)).decode("ascii")
 
 
+# A bundle is untrusted input: its compressed weights may inflate to at most this much (the small preset's
+# state_dict is a few MB), so a zlib bomb in a bundle's metadata cannot exhaust memory.
+MAX_EMBEDDED_WEIGHTS_BYTES = 256 * 1024 * 1024
+
+
 def decode_weights(text: str, source: str | Path) -> dict[str, Any]:
     try:
-        raw = zlib.decompress(base64.b64decode(text.encode("ascii"), validate=True))
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(
+            base64.b64decode(text.encode("ascii"), validate=True), MAX_EMBEDDED_WEIGHTS_BYTES
+        )
+        if inflater.unconsumed_tail:
+            raise CheckpointError(
+                f"{source}: the embedded weights inflate beyond {MAX_EMBEDDED_WEIGHTS_BYTES >> 20} MiB; refused"
+            )
         payload = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except CheckpointError:
+        raise
     except Exception as error:  # noqa: BLE001 - base64, zlib and torch errors get one message
         raise CheckpointError(
             f"{source}: the embedded weights are unreadable ({type(error).__name__})"
