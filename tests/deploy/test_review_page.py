@@ -80,13 +80,15 @@ def test_shortcuts_and_a_box_drawn_with_the_mouse_become_yolo_labels(
             )
             assert "a accept" in page.text_content("#shortcuts").replace("\n", " ")
             page.fill("#operator", "anna")
-            # draw a second box with the mouse on the 200x100 image (shown at scale 1), then make it class 3
+            # draw a second box with the mouse on the 200x100 image, then make it class 3. The page enlarges a
+            # small image (here 3.8x, to its 760 px display side) so boxes can be drawn on it.
             canvas = page.locator("#canvas").bounding_box()
-            assert round(canvas["width"]) == 200 and round(canvas["height"]) == 100
-            page.mouse.move(canvas["x"] + 10, canvas["y"] + 20)
+            scale = canvas["width"] / 200
+            assert round(scale, 2) == 3.8 and round(canvas["height"]) == round(100 * scale)
+            page.mouse.move(canvas["x"] + 10 * scale, canvas["y"] + 20 * scale)
             page.mouse.down()
-            page.mouse.move(canvas["x"] + 30, canvas["y"] + 40, steps=5)
-            page.mouse.move(canvas["x"] + 50, canvas["y"] + 60, steps=5)
+            page.mouse.move(canvas["x"] + 30 * scale, canvas["y"] + 40 * scale, steps=5)
+            page.mouse.move(canvas["x"] + 50 * scale, canvas["y"] + 60 * scale, steps=5)
             page.mouse.up()
             _saved(page, 1)
             page.wait_for_function("() => document.getElementById('canvas').dataset.boxes === '2'")

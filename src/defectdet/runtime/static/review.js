@@ -5,6 +5,8 @@
 const $ = (id) => document.getElementById(id);
 const COLORS = ["#e53935", "#1e88e5", "#43a047", "#fb8c00", "#8e24aa", "#00acc1", "#6d4c41", "#c0ca33", "#ec407a"];
 const MAX_SIDE = 760;
+// Small images (200 px steel strips, tile crops) are enlarged up to this factor so boxes can be drawn on them.
+const MAX_ENLARGE = 4;
 const TOKEN_KEY = "defectdet-token";
 const OPERATOR_KEY = "defectdet-operator";
 let tokenAsked = false;
@@ -159,7 +161,9 @@ async function show(index) {
     if (t.image && state.index === index) {
       template.width = Math.round(t.image.width * state.scale);
       template.height = Math.round(t.image.height * state.scale);
-      template.getContext("2d").drawImage(t.image, 0, 0, template.width, template.height);
+      const templateContext = template.getContext("2d");
+      templateContext.imageSmoothingEnabled = state.scale < 1;
+      templateContext.drawImage(t.image, 0, 0, template.width, template.height);
       template.hidden = false;
     }
   }
@@ -183,10 +187,11 @@ function draw() {
   const canvas = $("canvas");
   const image = state.image;
   if (!image) return;
-  state.scale = Math.min(1, MAX_SIDE / image.width, MAX_SIDE / image.height);
+  state.scale = Math.min(MAX_ENLARGE, MAX_SIDE / image.width, MAX_SIDE / image.height);
   canvas.width = Math.max(1, Math.round(image.width * state.scale));
   canvas.height = Math.max(1, Math.round(image.height * state.scale));
   const context = canvas.getContext("2d");
+  context.imageSmoothingEnabled = state.scale < 1; // enlarged pixels stay sharp: a thin scratch is not blurred
   context.drawImage(image, 0, 0, canvas.width, canvas.height);
   context.font = "12px system-ui, sans-serif";
   state.boxes.forEach((b, i) => {
