@@ -304,7 +304,6 @@ def plot_prediction_grid(
     Images that cannot be loaded are drawn on a gray canvas of the record's size.
     """
     plt = _pyplot()
-    from matplotlib.patches import Rectangle
 
     load = load_image or _read_with_cv2
     errors = {
@@ -329,20 +328,8 @@ def plot_prediction_grid(
             f"{missed} missed, {false_alarms} false",
             fontsize=10,
         )
-    figure.legend(
-        handles=[
-            Rectangle((0, 0), 1, 1, fill=False, edgecolor=GT_COLOR, linestyle="--", label="ground truth"),
-            Rectangle((0, 0), 1, 1, fill=False, edgecolor=PRED_COLOR, label="prediction (class score)"),
-        ],
-        loc="upper center",
-        ncol=2,
-        bbox_to_anchor=(0.5, 0.985),
-        fontsize=10,
-        frameon=False,
-    )
     selection = "images with the most errors" if worst_first else "first images"
-    figure.suptitle(f"Validation predictions at conf >= {score_threshold:.3f} ({selection})", y=0.998)
-    figure.tight_layout(rect=(0, 0, 1, 1 - 0.45 / figure.get_figheight()))
+    _legend_and_title(figure, f"Validation predictions at conf >= {score_threshold:.3f} ({selection})")
     return _save(figure, out_path)
 
 
@@ -360,7 +347,6 @@ def plot_comparison_grid(
     Each panel is drawn as `plot_prediction_grid` draws one (ground truth green and dashed, that model's
     predictions >= its own threshold in red) and titled with the model, its verdict and its errors."""
     plt = _pyplot()
-    from matplotlib.patches import Rectangle
 
     if not pairs:
         raise ValueError("plot_comparison_grid: no image to draw")
@@ -383,19 +369,7 @@ def plot_comparison_grid(
         row[0].text(
             0.0, -0.02, reason, transform=row[0].transAxes, fontsize=9, va="top", ha="left", color="#37474f"
         )
-    figure.legend(
-        handles=[
-            Rectangle((0, 0), 1, 1, fill=False, edgecolor=GT_COLOR, linestyle="--", label="ground truth"),
-            Rectangle((0, 0), 1, 1, fill=False, edgecolor=PRED_COLOR, label="prediction (class score)"),
-        ],
-        loc="upper center",
-        ncol=2,
-        bbox_to_anchor=(0.5, 0.985),
-        fontsize=10,
-        frameon=False,
-    )
-    figure.suptitle(f"Where {labels[0]} and {labels[1]} disagree, each at its own threshold", y=0.998)
-    figure.tight_layout(rect=(0, 0, 1, 1 - 0.45 / figure.get_figheight()))
+    _legend_and_title(figure, f"Where {labels[0]} and {labels[1]} disagree, each at its own threshold")
     return _save(figure, out_path)
 
 
@@ -453,3 +427,22 @@ def plot_loss_curves(metrics_csv: str | Path, out_path: str | Path) -> Path:
             axes.text(0.5, 0.5, "no data", ha="center", va="center", transform=axes.transAxes)
     figure.tight_layout()
     return _save(figure, out_path)
+
+
+def _legend_and_title(figure, title: str) -> None:
+    """The ground-truth / prediction legend and the title above a grid of image panels."""
+    from matplotlib.patches import Rectangle
+
+    figure.legend(
+        handles=[
+            Rectangle((0, 0), 1, 1, fill=False, edgecolor=GT_COLOR, linestyle="--", label="ground truth"),
+            Rectangle((0, 0), 1, 1, fill=False, edgecolor=PRED_COLOR, label="prediction (class score)"),
+        ],
+        loc="upper center",
+        ncol=2,
+        bbox_to_anchor=(0.5, 0.985),
+        fontsize=10,
+        frameon=False,
+    )
+    figure.suptitle(title, y=0.998)
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.45 / figure.get_figheight()))
