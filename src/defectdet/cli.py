@@ -571,10 +571,18 @@ def serve(
         help="Disk cap of the kept files: the oldest unreviewed items are deleted first; when only reviewed "
         "items are left, new answers are not kept (defectdet_keep_dropped_total{why='cap'}).",
     ),
+    models_dir: Path | None = typer.Option(
+        None,
+        help="Folder of candidate bundles: POST /v1/models/shadow, /promote and /rollback work on the files "
+        "in it. Promotion rewrites BUNDLE (its old bytes go to DIR/previous/; DIR/promotions.jsonl logs it).",
+    ),
+    shadow: str | None = typer.Option(
+        None, help="A bundle in --models-dir to run beside the live model from the start (GET /v1/models)."
+    ),
 ) -> None:
     """Serve a bundle over HTTP: POST /v1/detect, GET /readyz /metrics /v1/model /openapi.json, a page at /.
 
-    Example: defectdet serve model.onnx --port 8000 --keep flagged,uncertain --keep-dir kept --keep-max-mb 2000
+    Example: defectdet serve model.onnx --keep flagged,uncertain --keep-dir kept --keep-max-mb 2000 --models-dir models
     """
     from defectdet.runtime.server import TOKEN_ENV
     from defectdet.runtime.server import serve as run_service
@@ -582,7 +590,8 @@ def serve(
     given = {"max_concurrency": max_concurrency, "max_queue": max_queue, "max_bytes": max_bytes,
              "max_pixels": max_pixels, "threads": threads, "max_connections": max_connections}  # fmt: skip
     keeping = {"keep": tuple(keep), "keep_dir": str(keep_dir) if keep_dir is not None else None,
-               "keep_margin": keep_margin, "keep_max_mb": keep_max_mb}  # fmt: skip
+               "keep_margin": keep_margin, "keep_max_mb": keep_max_mb,
+               "models_dir": str(models_dir) if models_dir is not None else None, "shadow": shadow}  # fmt: skip
     settings = _serve_settings(given, keeping, _read_token(token_file, TOKEN_ENV), allowed_host, workers)
     run_service(bundle, host, port, settings, workers=workers)
 
@@ -605,6 +614,8 @@ def _serve_settings(
             raise ValueError(f"workers must be >= 1, got {workers}")
         if settings.keep and workers > 1:
             raise ValueError("--keep runs in one process (one disk cap, one writer): use --workers 1")
+        if settings.models_dir and workers > 1:
+            raise ValueError("--models-dir runs in one process (one live model to promote): use --workers 1")
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     return settings

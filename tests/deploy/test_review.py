@@ -128,6 +128,24 @@ def test_clean_writes_an_empty_label_file_and_skip_drops_the_image(client: TestC
     assert again.decisions["a.png"].action == "skip" and again.decisions["d.png"].operator == "anna"
 
 
+def test_the_reviewed_images_become_a_dataset_train_can_read(client: TestClient, folder: Path) -> None:
+    from defectdet.data.formats import load_dataset
+
+    (folder / "templates").mkdir()
+    (folder / "templates" / "a.jpg").write_bytes(encode(board(1, size=200)[:100], ".jpg"))  # another format
+    _decide(client, "a.png", "edit", [{"class_id": 2, "box": [50, 40, 90, 70]}])
+    _decide(client, "d.png", "clean")
+    split = load_dataset(folder / "data.yaml", "train")
+    assert [sample.image_path.name for sample in split.samples] == ["a.png", "d.png"]
+    assert split.class_names == CLASSES
+    assert split.samples[0].classes.tolist() == [2] and len(split.samples[1].classes) == 0
+    assert split.samples[0].template_path == folder / "templates" / "a.jpg"
+    # a data.yaml of the user's own is never overwritten
+    (folder / "data.yaml").write_text("path: .\ntrain: images\nval: images\nnames: [x]\n")
+    _decide(client, "a.png", "accept", [{"class_id": 0, "box": [0, 0, 20, 10]}])
+    assert (folder / "data.yaml").read_text().startswith("path: .\ntrain: images")
+
+
 def test_a_bad_label_file_is_not_rewritten_until_the_operator_decides(
     client: TestClient, folder: Path
 ) -> None:

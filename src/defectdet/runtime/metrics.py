@@ -38,6 +38,10 @@ ROUTES = frozenset(
         "/metrics",
         "/openapi.json",
         "/review",
+        "/v1/models",
+        "/v1/models/shadow",
+        "/v1/models/promote",
+        "/v1/models/rollback",
     }
 )
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -52,17 +56,25 @@ class ServiceMetrics:
         self._service_metrics(self.registry)
         self._drift_metrics(self.registry)
         self._keep_metrics(self.registry)
+        self._model_metrics(self.registry)
         for name in class_names:
             self.detections.labels(name)
         for verdict in ("defective", "clean"):
             self.verdicts.labels(verdict)
-        if monitor is not None:
-            for name, limits in monitor.limits().items():
-                self.drift_limit.labels(name).set(limits["alert_limit"])
-                self.drift_z.labels(name).set(0)
-                self.drift_chart_level.labels(name).set(0)
-        else:
+        self.set_drift_charts(monitor)
+
+    def set_drift_charts(self, monitor: DriftMonitor | None) -> None:
+        """Start the drift gauges from the charts of `monitor` (at start, and when another model goes live)."""
+        for gauge in (self.drift_limit, self.drift_z, self.drift_chart_level, self.drift_value):
+            gauge.clear()
+        if monitor is None:
             self.drift_level.set(-1)
+            return
+        self.drift_level.set(0)
+        for name, limits in monitor.limits().items():
+            self.drift_limit.labels(name).set(limits["alert_limit"])
+            self.drift_z.labels(name).set(0)
+            self.drift_chart_level.labels(name).set(0)
 
     def _service_metrics(self, registry: CollectorRegistry) -> None:
         """Requests, latencies, detections, verdicts, places in service and readiness."""
@@ -159,6 +171,64 @@ class ServiceMetrics:
             "defectdet_kept_bytes", "Bytes of kept images, templates and sidecars", registry=registry,
             multiprocess_mode="livemax",
         )  # fmt: skip
+
+    def _model_metrics(self, registry: CollectorRegistry) -> None:
+        """Which models are live, shadow and previous; the shadow's disagreements; promotions and roll-backs."""
+        self.model_info = Gauge(
+            "defectdet_model", "1 for each served model, by role (live, shadow, previous) and version",
+            ["role", "version"], registry=registry, multiprocess_mode="liveall",
+        )  # fmt: skip
+        self.shadow_images = Counter(
+            "defectdet_shadow_images",
+            "Images the shadow model answered beside the live one",
+            registry=registry,
+        )
+        self.shadow_disagreements = Counter(
+            "defectdet_shadow_disagreements",
+            "Images where the shadow differed from the live model: any, verdict, or boxes (IoU 0.5, same class)",
+            ["kind"],
+            registry=registry,
+        )
+        self.shadow_rate = Gauge(
+            "defectdet_shadow_disagreement_rate",
+            "Share of the last 500 shadowed images where shadow and live differed",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.shadow_skipped = Counter(
+            "defectdet_shadow_skipped",
+            "Images not shadowed because the shadow was still busy",
+            registry=registry,
+        )
+        self.shadow_errors = Counter(
+            "defectdet_shadow_errors", "Images the shadow model failed on (logged)", registry=registry
+        )
+        self.promotions = Counter(
+            "defectdet_model_changes", "Promotions and roll-backs", ["action"], registry=registry
+        )
+        for kind in ("any", "verdict", "boxes"):
+            self.shadow_disagreements.labels(kind)
+        for action in ("promote", "rollback"):
+            self.promotions.labels(action)
+
+    def set_models(self, deployment: Any) -> None:
+        """`defectdet_model{role, version}` for the deployment's live, shadow and previous models."""
+        self.model_info.clear()
+        self.model_info.labels("live", deployment.live.version).set(1)
+        if deployment.shadow is not None:
+            self.model_info.labels("shadow", deployment.shadow.model.version).set(1)
+        else:
+            self.shadow_rate.set(0)
+        if deployment.previous is not None:
+            self.model_info.labels("previous", deployment.previous.version).set(1)
+
+    def observe_shadow(self, kinds: list[str], rate: float) -> None:
+        self.shadow_images.inc()
+        if kinds:
+            self.shadow_disagreements.labels("any").inc()
+        for kind in kinds:
+            self.shadow_disagreements.labels(kind).inc()
+        self.shadow_rate.set(rate)
 
     def observe_request(self, path: str, status: int, seconds: float) -> None:
         route = path if path in ROUTES else ("/static" if path.startswith("/static/") else "other")

@@ -11,7 +11,7 @@ Layout of FOLDER: images in `FOLDER/images/` (or FOLDER itself), YOLO labels in 
 
 Every decision is written at once (label file through a temporary file and `os.replace`) and appended to
 `FOLDER/decisions.jsonl` with the operator and the time; `FOLDER/reviewed.txt` (a YOLO image list) names the
-images decided and not skipped. A label file with a bad line is shown with the file and line and is never
+images decided and not skipped, and `FOLDER/data.yaml` makes them a dataset for `train --from`. A label file with a bad line is shown with the file and line and is never
 rewritten until the operator decides on that image. `export_coco` writes the decided labels as COCO json.
 The HTTP routes (`review_router`) are served by `defectdet serve --keep-dir` and `defectdet review`.
 No torch import.
@@ -45,6 +45,8 @@ MAX_DECISION_BYTES = 1 << 20
 MAX_BOXES = 1000
 DECISIONS = "decisions.jsonl"
 REVIEWED = "reviewed.txt"
+DATA_YAML = "data.yaml"
+DATA_YAML_MARK = "# written by defectdet review: the reviewed images (reviewed.txt) as a dataset"
 PAGE_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; "
@@ -400,6 +402,21 @@ class ReviewFolder:
             if self.decisions.get(image.name, Decision("", "", "")).action in LABELLED
         ]
         atomic_write(self.root / REVIEWED, "".join(lines).encode())
+        self._write_data_yaml()
+
+    def _write_data_yaml(self) -> None:
+        """`data.yaml` for `train FOLDER/data.yaml --from MODEL`: the reviewed images as one split (train
+        holds a fixed share out for validation), their templates, the class names. A data.yaml this class did
+        not write is left alone."""
+        path = self.root / DATA_YAML
+        if path.exists() and not read_text_file(path).startswith(DATA_YAML_MARK):
+            return
+        lines = [DATA_YAML_MARK, "path: .", f"train: {REVIEWED}", f"val: {REVIEWED}"]
+        if (self.root / "templates").is_dir():
+            lines.append("templates: templates")
+        lines.append("names:")
+        lines += [f"  {index}: {json.dumps(name)}" for index, name in enumerate(self.class_names or [])]
+        atomic_write(path, ("\n".join(lines) + "\n").encode())
 
     # ---------------------------------------------------------------- export
     def export_coco(self, out: str | Path) -> dict[str, Any]:

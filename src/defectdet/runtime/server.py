@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import hmac
 import ipaddress
 import json
@@ -49,8 +48,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from defectdet.data.imageio import decode_image, decode_pair
 from defectdet.errors import DefectDetError, ImageReadError, ImageTooLargeError
 from defectdet.runtime.capture import Capture, KeptItem, keep_reasons, parse_keep
+from defectdet.runtime.deployment import Deployment, ServedModel
 from defectdet.runtime.metrics import ServiceMetrics
-from defectdet.runtime.monitor import DriftMonitor
+from defectdet.runtime.model_routes import models_router
 from defectdet.runtime.predictor import PredictionResult, Predictor
 from defectdet.runtime.review import PAGE_HEADERS, ReviewFolder, review_router
 from defectdet.runtime.upload import UploadError, read_form
@@ -87,7 +87,8 @@ DETECT_BODY_SCHEMA = {
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 HEALTH_ROUTES = frozenset({"/healthz", "/readyz"})
 STATE_CHANGING_ROUTES = frozenset({"/v1/drift/reset"})
-STATE_CHANGING_PREFIXES = ("/v1/review/",)  # every POST under these: the review decisions and export
+STATE_CHANGING_PREFIXES = ("/v1/review/", "/v1/models/")  # every POST under these: review decisions, export,
+# shadow, promotion and roll-back
 PUBLIC_PAGES = frozenset({"/", "/review"})  # HTML without data (its script asks for the token)
 REQUEST_MARK = "X-Defectdet-Request"  # the custom header a state-changing request must carry
 TOKEN_ENV = "DEFECTDET_TOKEN"
@@ -122,9 +123,13 @@ class ServeSettings:
     keep_dir: str | None = None  # kept items, and the folder /review works on
     keep_margin: float = 0.1
     keep_max_mb: float | None = None
+    models_dir: str | None = None  # candidate bundles for shadow / promote; previous/ and promotions.jsonl
+    shadow: str | None = None  # a bundle in models_dir to run in shadow from the start
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keep", parse_keep(tuple(self.keep)))
+        if self.shadow and not self.models_dir:
+            raise ValueError("--shadow needs --models-dir DIR (the folder the candidate bundle is in)")
         if self.keep and not self.keep_dir:
             raise ValueError("--keep needs --keep-dir DIR (where the kept images go)")
         if not 0.0 <= self.keep_margin <= 1.0:
@@ -155,15 +160,18 @@ class ServeSettings:
 class Service:
     """The app's state: the predictor, its readiness, admission control, the monitor and recent results."""
 
-    def __init__(self, predictor: Predictor, settings: ServeSettings) -> None:
-        self.predictor = predictor
+    def __init__(self, predictor: Predictor, settings: ServeSettings, live_path: Path | None = None) -> None:
         self.settings = settings
-        self.metadata = predictor.metadata
-        self.sha256 = _bundle_sha256(predictor)
-        self.version = self.sha256[:12]
-        reference = self.metadata.drift_reference
-        self.monitor = DriftMonitor(reference) if reference else None
-        self.metrics = ServiceMetrics(self.metadata.class_names, self.monitor)
+        live = ServedModel.of(predictor)
+        self.metrics = ServiceMetrics(live.metadata.class_names, live.monitor)
+        self.deployment = Deployment(
+            live,
+            self.metrics,
+            models_dir=settings.models_dir,
+            live_path=live_path,
+            load=self.load_bundle if live_path is not None else None,
+            on_swap=lambda model: self.metrics.set_drift_charts(model.monitor),
+        )
         self.executor = ThreadPoolExecutor(settings.max_concurrency, thread_name_prefix="defectdet-infer")
         self.admitted = 0  # inferences queued or running (uploads still arriving do not count)
         self.reading = 0  # uploads being read
@@ -179,6 +187,34 @@ class Service:
             if settings.keep:
                 self.capture = Capture(settings.keep_dir, cap, self.metrics)
             self.review = ReviewFolder(Path(settings.keep_dir), list(self.metadata.class_names))
+
+    # ---------------------------------------------------------------- the live model (it may change)
+    @property
+    def live(self) -> ServedModel:
+        return self.deployment.live
+
+    @property
+    def predictor(self) -> Any:
+        return self.live.predictor
+
+    @property
+    def metadata(self) -> Any:
+        return self.live.metadata
+
+    @property
+    def monitor(self) -> Any:
+        return self.live.monitor
+
+    @property
+    def version(self) -> str:
+        return self.live.version
+
+    @property
+    def sha256(self) -> str:
+        return self.live.sha256
+
+    def load_bundle(self, path: Path) -> Predictor:
+        return Predictor(path, threads=self.settings.threads, max_pixels=self.settings.max_pixels)
 
     # ---------------------------------------------------------------- readiness
     def start(self) -> None:
@@ -234,11 +270,10 @@ class Service:
         self.metrics.admitted.set(self.admitted)
 
     # ---------------------------------------------------------------- one request
-    def infer(
-        self, image: bytes, template: bytes | None, conf: float | None
-    ) -> tuple[PredictionResult, dict]:
-        """Decode, predict and update the monitor (runs in a worker thread)."""
-        meta = self.metadata
+    def decode(
+        self, image: bytes, template: bytes | None, meta: Any
+    ) -> tuple[np.ndarray, np.ndarray | None, float]:
+        """(image, template, milliseconds): the uploads decoded within the pixel limit."""
         started = time.perf_counter()
         limit = self.settings.max_pixels
         try:  # decode_image checks the header's size against the limit before any decoder runs
@@ -260,47 +295,58 @@ class Service:
         for array, name in ((decoded, "image"), (decoded_template, "template")):
             if array is not None and array.shape[2:] != ((3,) if meta.channels == 3 else ()):
                 raise ImageReadError(f"{name}: decoded to an unexpected shape {array.shape}")
-        decode_ms = (time.perf_counter() - started) * 1e3
+        return decoded, decoded_template, (time.perf_counter() - started) * 1e3
+
+    def infer(
+        self, live: ServedModel, image: np.ndarray, template: np.ndarray | None, conf: float | None
+    ) -> tuple[PredictionResult, dict]:
+        """Predict with `live` and update its drift charts (runs in a worker thread)."""
         if self.capture is not None and "uncertain" in self.settings.keep:  # see near misses too
-            floor = max(0.0, meta.thresholds.score - self.settings.keep_margin)
-            result = self.predictor.predict(decoded, template=decoded_template, conf=conf, min_score=floor)
+            floor = max(0.0, live.metadata.thresholds.score - self.settings.keep_margin)
+            result = live.predictor.predict(image, template=template, conf=conf, min_score=floor)
         else:
-            result = self.predictor.predict(decoded, template=decoded_template, conf=conf)
-        result.timings["decode"] = result.timings.get("decode", 0.0) + decode_ms
+            result = live.predictor.predict(image, template=template, conf=conf)
         drift_started = time.perf_counter()
-        drift = (
-            self.monitor.update(result.image_stats, result.features).to_dict() if self.monitor else _NO_DRIFT
-        )
+        monitor = live.monitor
+        drift = monitor.update(result.image_stats, result.features).to_dict() if monitor else _NO_DRIFT
         result.timings["drift"] = (time.perf_counter() - drift_started) * 1e3
         return result, drift
 
     def _timed_infer(
         self, image: bytes, template: bytes | None, conf: float | None
-    ) -> tuple[PredictionResult, dict, float, bool]:
+    ) -> tuple[PredictionResult, dict, float, bool, str]:
+        """(result, drift, started, kept, model version). The live model is taken once, here: a promotion
+        while this runs changes the model of the next request, not of this one."""
         started = time.perf_counter()  # a worker took it: the wait in the executor's queue ends here
-        result, drift = self.infer(image, template, conf)
-        kept = self.keep(image, template, result, drift)
-        return result, drift, started, kept
+        live = self.live
+        decoded, decoded_template, decode_ms = self.decode(image, template, live.metadata)
+        result, drift = self.infer(live, decoded, decoded_template, conf)
+        result.timings["decode"] = result.timings.get("decode", 0.0) + decode_ms
+        kept = self.keep(live, image, template, result, drift)
+        if conf is None:  # the shadow is compared at both models' own thresholds
+            self.deployment.observe(decoded, decoded_template, result)
+        return result, drift, started, kept, live.version
 
-    def keep(self, image: bytes, template: bytes | None, result: PredictionResult, drift: dict) -> bool:
+    def keep(
+        self, live: ServedModel, image: bytes, template: bytes | None, result: PredictionResult, drift: dict
+    ) -> bool:
         """Queue the answer for keeping when a policy says so (never raises); drop the detections below the
         verdict threshold that only the `uncertain` policy asked for. True when queued."""
         if self.capture is None:
             return False
         kept = False
         try:
-            stored = self.metadata.thresholds.score
+            stored = live.metadata.thresholds.score
             level = drift.get("level")
             reasons = keep_reasons(self.settings.keep, result, level, stored, self.settings.keep_margin)
             if reasons:
-                path = getattr(self.predictor, "path", None)
                 sidecar = {
                     "time": time.time(),
                     "reasons": reasons,
-                    "model_version": self.version,
-                    "bundle_sha256": self.sha256,
-                    "bundle": Path(path).name if path else None,
-                    "class_names": list(self.metadata.class_names),
+                    "model_version": live.version,
+                    "bundle_sha256": live.sha256,
+                    "bundle": live.name if live.source is not None else None,
+                    "class_names": list(live.metadata.class_names),
                     "stored_threshold": stored,
                     "keep_margin": self.settings.keep_margin,
                     **result.to_dict(),
@@ -320,7 +366,7 @@ class Service:
         form = await self._read_upload(request)
         image, template, conf = self._fields(form)
         received = time.perf_counter()
-        result, drift, queued, kept = await self._run(image, template, conf)
+        result, drift, queued, kept, version = await self._run(image, template, conf)
         finished = time.perf_counter()
         timings = {
             "receive": (received - arrived) * 1e3,
@@ -333,7 +379,7 @@ class Service:
         # the one serializer (`PredictionResult.to_dict`: the Python API and `predict --json` answer the same),
         # with the server's own timings (receive, queue, compute) and the drift state
         answer = {
-            "model_version": self.version,
+            "model_version": version,
             **result.to_dict(),
             "timings_ms": {key: round(value, 3) for key, value in timings.items()},
             "drift": drift,
@@ -449,20 +495,6 @@ def _release_on(loop: asyncio.AbstractEventLoop, release: Any) -> Any:
     return callback
 
 
-def _bundle_sha256(predictor: Predictor) -> str:
-    """sha256 (hex) of the bundle file when there is one, else of its metadata; its first 12 hex digits are
-    the model version."""
-    path = getattr(predictor, "path", None)
-    digest = hashlib.sha256()
-    if path is not None and Path(path).is_file():
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    else:
-        digest.update(predictor.metadata.to_json().encode())
-    return digest.hexdigest()
-
-
 async def _stream(request: Request) -> AsyncIterator[bytes]:
     try:
         async for chunk in request.stream():
@@ -564,7 +596,10 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
         if not isinstance(bundle, (str, Path))
         else Predictor(bundle, threads=settings.threads, max_pixels=settings.max_pixels)
     )
-    service = Service(predictor, settings)
+    live_path = Path(bundle) if isinstance(bundle, (str, Path)) else None
+    service = Service(predictor, settings, live_path)
+    if settings.shadow:
+        service.deployment.start_shadow(settings.shadow)  # a bad name stops serve here, with the reason
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -573,6 +608,7 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
             service.capture.start()
         yield
         service.executor.shutdown(wait=False, cancel_futures=True)
+        service.deployment.close()
         if service.capture is not None:
             service.capture.stop()
         service.metrics.close()
@@ -595,6 +631,7 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
     _add_monitoring_routes(app, service)
     if service.review is not None:
         app.include_router(review_router(service.review))
+    app.include_router(models_router(service.deployment))
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app
@@ -1020,6 +1057,8 @@ def serve(
     settings = settings or ServeSettings()
     if settings.keep and workers > 1:
         raise ValueError("--keep runs in one process (one disk cap, one writer): use --workers 1")
+    if settings.models_dir and workers > 1:
+        raise ValueError("--models-dir runs in one process (one live model to promote): use --workers 1")
     if settings.threads is None:  # share the cores between the concurrent inferences of all workers
         cores = min(physical_cores(), MAX_DEFAULT_THREADS)
         settings = replace(settings, threads=max(1, cores // (settings.max_concurrency * workers)))

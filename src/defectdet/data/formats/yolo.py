@@ -9,6 +9,7 @@ defect-free template under the same file name.
 
 from __future__ import annotations
 
+import glob
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +249,11 @@ def _find_template(folder: Path, image_path: Path, base: Path | None, problems: 
     candidates.append(folder / image_path.name)
     for candidate in candidates:
         if candidate.is_file():
+            return candidate
+    for candidate in sorted(
+        candidates[-1].parent.glob(f"{glob.escape(image_path.stem)}.*")
+    ):  # saved in another format
+        if candidate.suffix.lower() in IMAGE_EXTENSIONS and candidate.is_file():
             return candidate
     problems.append(Problem("warning", str(image_path), f"template not found (looked for {candidates[0]})"))
     return None

@@ -1,0 +1,256 @@
+"""Shadow, promotion and roll-back in `serve --models-dir` (runtime.deployment, runtime.model_routes), on real
+bundles: the fixture's bundle with its verdict threshold rewritten, so that two bundles disagree on purpose."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from server_fakes import CLASS_NAMES, FakePredictor, board, encode
+
+from defectdet.runtime.bundle import read_metadata, write_metadata
+from defectdet.runtime.deployment import Deployment, ServedModel, disagreement, file_sha256
+from defectdet.runtime.metrics import ServiceMetrics
+from defectdet.runtime.predictor import Detection, PredictionResult
+from defectdet.runtime.server import ServeSettings, create_app
+from defectdet.runtime.upload import UploadError
+
+POST = {"X-Defectdet-Request": "1"}
+
+
+def variant(bundle: Path, out: Path, threshold: float, **changes: object) -> Path:
+    """A copy of `bundle` whose verdict threshold (and other metadata) differ: 1.0 calls every image clean,
+    0.0 every image with any detection defective."""
+    shutil.copyfile(bundle, out)
+    meta = read_metadata(out)
+    thresholds = meta.thresholds.model_copy(update={"score": threshold})
+    write_metadata(out, meta.model_copy(update={"thresholds": thresholds, **changes}))
+    return out
+
+
+@pytest.fixture
+def line(bundle_path: Path, tmp_path: Path) -> dict[str, Path]:
+    """The served file (never clean -> 'clean' always), a models folder with a candidate that calls every
+    image defective, and one of another input layout."""
+    models, line_dir = tmp_path / "models", tmp_path / "line"
+    models.mkdir()
+    line_dir.mkdir()
+    served = variant(bundle_path, line_dir / "model.onnx", 1.0)
+    candidate = variant(bundle_path, models / "candidate.onnx", 0.0)
+    variant(bundle_path, models / "other-layout.onnx", 0.5, template=not read_metadata(bundle_path).template)
+    return {"served": served, "models": models, "candidate": candidate}
+
+
+def _client(served: Path, models: Path | None, **settings: object) -> TestClient:
+    app = create_app(served, ServeSettings(models_dir=str(models) if models else None, **settings))
+    return TestClient(app, base_url="http://localhost")
+
+
+def _detect(client: TestClient, seed: int) -> dict:
+    image = encode(board(seed, size=160))
+    template = encode(board(seed, size=160, blob=False))
+    files = {"image": ("a.png", image)}
+    if client.app.state.service.metadata.template:
+        files["template"] = ("t.png", template)
+    answer = client.post("/v1/detect", files=files)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def _ready(client: TestClient) -> None:
+    for _ in range(400):
+        if client.get("/readyz").status_code == 200:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the service did not get ready")
+
+
+def test_disagreement_compares_verdicts_and_boxes_by_class_name() -> None:
+    def result(*detections: Detection, threshold: float = 0.5) -> PredictionResult:
+        verdict = "defective" if any(d.score >= threshold for d in detections) else "clean"
+        return PredictionResult(list(detections), verdict, threshold, (100, 100), {})
+
+    short = Detection((10, 10, 30, 30), 1, "short", 0.9)
+    assert disagreement(result(short), result(Detection((11, 11, 31, 31), 4, "short", 0.7))) == []
+    assert disagreement(result(short), result()) == ["verdict", "boxes"]
+    assert disagreement(result(short), result(Detection((10, 10, 30, 30), 1, "open", 0.9))) == ["boxes"]
+    assert disagreement(result(short), result(short, Detection((60, 60, 80, 80), 1, "short", 0.8))) == [
+        "boxes"
+    ]
+    # a detection under its own model's threshold does not count
+    assert disagreement(result(short), result(short, Detection((60, 60, 80, 80), 1, "short", 0.2))) == []
+
+
+def test_shadow_reports_its_disagreement_rate_in_models_and_metrics(line: dict[str, Path]) -> None:
+    with _client(line["served"], line["models"]) as client:
+        _ready(client)
+        started = client.post("/v1/models/shadow", json={"bundle": "candidate.onnx"}, headers=POST)
+        assert started.status_code == 200, started.text
+        live_version = started.json()["live"]["model_version"]
+        answers = [_detect(client, seed) for seed in range(4)]
+        assert {answer["model_version"] for answer in answers} == {live_version}  # the shadow never answers
+        assert {answer["verdict"] for answer in answers} == {"clean"}
+        assert client.app.state.service.deployment.shadow.wait()
+        report = client.get("/v1/models").json()
+        shadow = report["shadow"]
+        assert shadow["name"] == "candidate.onnx" and shadow["threshold"] == 0.0
+        assert shadow["images"] == 4
+        assert shadow["disagreement_rate"] == 1.0  # the candidate calls every image defective
+        assert shadow["disagreements"]["verdict"] == 4
+        assert shadow["recent_disagreements"][0]["live"]["verdict"] == "clean"
+        assert [c["name"] for c in report["candidates"]] == ["candidate.onnx", "other-layout.onnx"]
+        metrics = client.get("/metrics").text
+        assert "defectdet_shadow_disagreement_rate 1.0" in metrics
+        assert 'defectdet_shadow_disagreements_total{kind="verdict"} 4.0' in metrics
+        assert f'defectdet_model{{role="live",version="{live_version}"}} 1.0' in metrics
+        stopped = client.post("/v1/models/shadow", json={"bundle": None}, headers=POST)
+        assert stopped.json()["shadow"] is None
+        assert 'role="shadow"' not in client.get("/metrics").text
+
+
+def test_promote_rewrites_the_served_file_and_rollback_restores_it(line: dict[str, Path]) -> None:
+    served, models = line["served"], line["models"]
+    original = served.read_bytes()
+    with _client(served, models) as client:
+        _ready(client)
+        before = _detect(client, 0)["model_version"]
+        client.post("/v1/models/shadow", json={"bundle": "candidate.onnx"}, headers=POST)
+        _detect(client, 1)
+        client.app.state.service.deployment.shadow.wait()
+        promoted = client.post("/v1/models/promote", json={"by": "anna"}, headers=POST)
+        assert promoted.status_code == 200, promoted.text
+        body = promoted.json()
+        assert body["live"]["name"] == "candidate.onnx" and body["shadow"] is None
+        assert body["done"]["shadow"]["images"] == 1  # the evidence the promotion was made on
+        after = _detect(client, 2)
+        assert (
+            after["model_version"] != before and after["model_version"] == file_sha256(line["candidate"])[:12]
+        )
+        assert served.read_bytes() == line["candidate"].read_bytes()
+        archived = models / body["done"]["previous_file"]
+        assert archived.read_bytes() == original and archived.parent.name == "previous"
+        assert (
+            client.post("/v1/models/promote", json={"bundle": "candidate.onnx"}, headers=POST).status_code
+            == 409
+        )
+        back = client.post("/v1/models/rollback", json={"by": "anna"}, headers=POST)
+        assert back.status_code == 200, back.text
+        assert _detect(client, 3)["model_version"] == before
+        assert served.read_bytes() == original
+    history = [json.loads(line_) for line_ in (models / "promotions.jsonl").read_text().splitlines()]
+    assert [(h["action"], h["by"]) for h in history] == [("promote", "anna"), ("rollback", "anna")]
+
+
+def test_a_restart_serves_the_promoted_bundle_and_can_still_roll_back(line: dict[str, Path]) -> None:
+    served, models = line["served"], line["models"]
+    original = file_sha256(served)
+    with _client(served, models) as client:
+        _ready(client)
+        assert (
+            client.post("/v1/models/promote", json={"bundle": "candidate.onnx"}, headers=POST).status_code
+            == 200
+        )
+    with _client(served, models) as client:  # the same command line, after a restart
+        _ready(client)
+        report = client.get("/v1/models").json()
+        assert report["live"]["sha256"] == file_sha256(line["candidate"])
+        assert report["previous"]["file"].startswith("previous/")
+        assert client.post("/v1/models/rollback", json={}, headers=POST).status_code == 200
+        assert client.get("/v1/models").json()["live"]["sha256"] == original
+    assert file_sha256(served) == original
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "reason"),
+    [
+        ({"bundle": "../model.onnx"}, 422, "a file name in the models folder"),
+        ({"bundle": "/etc/passwd"}, 422, "a file name in the models folder"),
+        ({"bundle": "missing.onnx"}, 404, "there: broken.onnx, candidate.onnx, other-layout.onnx"),
+        ({"bundle": "other-layout.onnx"}, 422, "other-layout.onnx: bundle metadata field 'template'"),
+        ({"bundle": "broken.onnx"}, 422, "broken.onnx: onnxruntime cannot load it"),
+        ({"bundle": "model.onnx", "extra": 1}, 422, "extra"),
+    ],
+)
+def test_bad_candidates_are_refused_with_a_reason_and_the_live_model_stays(
+    line: dict[str, Path], body: dict, status: int, reason: str
+) -> None:
+    (line["models"] / "broken.onnx").write_bytes(b"not an onnx file")
+    with _client(line["served"], line["models"]) as client:
+        _ready(client)
+        live = client.get("/v1/models").json()["live"]["sha256"]
+        for route in ("/v1/models/shadow", "/v1/models/promote"):
+            answer = client.post(route, json=body, headers=POST)
+            assert answer.status_code == status, answer.text
+            assert reason in answer.json()["error"]
+            assert str(line["models"]) not in answer.json()["error"]  # no server path in an answer
+        assert client.get("/v1/models").json()["live"]["sha256"] == live
+        assert _detect(client, 0)["model_version"] == live[:12]
+    assert not (line["models"] / "promotions.jsonl").exists()
+
+
+def test_a_candidate_for_another_input_layout_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "with-template.onnx").write_bytes(b"stands for a bundle")
+    metrics = ServiceMetrics(CLASS_NAMES, None)
+    deployment = Deployment(
+        ServedModel.of(FakePredictor(template=False)),
+        metrics,
+        models_dir=tmp_path,
+        load=lambda path: FakePredictor(template=True),
+    )
+    with pytest.raises(
+        UploadError, match="takes gray images with a template, the live model gray images without"
+    ):
+        deployment.start_shadow("with-template.onnx")
+    assert deployment.shadow is None
+
+
+def test_model_changes_need_the_token_the_request_header_and_a_models_folder(line: dict[str, Path]) -> None:
+    with _client(line["served"], line["models"], token="s3cret") as client:
+        _ready(client)
+        body = {"bundle": "candidate.onnx"}
+        assert client.post("/v1/models/promote", json=body, headers=POST).status_code == 401
+        auth = {"Authorization": "Bearer s3cret"}
+        assert (
+            client.post("/v1/models/promote", json=body, headers=auth).status_code == 403
+        )  # no request mark
+        form = client.post("/v1/models/promote", data=body, headers={**auth, **POST})
+        assert form.status_code == 415  # a cross-site form cannot send JSON
+        cross = client.post(
+            "/v1/models/promote", json=body, headers={**auth, **POST, "Origin": "http://evil"}
+        )
+        assert cross.status_code == 403
+        assert client.get("/v1/models", headers=auth).json()["live"]["name"] == "model.onnx"
+    with _client(line["served"], None) as client:
+        _ready(client)
+        answer = client.post("/v1/models/promote", json=body, headers=POST)
+        assert answer.status_code == 409 and "--models-dir" in answer.json()["error"]
+        assert client.post("/v1/models/rollback", json={}, headers=POST).status_code == 409
+    with pytest.raises(ValueError, match="--shadow needs --models-dir"):
+        ServeSettings(shadow="candidate.onnx")
+
+
+def test_serve_can_start_with_a_shadow(line: dict[str, Path]) -> None:
+    with _client(line["served"], line["models"], shadow="candidate.onnx") as client:
+        _ready(client)
+        assert client.get("/v1/models").json()["shadow"]["name"] == "candidate.onnx"
+    with pytest.raises(Exception, match="no bundle 'nope.onnx'"):
+        _client(line["served"], line["models"], shadow="nope.onnx")
+
+
+def test_a_shadow_that_fails_on_an_image_is_counted_not_raised(line: dict[str, Path]) -> None:
+    with _client(line["served"], line["models"], shadow="candidate.onnx") as client:
+        _ready(client)
+        deployment = client.app.state.service.deployment
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("the candidate crashed")
+
+        deployment.shadow.model.predictor.predict = broken
+        assert _detect(client, 0)["verdict"] == "clean"
+        assert deployment.shadow.wait()
+        assert client.get("/v1/models").json()["shadow"]["errors"] == 1
+        assert "defectdet_shadow_errors_total 1.0" in client.get("/metrics").text
