@@ -1,0 +1,208 @@
+"""The closed loop, walked end to end with the live service answering all along (issue 22):
+
+serve (keep every answer, a models folder, a token) -> kept images -> review in headless Chromium (a box drawn
+with the mouse, accepted with the keyboard) -> data.yaml of the reviewed labels -> fine-tune from the served
+bundle on old + new data (a few steps) -> export -> compare old and new -> shadow -> promote -> roll back.
+
+A client thread posts images the whole time; every answer must be 200, and the versions it sees must go
+old -> new -> old. Skipped with the reason when playwright or Chromium is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+import yaml
+from test_review_page import _saved
+from test_server_page import BROWSER_ARGS, CHROMIUM
+
+from defectdet.export.compare_score import KEEP, PROMOTE
+from defectdet.runtime.server import ServeSettings, create_app
+
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
+)
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (apt-get install chromium)")
+TOKEN = "line-secret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CHANGE = {**AUTH, "X-Defectdet-Request": "1"}
+
+
+class Client(threading.Thread):
+    """Posts the dataset's images (with their templates) one after the other until stopped."""
+
+    def __init__(self, url: str, pairs: list[tuple[Path, Path]]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.pairs = url, pairs
+        self.answers: list[tuple[int, str | None]] = []  # (status, model_version)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.url, headers=AUTH, timeout=30) as client:
+            index = 0
+            while not self.stop.is_set():
+                image, template = self.pairs[index % len(self.pairs)]
+                files = {
+                    "image": (image.name, image.read_bytes()),
+                    "template": (template.name, template.read_bytes()),
+                }
+                answer = client.post("/v1/detect", files=files)
+                self.answers.append((answer.status_code, answer.json().get("model_version")))
+                index += 1
+                time.sleep(0.05)
+
+    def versions(self) -> list[str]:
+        """The model versions seen, in order, with repeats collapsed."""
+        seen: list[str] = []
+        for _, version in self.answers:
+            if version and (not seen or seen[-1] != version):
+                seen.append(version)
+        return seen
+
+
+@pytest.fixture
+def line(bundle_path: Path, tiny_dataset: Path, tmp_path: Path) -> Iterator[dict]:
+    """The served bundle (a copy of the fixture's), a models folder and a kept folder, served with a token."""
+    served = tmp_path / "line" / "model.onnx"
+    served.parent.mkdir()
+    shutil.copyfile(bundle_path, served)
+    folders = {
+        "served": served,
+        "models": tmp_path / "models",
+        "kept": tmp_path / "kept",
+        "data": tiny_dataset,
+    }
+    folders["models"].mkdir()
+    settings = ServeSettings(
+        token=TOKEN,
+        keep=("all",),
+        keep_dir=str(folders["kept"]),
+        models_dir=str(folders["models"]),
+        threads=1,
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(served, settings), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started or httpx.get(f"http://127.0.0.1:{port}/readyz").status_code != 200:
+        assert time.monotonic() < deadline, "the service did not get ready"
+        time.sleep(0.05)
+    folders["url"] = f"http://127.0.0.1:{port}"
+    yield folders
+    server.should_exit = True
+    thread.join(10)
+
+
+def _pairs(data_yaml: Path) -> list[tuple[Path, Path]]:
+    from defectdet.data.formats import load_dataset
+
+    split = load_dataset(data_yaml, "val")
+    return [(sample.image_path, sample.template_path) for sample in split.samples]
+
+
+def _review_in_the_browser(url: str, kept: Path, accept: int) -> None:
+    """Draw one box on the first kept image with the mouse, then accept it and `accept - 1` more with 'a'."""
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("dialog", lambda dialog: dialog.accept(TOKEN))
+            page.goto(url + "/review")
+            page.wait_for_function(
+                "() => document.getElementById('item-name').textContent !== ''", timeout=15_000
+            )
+            page.fill("#operator", "olga")
+            canvas = page.locator("#canvas").bounding_box()
+            page.mouse.move(canvas["x"] + canvas["width"] * 0.2, canvas["y"] + canvas["height"] * 0.2)
+            page.mouse.down()
+            page.mouse.move(
+                canvas["x"] + canvas["width"] * 0.4, canvas["y"] + canvas["height"] * 0.45, steps=5
+            )
+            page.mouse.up()
+            _saved(page, 1)
+            for count in range(accept):
+                page.keyboard.press("a")
+                _saved(page, count + 2)
+        finally:
+            browser.close()
+
+
+def _post(url: str, route: str, body: dict) -> dict:
+    answer = httpx.post(url + route, json=body, headers=CHANGE, timeout=120)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_serve_keep_review_finetune_compare_shadow_promote_rollback(line: dict, tmp_path: Path) -> None:
+    from defectdet.engine.config import TrainConfig
+    from defectdet.engine.trainer import train
+    from defectdet.export.compare import compare_models
+    from defectdet.export.exporter import export_bundle
+
+    url, kept = line["url"], line["kept"]
+    client = Client(url, _pairs(line["data"]))
+    client.start()
+    try:
+        deadline = time.monotonic() + 60  # keep: the answered images land in the kept folder
+        while len(list((kept / "predictions").glob("*.json"))) < 4:
+            assert time.monotonic() < deadline, "serve --keep all kept nothing"
+            time.sleep(0.1)
+        _review_in_the_browser(url, kept, accept=3)
+        reviewed = (kept / "reviewed.txt").read_text().splitlines()
+        assert len(reviewed) == 3
+        decisions = [json.loads(row) for row in (kept / "decisions.jsonl").read_text().splitlines()]
+        assert {entry["operator"] for entry in decisions} == {"olga"}
+        first_label = kept / "labels" / f"{Path(reviewed[0]).stem}.txt"
+        assert first_label.read_text().strip()  # the drawn box
+        data = yaml.safe_load((kept / "data.yaml").read_text())
+        assert data["train"] == "reviewed.txt" and data["templates"] == "templates"
+
+        config = TrainConfig(
+            data=kept / "data.yaml", start_from=line["served"], old_data=line["data"], epochs=1, batch=2,
+            workers=0, progress=False, warmup_steps=1, device="cpu", out=tmp_path / "finetune", max_steps=3,
+        )  # fmt: skip
+        checkpoint = train(config).last_checkpoint
+        candidate = export_bundle(checkpoint, line["models"] / "candidate.onnx", data=line["data"]).bundle
+        document = compare_models(line["served"], candidate, line["data"], out=tmp_path / "compare")
+        assert document["verdict"]["decision"] in (PROMOTE, KEEP)  # after 3 steps either may come out
+        assert document["verdict"]["checks"] and (tmp_path / "compare" / "compare.json").is_file()
+
+        old_version = httpx.get(url + "/v1/models", headers=AUTH).json()["live"]["model_version"]
+        _post(url, "/v1/models/shadow", {"bundle": "candidate.onnx"})
+        deadline = time.monotonic() + 60
+        while (httpx.get(url + "/v1/models", headers=AUTH).json()["shadow"] or {}).get("images", 0) < 3:
+            assert time.monotonic() < deadline, "the shadow compared no images"
+            time.sleep(0.1)
+        promoted = _post(url, "/v1/models/promote", {"by": "olga"})
+        assert promoted["live"]["name"] == "candidate.onnx" and promoted["done"]["shadow"]["images"] >= 3
+        answered = len(client.answers)
+        while len(client.answers) < answered + 5:
+            time.sleep(0.05)
+        _post(url, "/v1/models/rollback", {"by": "olga"})
+        answered = len(client.answers)
+        while len(client.answers) < answered + 5:
+            time.sleep(0.05)
+    finally:
+        client.stop.set()
+        client.join(30)
+    statuses = {status for status, _ in client.answers}
+    assert statuses == {200}, f"answers while the loop ran: {sorted(statuses)}"
+    new_version = promoted["live"]["model_version"]
+    assert client.versions() == [old_version, new_version, old_version]
+    history = [json.loads(row) for row in (line["models"] / "promotions.jsonl").read_text().splitlines()]
+    assert [entry["action"] for entry in history] == ["promote", "rollback"]
+    assert line["served"].read_bytes() == (line["models"] / history[0]["previous_file"]).read_bytes()
