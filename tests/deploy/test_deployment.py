@@ -42,6 +42,8 @@ def line(bundle_path: Path, tmp_path: Path) -> dict[str, Path]:
     served = variant(bundle_path, line_dir / "model.onnx", 1.0)
     candidate = variant(bundle_path, models / "candidate.onnx", 0.0)
     variant(bundle_path, models / "other-layout.onnx", 0.5, template=not read_metadata(bundle_path).template)
+    names = read_metadata(bundle_path).class_names
+    variant(bundle_path, models / "other-line.onnx", 0.5, class_names=[f"{name}-x" for name in names])
     return {"served": served, "models": models, "candidate": candidate}
 
 
@@ -102,7 +104,11 @@ def test_shadow_reports_its_disagreement_rate_in_models_and_metrics(line: dict[s
         assert shadow["disagreement_rate"] == 1.0  # the candidate calls every image defective
         assert shadow["disagreements"]["verdict"] == 4
         assert shadow["recent_disagreements"][0]["live"]["verdict"] == "clean"
-        assert [c["name"] for c in report["candidates"]] == ["candidate.onnx", "other-layout.onnx"]
+        assert [c["name"] for c in report["candidates"]] == [
+            "candidate.onnx",
+            "other-layout.onnx",
+            "other-line.onnx",
+        ]
         metrics = client.get("/metrics").text
         assert "defectdet_shadow_disagreement_rate 1.0" in metrics
         assert 'defectdet_shadow_disagreements_total{kind="verdict"} 4.0' in metrics
@@ -169,9 +175,14 @@ def test_a_restart_serves_the_promoted_bundle_and_can_still_roll_back(line: dict
     [
         ({"bundle": "../model.onnx"}, 422, "a file name in the models folder"),
         ({"bundle": "/etc/passwd"}, 422, "a file name in the models folder"),
-        ({"bundle": "missing.onnx"}, 404, "there: broken.onnx, candidate.onnx, other-layout.onnx"),
+        (
+            {"bundle": "missing.onnx"},
+            404,
+            "there: broken.onnx, candidate.onnx, other-layout.onnx, other-line.onnx",
+        ),
         ({"bundle": "other-layout.onnx"}, 422, "other-layout.onnx: bundle metadata field 'template'"),
         ({"bundle": "broken.onnx"}, 422, "broken.onnx: onnxruntime cannot load it"),
+        ({"bundle": "other-line.onnx"}, 409, "a new model may add classes, not drop them"),
         ({"bundle": "model.onnx", "extra": 1}, 422, "extra"),
     ],
 )

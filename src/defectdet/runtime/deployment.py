@@ -369,7 +369,7 @@ class Deployment:
             if model is None:
                 if self.previous_file is None or not self.previous_file.is_file():
                     raise UploadError(409, "nothing to roll back to: no model was promoted over this one")
-                model = self._load(self.previous_file)
+                model = self._load(self.previous_file, rollback=True)
             return self._make_live(model, "rollback", by, None)
 
     def _make_live(self, model: ServedModel, action: str, by: str | None, evidence: dict | None) -> dict:
@@ -423,8 +423,9 @@ class Deployment:
             raise UploadError(404, f"no bundle {name!r} in the models folder (there: {there})")
         return path
 
-    def _load(self, path: Path) -> ServedModel:
-        """Load, check that it takes the live model's input, and run one warm-up inference."""
+    def _load(self, path: Path, rollback: bool = False) -> ServedModel:
+        """Load, check that it takes the live model's input (and, unless rolling back, keeps its classes), and
+        run one warm-up inference."""
         if self.load is None:
             raise UploadError(409, "this service cannot load bundles (it was built around a predictor)")
         try:
@@ -438,6 +439,13 @@ class Deployment:
                 409,
                 f"{path.name} takes {_layout(meta)}, the live model {_layout(live)}: the line's requests would "
                 "not fit it",
+            )
+        dropped = [name for name in live.class_names if name not in meta.class_names]
+        if dropped and not rollback:
+            raise UploadError(
+                409,
+                f"{path.name} has no class {', '.join(map(repr, dropped))} of the live model (its classes: "
+                f"{', '.join(meta.class_names)}); a new model may add classes, not drop them",
             )
         size = meta.input_size
         image = np.full((size, size) if meta.channels == 1 else (size, size, 3), 114, np.uint8)

@@ -170,7 +170,7 @@ class Service:
             models_dir=settings.models_dir,
             live_path=live_path,
             load=self.load_bundle if live_path is not None else None,
-            on_swap=lambda model: self.metrics.set_drift_charts(model.monitor),
+            on_swap=self._swapped,
         )
         self.executor = ThreadPoolExecutor(settings.max_concurrency, thread_name_prefix="defectdet-infer")
         self.admitted = 0  # inferences queued or running (uploads still arriving do not count)
@@ -212,6 +212,12 @@ class Service:
     @property
     def sha256(self) -> str:
         return self.live.sha256
+
+    def _swapped(self, model: ServedModel) -> None:
+        """Another model went live: the drift gauges follow its charts, the review page offers its classes."""
+        self.metrics.set_drift_charts(model.monitor)
+        if self.review is not None:
+            self.review.class_names = list(model.metadata.class_names)
 
     def load_bundle(self, path: Path) -> Predictor:
         return Predictor(path, threads=self.settings.threads, max_pixels=self.settings.max_pixels)
