@@ -121,6 +121,8 @@ def test_shadow_reports_its_disagreement_rate_in_models_and_metrics(line: dict[s
 def test_promote_rewrites_the_served_file_and_rollback_restores_it(line: dict[str, Path]) -> None:
     served, models = line["served"], line["models"]
     original = served.read_bytes()
+    served.chmod(0o644)
+    mode = served.stat().st_mode & 0o777
     with _client(served, models) as client:
         _ready(client)
         before = _detect(client, 0)["model_version"]
@@ -137,6 +139,7 @@ def test_promote_rewrites_the_served_file_and_rollback_restores_it(line: dict[st
             after["model_version"] != before and after["model_version"] == file_sha256(line["candidate"])[:12]
         )
         assert served.read_bytes() == line["candidate"].read_bytes()
+        assert served.stat().st_mode & 0o777 == mode  # the served file keeps its permissions
         archived = models / body["done"]["previous_file"]
         assert archived.read_bytes() == original and archived.parent.name == "previous"
         assert (

@@ -505,6 +505,7 @@ def _atomic_copy(source: Path, target: Path) -> None:
     os.close(handle)
     try:
         shutil.copyfile(source, temporary)
+        shutil.copymode(target if target.exists() else source, temporary)  # mkstemp made it 0600
         with open(temporary, "rb") as written:
             os.fsync(written.fileno())
         os.replace(temporary, target)
