@@ -61,11 +61,17 @@ $(PEERS_STAMP):
 	$(PEERS_VENV)/bin/pip install --quiet $(PEERS_TORCH) ultralytics onnx onnxslim onnxruntime
 	touch $(PEERS_STAMP)
 
-# PEERS_ARGS passes options to bench/peers.py, e.g. make bench-peers PEERS_ARGS="--minutes 15"; the surface
-# family side by side (bench/peers_surface.py, YOLOv8n, 10 min each) follows it.
+# YOLO on the budget ladder (issue 20): each rung dataset:model:imgsz:minutes trains in .venv-peers at 1 thread
+# and writes its own JSON (bench/peers_ladder.py); ours come from the ladder's runs (make bench-scaling). Then the
+# curves (peers_ladder.json, one PNG per dataset) and latency at matched sizes. About 5 CPU hours for every rung:
+# run rungs one at a time (make bench-peers PEERS_RUNGS="surface:yolo11n:352:30"), pinned to a core if you can.
+PEERS_RUNGS ?= surface:yolo11n:352:10 surface:yolov8n:352:10 surface:yolo11n:640:10 deeppcb_plain:yolo11n:640:10 \
+	deeppcb_plain:yolo11n:320:10 surface:yolo11n:352:30 deeppcb_plain:yolo11n:640:30 surface:yolo11n:352:60 \
+	deeppcb_plain:yolo11n:640:60
 bench-peers: $(STAMP) $(PEERS_STAMP)
-	$(BIN)/python bench/peers.py --peers-python $(PEERS_VENV)/bin/python $(PEERS_ARGS)
-	$(BIN)/python bench/peers_surface.py --peers-python $(PEERS_VENV)/bin/python
+	for rung in $(PEERS_RUNGS); do OMP_NUM_THREADS=1 $(BIN)/python bench/peers_ladder.py --rung $$rung --threads 1; done
+	$(BIN)/python bench/peers_ladder.py --summary
+	$(BIN)/python bench/peers_latency.py --threads 1
 
 # The starting weights shipped in src/defectdet/model/weights (bench/pretrain.py; budget in the README). Only the
 # plain layout ships: template weights (bench/pretrain.py --layout template --epochs 30) lost to random ones on

@@ -423,3 +423,20 @@ def test_binarised_reference_charts_levels_not_copper_share() -> None:
     assert states[-1].level == "alert" and states[-1].statistic == "white_level"
     older = build_reference([{k: v for k, v in row.items() if "level" not in k} for row in stats], None)
     assert "contrast" in DriftMonitor(older).charts  # a reference without the levels keeps its charts
+
+
+def test_a_level_flipping_at_a_limit_is_logged_once_and_a_fall_once_it_held(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from types import SimpleNamespace
+
+    from defectdet.runtime.monitor import LOG_SETTLE_IMAGES
+
+    monitor = DriftMonitor(_reference(np.random.default_rng(7)))
+    caplog.set_level("INFO", logger="defectdet.runtime.monitor")
+    levels = ["warn", "alert"] + ["warn", "alert"] * 20 + ["ok"] * LOG_SETTLE_IMAGES
+    for index, level in enumerate(levels, 1):
+        monitor._maybe_log(SimpleNamespace(level=level, images=index, message=level))
+    logged = [record.getMessage().split(" after")[0] for record in caplog.records]
+    assert logged == ["drift ok -> warn", "drift warn -> alert", "drift alert -> ok"]
+    assert caplog.records[1].levelname == "WARNING" and caplog.records[2].levelname == "INFO"

@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 Level = Literal["ok", "warn", "alert"]
 LEVELS: tuple[Level, ...] = ("ok", "warn", "alert")
+LOG_SETTLE_IMAGES = 10  # a lower level is logged once it held this many images
 REFERENCE_FORMAT = 2  # 2: black/white levels, image geometry, between-group spread, held-out feature score
 STATISTICS = (
     "brightness",
@@ -621,7 +622,8 @@ class DriftMonitor:
         if use_features:
             self._charts[FEATURES] = self._make_chart(FEATURES, features["score"], False, charts)
         self._images = 0
-        self._level: Level = "ok"
+        self._level: Level = "ok"  # the level last logged
+        self._calmer_run = 0  # images in a row below the logged level
         self._skips: Counter[str] = Counter()
         self._last_skip: str | None = None
         self._lock = threading.Lock()
@@ -681,10 +683,18 @@ class DriftMonitor:
                     self._observe(self._charts[name], value)
             self._history.append({name: chart.ewma for name, chart in self._charts.items()})
             state = self._state()
-            if state.level != self._level:
-                self._log_change(self._level, state)
-                self._level = state.level
+            self._maybe_log(state)
         return state
+
+    def _maybe_log(self, state: DriftState) -> None:
+        """Log a rise at once, a fall once it held for `LOG_SETTLE_IMAGES` images: an EWMA hovering at a limit
+        flips the level image by image, and the log should say so once, not every other image."""
+        rank, logged = LEVELS.index(state.level), LEVELS.index(self._level)
+        self._calmer_run = self._calmer_run + 1 if rank < logged else 0
+        if rank > logged or (rank < logged and self._calmer_run >= LOG_SETTLE_IMAGES):
+            self._log_change(self._level, state)
+            self._level = state.level
+            self._calmer_run = 0
 
     def _observe(self, chart: _Chart, value: float) -> None:
         z = min(max(chart.standardizer.forward(value), -self.clip), self.clip)
@@ -761,6 +771,7 @@ class DriftMonitor:
             if self._level != "ok":
                 logger.info("drift %s -> ok: monitor reset", self._level)
             self._level = "ok"
+            self._calmer_run = 0
             self._images = 0
             self._skips.clear()
             self._last_skip = None
