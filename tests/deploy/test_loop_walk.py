@@ -2,7 +2,8 @@
 
 serve (keep every answer, a models folder, a token) -> kept images -> review in headless Chromium (a box drawn
 with the mouse, accepted with the keyboard) -> data.yaml of the reviewed labels -> fine-tune from the served
-bundle on old + new data (a few steps) -> export -> compare old and new -> shadow -> promote -> roll back.
+bundle on old + new data (a few steps) -> export -> compare old and new -> shadow -> promote (the main page's
+models panel, clicked in Chromium) -> roll back.
 
 A client thread posts images the whole time; every answer must be 200, and the versions it sees must go
 old -> new -> old. Skipped with the reason when playwright or Chromium is missing.
@@ -141,6 +142,31 @@ def _review_in_the_browser(url: str, kept: Path, accept: int) -> None:
             browser.close()
 
 
+def _promote_in_the_browser(url: str, screenshot: Path) -> str:
+    """On the main page: the models panel shows the shadow's disagreement rate; press 'Promote the shadow' and
+    accept the confirmation. Returns the panel's status line."""
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.on("dialog", lambda dialog: dialog.accept(TOKEN))  # the token prompt, then the confirmation
+            page.goto(url + "/")
+            page.wait_for_function(
+                "() => document.getElementById('shadow-rate').textContent.startsWith('disagree')",
+                timeout=15_000,
+            )
+            assert "candidate.onnx" in page.text_content("#models")
+            page.click("#promote")
+            page.wait_for_function(
+                "() => document.getElementById('models-status').textContent.startsWith('promote')",
+                timeout=30_000,
+            )
+            page.screenshot(path=str(screenshot), full_page=True)
+            return page.text_content("#models-status")
+        finally:
+            browser.close()
+
+
 def _post(url: str, route: str, body: dict) -> dict:
     answer = httpx.post(url + route, json=body, headers=CHANGE, timeout=120)
     assert answer.status_code == 200, answer.text
@@ -187,8 +213,12 @@ def test_serve_keep_review_finetune_compare_shadow_promote_rollback(line: dict, 
         while (httpx.get(url + "/v1/models", headers=AUTH).json()["shadow"] or {}).get("images", 0) < 3:
             assert time.monotonic() < deadline, "the shadow compared no images"
             time.sleep(0.1)
-        promoted = _post(url, "/v1/models/promote", {"by": "olga"})
-        assert promoted["live"]["name"] == "candidate.onnx" and promoted["done"]["shadow"]["images"] >= 3
+        status = _promote_in_the_browser(url, tmp_path / "models_panel.png")
+        assert status == "promote: candidate.onnx is live"
+        promoted = httpx.get(url + "/v1/models", headers=AUTH).json()
+        assert (
+            promoted["live"]["name"] == "candidate.onnx" and promoted["history"][0]["shadow"]["images"] >= 3
+        )
         answered = len(client.answers)
         while len(client.answers) < answered + 5:
             time.sleep(0.05)

@@ -176,6 +176,45 @@ async function refreshResults() {
   ).join("");
 }
 
+// The models panel (serve --models-dir): live, shadow and previous, and the changes; hidden without a models folder.
+let liveVersion = null;
+
+async function refreshModels() {
+  const { ok, body } = await getJson("/v1/models");
+  if (!ok || !body.models_dir) { $("models-panel").hidden = true; return; }
+  $("models-panel").hidden = false;
+  if (liveVersion !== null && liveVersion !== body.live.model_version) loadModel();  // promoted or rolled back
+  liveVersion = body.live.model_version;
+  const row = (role, m) => m ? `<tr><td>${role}</td><td>${escapeHtml(m.name)}</td><td>${escapeHtml(m.model_version || "")}</td>` +
+    `<td>${escapeHtml(m.since || m.file || "")}</td><td>${m.threshold === undefined ? "" : m.threshold.toFixed(3)}</td></tr>` : "";
+  $("models").querySelector("tbody").innerHTML = row("live", body.live) + row("shadow", body.shadow) + row("previous", body.previous);
+  const shadow = body.shadow;
+  const rate = shadow && shadow.disagreement_rate !== null ? shadow.disagreement_rate : null;
+  $("shadow-rate").textContent = shadow ? (rate === null ? "shadow: no images yet" : `disagree ${(100 * rate).toFixed(1)}%`) : "no shadow";
+  $("shadow-rate").className = "badge " + (!shadow || rate === null ? "unknown" : rate > 0.05 ? "warn" : "ok");
+  $("shadow-summary").textContent = shadow ? `${shadow.images} images compared, ${shadow.disagreements.verdict || 0} verdicts and ` +
+    `${shadow.disagreements.boxes || 0} box sets differ, ${shadow.skipped_busy} skipped (shadow busy), ${shadow.errors} errors` : "";
+  const chosen = $("candidate").value;
+  $("candidate").innerHTML = body.candidates.map((c) => `<option>${escapeHtml(c.name)}</option>`).join("");
+  if (body.candidates.some((c) => c.name === chosen)) $("candidate").value = chosen;
+  $("promote").disabled = !shadow;
+  $("shadow-stop").disabled = !shadow;
+  $("rollback").disabled = !body.previous;
+}
+
+async function changeModels(route, payload, question) {
+  if (question && !window.confirm(question)) return;
+  const { ok, body } = await getJson(route, { method: "POST", body: JSON.stringify(payload),
+    headers: { "Content-Type": "application/json", "X-Defectdet-Request": "1" } });
+  $("models-status").textContent = ok ? (body.done ? `${body.done.action}: ${body.done.to.name} is live` : "done") : (body.error || "failed");
+  refreshModels();
+}
+
+$("shadow-form").addEventListener("submit", (event) => { event.preventDefault();
+  changeModels("/v1/models/shadow", { bundle: $("candidate").value }); });
+$("shadow-stop").addEventListener("click", () => changeModels("/v1/models/shadow", { bundle: null }));
+$("promote").addEventListener("click", () => changeModels("/v1/models/promote", {}, "Make the shadow the live model?"));
+$("rollback").addEventListener("click", () => changeModels("/v1/models/rollback", {}, "Bring the previous model back?"));
 $("detect-form").addEventListener("submit", inspect);
 $("drift-reset").addEventListener("click", async () => { await getJson("/v1/drift/reset", { method: "POST", body: "{}",
   headers: { "Content-Type": "application/json", "X-Defectdet-Request": "1" } }); refreshDrift(); });
@@ -183,4 +222,5 @@ loadModel();
 refreshReady();
 refreshDrift();
 refreshResults();
-setInterval(() => { refreshReady(); refreshDrift(); refreshResults(); }, 3000);
+refreshModels();
+setInterval(() => { refreshReady(); refreshDrift(); refreshResults(); refreshModels(); }, 3000);
