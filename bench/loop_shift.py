@@ -18,7 +18,8 @@ what a new lamp took?
    boards of the same lamp: for line A, recaptures of its templates (`--clean-auto`); for the shifted line,
    its val templates under the new lamp.
 
-Writes bench/results/loop_shift.json. The thresholds are the ones each export chose on its own training
+Writes bench/results/loop_shift.json and loop_shift.png (the top of `compare`'s disagreement grid on the shifted
+line). The thresholds are the ones each export chose on its own training
 data's validation split; every figure is on val splits no model trained on.
 """
 
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from common import print_table, write_result
+from common import RESULTS_DIR, print_table, write_result
 
 OUT = Path("runs/bench_loop_shift")
 
@@ -139,6 +140,17 @@ def score(old: Path, new: Path, data: Path, name: str, threads: int, clean: tupl
     }
 
 
+def grid_excerpt(grid: Path, out: Path, height_px: int = 1400, width_px: int = 1000) -> Path | None:
+    """The top of `compare`'s disagreement grid (its first boards), scaled to `width_px`, for the README."""
+    image = cv2.imread(str(grid))
+    if image is None:
+        return None
+    top = image[:height_px]
+    scale = width_px / top.shape[1]
+    cv2.imwrite(str(out), cv2.resize(top, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -175,6 +187,7 @@ def main() -> int:
     print_table(
         "loop_shift: mAP@0.5", ["split", "deployed", "after the loop", "control (old data only)"], rows
     )
+    grid_excerpt(OUT / "compare" / "loop_shifted" / "disagreements.png", RESULTS_DIR / "loop_shift.png")
     write_result(
         "loop_shift",
         {
