@@ -211,7 +211,8 @@ def summary() -> int:
         axis.set_xlabel("training minutes on one core (1 thread)")
         axis.set_ylabel("mAP@0.5 on the held-out images")
         axis.set_title(
-            f"{dataset}: curves from each run's validation log; dots/squares: final, our evaluator"
+            f"{dataset}\nlines: each run's own validation log; markers: final point, our evaluator",
+            fontsize=10,
         )
         axis.set_ylim(0, 1)
         axis.grid(alpha=0.3)
