@@ -56,8 +56,11 @@ class Client(threading.Thread):
                     "image": (image.name, image.read_bytes()),
                     "template": (template.name, template.read_bytes()),
                 }
-                answer = client.post("/v1/detect", files=files)
-                self.answers.append((answer.status_code, answer.json().get("model_version")))
+                try:
+                    answer = client.post("/v1/detect", files=files)
+                    self.answers.append((answer.status_code, answer.json().get("model_version")))
+                except (httpx.HTTPError, ValueError) as error:  # recorded, so the test fails with it
+                    self.answers.append((0, repr(error)))
                 index += 1
                 time.sleep(0.05)
 
@@ -167,6 +170,13 @@ def _promote_in_the_browser(url: str, screenshot: Path) -> str:
             browser.close()
 
 
+def _more_answers(client: Client, count: int, timeout_s: float = 60.0) -> None:
+    answered, deadline = len(client.answers), time.monotonic() + timeout_s
+    while len(client.answers) < answered + count:
+        assert client.is_alive() and time.monotonic() < deadline, "the client stopped getting answers"
+        time.sleep(0.05)
+
+
 def _post(url: str, route: str, body: dict) -> dict:
     answer = httpx.post(url + route, json=body, headers=CHANGE, timeout=120)
     assert answer.status_code == 200, answer.text
@@ -219,13 +229,9 @@ def test_serve_keep_review_finetune_compare_shadow_promote_rollback(line: dict, 
         assert (
             promoted["live"]["name"] == "candidate.onnx" and promoted["history"][0]["shadow"]["images"] >= 3
         )
-        answered = len(client.answers)
-        while len(client.answers) < answered + 5:
-            time.sleep(0.05)
+        _more_answers(client, 5)
         _post(url, "/v1/models/rollback", {"by": "olga"})
-        answered = len(client.answers)
-        while len(client.answers) < answered + 5:
-            time.sleep(0.05)
+        _more_answers(client, 5)
     finally:
         client.stop.set()
         client.join(30)
