@@ -15,6 +15,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from defectdet.data.formats.yolo import label_line
 from defectdet.errors import InputError, describe_failure
 from defectdet.runtime.predictor import Detection, PredictionResult, Predictor
 
@@ -156,14 +157,7 @@ def output_names(images: list[Path]) -> dict[Path, Path]:
 
 def yolo_lines(detections: list[Detection], width: int, height: int) -> list[str]:
     """Detections as YOLO label lines: ``class cx cy w h`` normalised to the image size."""
-    lines = []
-    for detection in detections:
-        x1, y1, x2, y2 = detection.box
-        lines.append(
-            f"{detection.class_id} {(x1 + x2) / 2 / width:.6f} {(y1 + y2) / 2 / height:.6f} "
-            f"{(x2 - x1) / width:.6f} {(y2 - y1) / height:.6f}"
-        )
-    return lines
+    return [label_line(detection.class_id, detection.box, width, height) for detection in detections]
 
 
 def draw_detections(image: np.ndarray, result: PredictionResult) -> np.ndarray:

@@ -33,6 +33,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, Response
 
 from defectdet.data.formats import IMAGE_EXTENSIONS
+from defectdet.data.formats.yolo import label_line
 from defectdet.data.imageio import read_image, read_image_size, read_text_file
 from defectdet.errors import DefectDetError
 from defectdet.runtime.capture import atomic_write
@@ -345,7 +346,12 @@ class ReviewFolder:
             if action in LABELLED:
                 label.parent.mkdir(parents=True, exist_ok=True)
                 width, height = self.image_size(image)
-                atomic_write(label, "".join(_yolo_line(box, width, height) for box in parsed).encode())
+                atomic_write(
+                    label,
+                    "".join(
+                        label_line(box.class_id, box.box, width, height) + "\n" for box in parsed
+                    ).encode(),
+                )
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             entry = {
                 "time": stamp,
@@ -472,13 +478,6 @@ class ReviewFolder:
             "annotations": len(annotations),
             "problems": problems,
         }
-
-
-def _yolo_line(box: Box, width: int, height: int) -> str:
-    x1, y1, x2, y2 = box.box
-    cx, cy = (x1 + x2) / 2 / width, (y1 + y2) / 2 / height
-    w, h = (x2 - x1) / width, (y2 - y1) / height
-    return f"{box.class_id} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}\n"
 
 
 def _append_line(path: Path, line: str) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 
 from defectdet.data.formats import check_box, load_dataset
-from defectdet.data.formats.yolo import _class_names, _read_config, label_path_for
+from defectdet.data.formats.yolo import _class_names, _read_config, label_line, label_path_for
 from defectdet.data.imageio import read_image_size
 from defectdet.data.sample import Problem
 from defectdet.errors import DatasetError, ImageReadError
@@ -214,7 +214,7 @@ def _plan(
             checked = check_box(box, width, height, problems, item.origin)
             report.warnings.extend(f"{item.origin}: {p.message}" for p in problems)
             if checked is not None:
-                lines.append(_yolo_line(names.index(class_name), checked, width, height))
+                lines.append(label_line(names.index(class_name), checked, width, height))
         copy = True
         if destination.exists():
             if _same_file(item.source, destination):
@@ -273,14 +273,6 @@ def _free_name(item: LabelledImage, taken: dict[PurePosixPath, Path]) -> PurePos
         name = item.name.with_name(f"{item.name.stem}_{index}{item.name.suffix}")
     taken[name] = item.source
     return name
-
-
-def _yolo_line(class_id: int, box: tuple[float, float, float, float], width: int, height: int) -> str:
-    x1, y1, x2, y2 = box
-    return (
-        f"{class_id} {(x1 + x2) / 2 / width:.6f} {(y1 + y2) / 2 / height:.6f} "
-        f"{(x2 - x1) / width:.6f} {(y2 - y1) / height:.6f}"
-    )
 
 
 def _merge(old: list[str], new: list[str], width: int, height: int) -> list[str]:

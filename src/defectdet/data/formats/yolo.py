@@ -10,6 +10,7 @@ defect-free template under the same file name.
 from __future__ import annotations
 
 import glob
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,15 @@ _NOT_LABELS = frozenset({"classes.txt", "data.txt"})
 def splits(path: Path) -> list[str]:
     _, config = _read_config(path)
     return order_splits([key for key in SPLIT_KEYS if config.get(key)])
+
+
+def label_line(class_id: int, box: Sequence[float], width: int, height: int) -> str:
+    """One YOLO label line (no newline): ``class cx cy w h``, normalised to the image size, 6 decimals."""
+    x1, y1, x2, y2 = box
+    return (
+        f"{class_id} {(x1 + x2) / 2 / width:.6f} {(y1 + y2) / 2 / height:.6f} "
+        f"{(x2 - x1) / width:.6f} {(y2 - y1) / height:.6f}"
+    )
 
 
 def load(path: Path, split: str) -> DatasetSplit:

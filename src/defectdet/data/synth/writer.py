@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 import yaml
 
+from defectdet.data.formats.yolo import label_line
 from defectdet.data.synth.board import generate_board
 from defectdet.data.synth.defects import CLASS_NAMES
 from defectdet.data.synth.surface import MATERIALS, SURFACE_CLASS_NAMES, generate_surface
@@ -31,12 +32,10 @@ def _write_png(path: Path, image: np.ndarray) -> None:
 
 def _label_lines(image: np.ndarray, boxes: np.ndarray, classes: np.ndarray) -> str:
     height, width = image.shape[:2]
-    lines = []
-    for (x1, y1, x2, y2), class_id in zip(boxes.tolist(), classes.tolist(), strict=True):
-        lines.append(
-            f"{class_id} {(x1 + x2) / 2 / width:.6f} {(y1 + y2) / 2 / height:.6f} "
-            f"{(x2 - x1) / width:.6f} {(y2 - y1) / height:.6f}"
-        )
+    lines = [
+        label_line(class_id, box, width, height)
+        for box, class_id in zip(boxes.tolist(), classes.tolist(), strict=True)
+    ]
     return "".join(line + "\n" for line in lines)
 
 
