@@ -84,22 +84,14 @@ class Runner:
         spec = ModelSpec.from_checkpoint(state, checkpoint)
         self.imgsz = imgsz or spec.input_size
         self.template = spec.template
-        self.channels = spec.channels
-        self.settings = spec.postprocess
+        self.spec = spec.model_copy(update={"input_size": self.imgsz})
         self.checkpoint = checkpoint
         self.seconds = 0.0
 
     def predict(self, samples: Sequence[Sample], register: bool) -> list:
         started = time.perf_counter()
-        records, skipped = predict_records(
-            self.model,
-            samples,
-            imgsz=self.imgsz,
-            channels=self.channels,
-            use_template=self.template,
-            register_pairs=register,
-            postprocess_settings=self.settings,
-        )
+        spec = self.spec.model_copy(update={"registration": self.template and register})
+        records, skipped = predict_records(self.model, samples, spec)
         self.seconds += time.perf_counter() - started
         if skipped:
             raise SystemExit(f"unreadable images: {skipped[:3]}")

@@ -155,15 +155,7 @@ def ours_records(checkpoint: Path, samples: list[Sample]) -> tuple[torch.nn.Modu
     model, state = load_detector(checkpoint)
     config = state.get("config") or {}
     spec = ModelSpec.from_checkpoint(state, checkpoint)
-    records, skipped = predict_records(
-        model,
-        samples,
-        imgsz=spec.input_size,
-        channels=spec.channels,
-        use_template=spec.template,
-        register_pairs=spec.registration,
-        postprocess_settings=spec.postprocess,
-    )
+    records, skipped = predict_records(model, samples, spec)
     if skipped:
         raise SystemExit(f"unreadable images: {skipped[:3]}")
     return model, config, records

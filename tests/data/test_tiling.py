@@ -20,6 +20,7 @@ from defectdet.data.tiling import (
     tile_canvases,
 )
 from defectdet.engine.predict import predict_records
+from defectdet.runtime.spec import ModelSpec
 
 
 @given(
@@ -136,9 +137,8 @@ def test_a_pin_hole_lost_by_the_letterbox_is_found_by_tiles(tmp_path) -> None:
     )
     found = {}
     for tiles in (False, True):
-        records, skipped = predict_records(
-            DarkSpotModel(), [sample], imgsz=352, channels=1, use_template=False, tiles=tiles
-        )
+        spec = ModelSpec(input_size=352, channels=1, template=False, tiles=tiles)
+        records, skipped = predict_records(DarkSpotModel(), [sample], spec)
         assert not skipped
         found[tiles] = records[0]
     assert len(found[False].det_boxes) == 0

@@ -349,6 +349,7 @@ def test_tiled_runtime_matches_the_tiled_val_path(
     from defectdet.engine.checkpoint import load_detector
     from defectdet.engine.predict import predict_records
     from defectdet.postprocess import PostprocessSettings
+    from defectdet.runtime.spec import ModelSpec
 
     predictor = Predictor(bundle_path, tiles=True)
     meta = predictor.metadata
@@ -368,16 +369,15 @@ def test_tiled_runtime_matches_the_tiled_val_path(
         outputs.append(model(batch).float().numpy())
         return outputs[-1]
 
-    records, _ = predict_records(
-        recorded,
-        [Sample(paths[0], np.zeros((0, 4)), np.zeros(0), template_path=paths[1], image_id="big")],
-        imgsz=meta.input_size,
+    spec = ModelSpec(
+        input_size=meta.input_size,
         channels=meta.channels,
-        use_template=True,
-        register_pairs=meta.registration,
-        postprocess_settings=settings,
+        template=True,
+        registration=meta.registration,
         tiles=True,
-    )
+    ).with_postprocess(settings)
+    sample = Sample(paths[0], np.zeros((0, 4)), np.zeros(0), template_path=paths[1], image_id="big")
+    records, _ = predict_records(recorded, [sample], spec)
     val_inputs, val_outputs = np.concatenate(inputs), np.concatenate(outputs)
 
     # 1. the same graph inputs: the whole image's letterbox first, then its tiles

@@ -94,17 +94,7 @@ def _pair(folder: Path, width: int = 150, height: int = 110, template_size: tupl
 def _records(paths, predictor: Predictor, model=None, **kwargs):
     spec = predictor.spec
     sample = Sample(paths[0], np.zeros((0, 4), np.float32), np.zeros(0, np.int64), template_path=paths[1])
-    return predict_records(
-        model or (lambda batch: fake_forward(batch.numpy())),
-        [sample],
-        imgsz=spec.input_size,
-        channels=spec.channels,
-        use_template=spec.template,
-        register_pairs=spec.registration,
-        postprocess_settings=spec.postprocess,
-        tiles=spec.tiles,
-        **kwargs,
-    )
+    return predict_records(model or (lambda batch: fake_forward(batch.numpy())), [sample], spec, **kwargs)
 
 
 def test_both_paths_run_the_same_prepare_and_finish(bundle, tmp_path, monkeypatch) -> None:
@@ -147,7 +137,7 @@ def test_both_paths_run_the_same_prepare_and_finish(bundle, tmp_path, monkeypatc
         "prepare"
     ]
     assert np.array_equal(torch_image, image) and np.array_equal(torch_template, template)
-    assert torch_spec == spec.model_copy(update={"class_names": (), "strides": None, "preset": None})
+    assert torch_spec == spec  # one model description: the val path is handed the bundle's spec itself
     # the same input array: the whole letterbox first, then its tiles, bit for bit
     assert prepared.passes > 1 and prepared.inputs.shape == (prepared.passes, 2, SIZE, SIZE)
     assert np.array_equal(np.concatenate(seen), prepared.inputs)

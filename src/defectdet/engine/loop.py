@@ -312,23 +312,22 @@ def evaluate(
     (None when undefined).
     """
     from defectdet.engine.predict import predict_records
+    from defectdet.runtime.spec import ModelSpec
 
     device = torch.device(device)
     amp = amp or AmpSettings()
     was_training = model.training
     model.eval()
     try:
-        records, skipped = predict_records(
-            model,
-            dataset.samples,
-            imgsz=dataset.imgsz,
+        spec = ModelSpec(
+            input_size=dataset.imgsz,
             channels=dataset.channels,
-            use_template=dataset.use_template,
-            register_pairs=getattr(dataset, "register_pairs", True),
-            postprocess_settings=postprocess_settings,
-            device=device,
-            autocast=lambda: amp.autocast(device),
+            template=dataset.use_template,
+            registration=dataset.use_template and getattr(dataset, "register_pairs", True),
             tiles=tiles,
+        ).with_postprocess(postprocess_settings or PostprocessSettings())
+        records, skipped = predict_records(
+            model, dataset.samples, spec, device=device, autocast=lambda: amp.autocast(device)
         )
     finally:
         model.train(was_training)

@@ -43,42 +43,28 @@ def _batches(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
 def predict_records(
     model: Callable[[torch.Tensor], Any],
     samples: Sequence[Sample],
+    spec: ModelSpec,
     *,
-    imgsz: int,
-    channels: int,
-    use_template: bool,
-    register_pairs: bool = True,
-    postprocess_settings: PostprocessSettings | None = None,
     batch_size: int = DEFAULT_EVAL_BATCH,
     device: torch.device | str = "cpu",
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
     timer: Any = None,
     progress: bool = False,
-    tiles: bool = False,
 ) -> tuple[list[ImageRecord], list[str]]:
     """Predict every sample; returns (ImageRecords in original pixels, paths skipped as unreadable).
 
     `model`: a `Detector` in eval mode or any callable `(B, C, S, S) float tensor in [0, 1] -> (B, A, 4 + K)`
-    (tensor or array), e.g. `engine.bundle_model.BundleModel`. With `use_template and register_pairs`, each
-    record's `registration` holds the measured motion (`Registration.to_dict()`); the timer gets a
-    'register' stage. With `tiles`, images much larger than `imgsz` also run as native-resolution tiles whose
-    small detections join the whole-image ones (`data.tiling`).
+    (tensor or array), e.g. `engine.bundle_model.BundleModel`. `spec` says how the model takes its input and
+    what post-processing it gets (`ModelSpec.from_checkpoint` / `from_bundle`, or built by the caller). With
+    `spec.registration`, each record's `registration` holds the measured motion (`Registration.to_dict()`); the
+    timer gets a 'register' stage. With `spec.tiles`, images much larger than the input size also run as
+    native-resolution tiles whose small detections join the whole-image ones (`data.tiling`).
     """
     from rich.progress import Progress
 
     from defectdet.evaluation.timing import StageTimer
 
-    settings = postprocess_settings or PostprocessSettings()
-    spec = ModelSpec(  # what the pipeline needs of the model: the caller's settings
-        input_size=int(imgsz),
-        channels=int(channels),
-        template=bool(use_template),
-        registration=bool(use_template and register_pairs),
-        tiles=bool(tiles),
-        min_score=settings.score_threshold,
-        nms_iou=settings.iou_threshold,
-        max_detections=settings.max_detections,
-    )
+    settings = spec.postprocess
     timer = timer or StageTimer()
     batches = _Batches(model, settings, batch_size, torch.device(device), autocast, timer)
     skipped: list[str] = []

@@ -247,19 +247,8 @@ class _ValidationRun:
         return cls(checkpoint, data, model, metadata, spec, dataset, class_names, out_dir, settings.batch)
 
     def predict(self, samples, timer=None, progress=False) -> tuple[list[ImageRecord], list[str]]:
-        spec = self.spec
         return predict_records(
-            self.model,
-            samples,
-            imgsz=spec.input_size,
-            channels=spec.channels,
-            use_template=spec.template,
-            register_pairs=spec.registration,
-            postprocess_settings=spec.postprocess,
-            batch_size=self.batch,
-            timer=timer,
-            progress=progress,
-            tiles=spec.tiles,
+            self.model, samples, self.spec, batch_size=self.batch, timer=timer, progress=progress
         )
 
 

@@ -59,6 +59,16 @@ class ModelSpec(BaseModel):
     def postprocess(self) -> PostprocessSettings:
         return PostprocessSettings(self.min_score, self.nms_iou, self.max_detections)
 
+    def with_postprocess(self, settings: PostprocessSettings) -> ModelSpec:
+        """This spec with the score floor, NMS IoU and detection cap of `settings`."""
+        return self.model_copy(
+            update={
+                "min_score": settings.score_threshold,
+                "nms_iou": settings.iou_threshold,
+                "max_detections": settings.max_detections,
+            }
+        )
+
     @classmethod
     def from_checkpoint(cls, checkpoint: Mapping[str, Any], source: str | Path = "checkpoint") -> ModelSpec:
         """From a training checkpoint dict: the network from `model_config` (what `load_detector` rebuilds),
