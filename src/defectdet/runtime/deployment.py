@@ -77,13 +77,14 @@ class ServedModel:
     monitor: DriftMonitor | None
 
     @classmethod
-    def of(cls, predictor: Any, source: Path | None = None) -> ServedModel:
+    def of(cls, predictor: Any, source: Path | None = None, sha256: str | None = None) -> ServedModel:
+        """`sha256`: the bundle's hash when the caller already read it (else hashed here)."""
         path = getattr(predictor, "path", None)
         source = source or (Path(path) if path is not None else None)
         reference = predictor.metadata.drift_reference
         return cls(
             predictor=predictor,
-            sha256=bundle_sha256(predictor),
+            sha256=sha256 or bundle_sha256(predictor),
             name=source.name if source is not None else "in-memory",
             source=source,
             since=time.time(),
@@ -322,9 +323,10 @@ class Deployment:
     def start_shadow(self, name: str) -> dict[str, Any]:
         with self._change():
             path = self.resolve(name)
-            if file_sha256(path) == self.live.sha256:
+            sha = file_sha256(path)
+            if sha == self.live.sha256:
                 raise UploadError(409, f"{name} is the live model's bundle: nothing to compare it with")
-            model = self._load(path)
+            model = self._load(path, sha)
             old, self.shadow = self.shadow, ShadowRun(model, self.metrics)
             if old is not None:
                 old.stop()
@@ -357,7 +359,9 @@ class Deployment:
                 if sha == self.live.sha256:
                     raise UploadError(409, f"{name} is already the live model ({sha[:12]})")
                 model = (
-                    shadow.model if shadow is not None and shadow.model.sha256 == sha else self._load(path)
+                    shadow.model
+                    if shadow is not None and shadow.model.sha256 == sha
+                    else self._load(path, sha)
                 )
             evidence = shadow.report() if shadow is not None and shadow.model is model else None
             return self._make_live(model, "promote", by, evidence)
@@ -423,13 +427,13 @@ class Deployment:
             raise UploadError(404, f"no bundle {name!r} in the models folder (there: {there})")
         return path
 
-    def _load(self, path: Path, rollback: bool = False) -> ServedModel:
+    def _load(self, path: Path, sha256: str | None = None, rollback: bool = False) -> ServedModel:
         """Load, check that it takes the live model's input (and, unless rolling back, keeps its classes), and
         run one warm-up inference."""
         if self.load is None:
             raise UploadError(409, "this service cannot load bundles (it was built around a predictor)")
         try:
-            model = ServedModel.of(self.load(path), source=path)
+            model = ServedModel.of(self.load(path), source=path, sha256=sha256)
         except DefectDetError as error:  # its message starts with the path: the answer names the file only
             reason = str(error).replace(f"{path}: ", "").replace(str(path), path.name)
             raise UploadError(422, f"{path.name}: {reason}") from None

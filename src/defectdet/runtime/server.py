@@ -209,10 +209,6 @@ class Service:
     def version(self) -> str:
         return self.live.version
 
-    @property
-    def sha256(self) -> str:
-        return self.live.sha256
-
     def _swapped(self, model: ServedModel) -> None:
         """Another model went live: the drift gauges follow its charts, the review page offers its classes."""
         self.metrics.set_drift_charts(model.monitor)
