@@ -90,7 +90,8 @@ def _git(*args: str) -> str | None:
 
 def git_commit() -> str | None:
     output = _git("rev-parse", "--short", "HEAD")
-    return (output or "").strip() or None
+    # a copy of the tree without .git (a lent GPU machine) names its commit in BENCH_GIT_COMMIT
+    return (output or "").strip() or os.environ.get("BENCH_GIT_COMMIT") or None
 
 
 def uncommitted_code() -> list[str] | None:

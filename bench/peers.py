@@ -255,6 +255,7 @@ def run_peer(model_yaml: str, args: argparse.Namespace, data_yaml: Path, images_
         "--model", model_yaml, "--data", str(data_yaml), "--minutes", str(args.minutes),
         "--images", str(images_json), "--out", str(args.out / name), "--result", str(result),
         "--imgsz", str(args.imgsz), "--threads", str(args.threads), "--seed", str(args.seed),
+        *getattr(args, "peer_options", []),
     ]  # fmt: skip
     env = {
         **os.environ,

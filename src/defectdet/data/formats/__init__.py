@@ -23,7 +23,10 @@ TINY_BOX_PIXELS = 2.0
 
 _COCO_KEY = re.compile(r'"(?:images|annotations|categories)"\s*:\s*\[')
 _COCO_SNIFF_CHARS = 64 * 1024
-_DEEPPCB_LINE = re.compile(r"^\S+\.(?:jpg|jpeg|png|bmp|tif|tiff)\s+\S+\.txt$", re.IGNORECASE)
+_DEEPPCB_LINE = re.compile(
+    r"^\S+\.(?:" + "|".join(sorted(suffix[1:] for suffix in IMAGE_EXTENSIONS)) + r")\s+\S+\.txt$",
+    re.IGNORECASE,
+)
 
 
 def detect_format(path: str | Path) -> str:
