@@ -181,11 +181,16 @@ def summary() -> int:
                 }
             )
         colours = {"yolo11n": "tab:red", "yolov8n": "tab:orange"}
+        seen: set[str] = set()
         for run in sorted(theirs, key=lambda r: (r["model"], r["imgsz"], r["minutes"])):
             curve = run["curve_their_evaluator"]
             style = "-" if run["imgsz"] == OURS_IMGSZ[dataset] else "--"
             colour = colours.get(run["model"], "tab:gray")
             label = f"{run['model']} {run['imgsz']} px"
+            label, seen = (
+                ("_nolegend_" if label in seen else label),
+                seen | {label},
+            )  # one entry per model + size
             axis.plot(
                 [p["time_s"] / 60 for p in curve],
                 [p["mAP50"] for p in curve],
