@@ -67,18 +67,23 @@ PEER_SCORE, PEER_NMS_IOU = 0.25, 0.7  # end-to-end decoding of the peer output: 
 
 
 # ------------------------------------------------------------------------------------------------ data
-def write_yolo_dataset(train: DatasetSplit, val: DatasetSplit, folder: Path) -> Path:
+def write_yolo_dataset(train: DatasetSplit, val: DatasetSplit, folder: Path, template: bool = False) -> Path:
     """`folder/images/{train,val}/<id>.jpg` (symlinks to the tested images), `labels/.../<id>.txt`
-    (class cx cy w h, normalised), `data.yaml`; returns the yaml path."""
+    (class cx cy w h, normalised), `data.yaml`; returns the yaml path. `template`: each image is a two-page
+    grayscale TIFF (tested, template) and data.yaml says `channels: 2`, which Ultralytics reads as one
+    two-channel input (its imread stacks the pages of a multi-page TIFF)."""
     for split in (train, val):
         images, labels = folder / "images" / split.split, folder / "labels" / split.split
         images.mkdir(parents=True, exist_ok=True)
         labels.mkdir(parents=True, exist_ok=True)
         for sample in split.samples:
-            link = images / f"{sample.image_id}{sample.image_path.suffix}"
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(sample.image_path.resolve())
+            if template:
+                write_pair_tiff(sample, images / f"{sample.image_id}.tif")
+            else:
+                link = images / f"{sample.image_id}{sample.image_path.suffix}"
+                if link.is_symlink() or link.exists():
+                    link.unlink()
+                link.symlink_to(sample.image_path.resolve())
             lines = []
             for (x1, y1, x2, y2), cls in zip(sample.boxes, sample.classes, strict=True):
                 cx, cy = (x1 + x2) / 2 / sample.width, (y1 + y2) / 2 / sample.height
@@ -89,8 +94,22 @@ def write_yolo_dataset(train: DatasetSplit, val: DatasetSplit, folder: Path) -> 
             cache.unlink()
     names = "\n".join(f"  {index}: {name}" for index, name in enumerate(train.class_names))
     yaml_path = folder / "data.yaml"
-    yaml_path.write_text(f"path: {folder.resolve()}\ntrain: images/train\nval: images/val\nnames:\n{names}\n")
+    channels = "channels: 2\n" if template else ""
+    yaml_path.write_text(
+        f"path: {folder.resolve()}\ntrain: images/train\nval: images/val\n{channels}names:\n{names}\n"
+    )
     return yaml_path
+
+
+def write_pair_tiff(sample: Sample, path: Path) -> None:
+    """The tested image and its template as the two pages of one grayscale TIFF."""
+    import cv2
+
+    from defectdet.data.imageio import read_pair
+
+    if not path.is_file():
+        tested, template = read_pair(sample.image_path, sample.template_path, channels=1)
+        cv2.imwritemulti(str(path), [tested, template])
 
 
 def clean_boards(val: DatasetSplit, folder: Path, seed: int) -> list[Sample]:

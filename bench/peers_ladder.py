@@ -6,6 +6,8 @@
 A rung is dataset:model:imgsz:minutes. Datasets are the ladder's, with the same held-out images:
 - `deeppcb_plain`: DeepPCB, held-out board groups (our `load_dataset` split), tested images only: YOLO has no
   input for the template, and our ladder rung is `--no-template` too, so both sides see the same input;
+- `deeppcb_template`: the same split with the template stacked as a second channel for YOLO (a two-page
+  grayscale TIFF per board and `channels: 2` in its data.yaml, which Ultralytics accepts); ours with templates;
 - `surface`: bench/train_surface.py's surface family (seed 0, 600 images, 128-2048 px, no template).
 The input size is the point of the comparison: `matched` rows use the size our settings table chose for that
 data (352 for the surface family; DeepPCB's 640 x 640 boards keep 640, which is also YOLO's default), and
@@ -32,8 +34,12 @@ sys.path.insert(0, str(BENCH))
 import common  # noqa: E402
 import peers  # noqa: E402
 
-DATASETS = ("deeppcb_plain", "surface")
-OURS_IMGSZ = {"deeppcb_plain": 640, "surface": 352}  # what our settings table chose for this data
+DATASETS = ("deeppcb_plain", "deeppcb_template", "surface")
+OURS_IMGSZ = {
+    "deeppcb_plain": 640,
+    "deeppcb_template": 640,
+    "surface": 352,
+}  # what our settings table chose for this data
 REACH = (0.5, 0.6, 0.7, 0.8)
 
 
@@ -47,10 +53,14 @@ def prepare(dataset: str, out: Path) -> tuple[Path, Path, object]:
 
     folder = out / "data" / dataset
     folder.mkdir(parents=True, exist_ok=True)
-    if dataset == "deeppcb_plain":
+    yolo_images = None
+    if dataset.startswith("deeppcb"):
         train = load_dataset(peers.DEFAULT_DATA, "train")
         val = load_dataset(peers.DEFAULT_DATA, "val")
-        data_yaml = peers.write_yolo_dataset(train, val, folder)
+        template = dataset == "deeppcb_template"
+        data_yaml = peers.write_yolo_dataset(train, val, folder, template=template)
+        if template:  # YOLO predicts the two-channel TIFFs, not the tested images
+            yolo_images = {s.image_id: folder / "images" / "val" / f"{s.image_id}.tif" for s in val.samples}
     else:
         import train_surface
 
@@ -65,7 +75,15 @@ def prepare(dataset: str, out: Path) -> tuple[Path, Path, object]:
         )
     images_json = folder / "predict_images.json"
     images_json.write_text(
-        json.dumps([{"id": s.image_id, "path": str(s.image_path.resolve())} for s in val.samples])
+        json.dumps(
+            [
+                {
+                    "id": s.image_id,
+                    "path": str((yolo_images[s.image_id] if yolo_images else s.image_path).resolve()),
+                }
+                for s in val.samples
+            ]
+        )
     )
     return data_yaml, images_json, val
 
@@ -104,7 +122,7 @@ def run_rung(dataset: str, model: str, imgsz: int, minutes: float, threads: int,
     data_yaml, images_json, val = prepare(dataset, out)
     peer_args = SimpleNamespace(
         peers_python=peers.DEFAULT_PEERS_PYTHON, minutes=minutes, out=out / name, imgsz=imgsz,
-        threads=threads, seed=0,
+        threads=threads, seed=0, peer_options=["--no-export"] if dataset == "deeppcb_template" else [],
     )  # fmt: skip
     (out / name).mkdir(parents=True, exist_ok=True)
     document = peers.run_peer(f"{model}.yaml", peer_args, data_yaml, images_json)

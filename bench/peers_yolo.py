@@ -65,6 +65,34 @@ def offline_gpu_patches() -> None:
         trainer.BaseTrainer.read_results_csv = lambda self: {}
 
 
+def predict_multichannel(model, path: str, args: argparse.Namespace) -> dict:
+    """One image of any channel count through their LetterBox (square, as their exported graphs run), the model and their NMS (conf >= --conf, IoU 0.7,
+    300 boxes), boxes scaled back to the original pixels as their predictor does."""
+    import cv2
+    import torch
+    from ultralytics.data.augment import LetterBox
+    from ultralytics.utils import nms, ops
+    from ultralytics.utils.patches import imread
+
+    image = imread(path, cv2.IMREAD_UNCHANGED)
+    image = image[..., None] if image.ndim == 2 else image
+    boxed = LetterBox((args.imgsz, args.imgsz), auto=False, stride=32)(image=image)
+    boxed = boxed[..., None] if boxed.ndim == 2 else boxed
+    tensor = torch.from_numpy(boxed.transpose(2, 0, 1).copy())[None].float().div(255).to(args.device)
+    model = model.to(args.device).eval()
+    with torch.no_grad():
+        output = model(tensor)
+    found = nms.non_max_suppression(output, args.conf, 0.7, max_det=300)[0]
+    found[:, :4] = ops.scale_boxes(tensor.shape[2:], found[:, :4], image.shape[:2])
+    found = found.cpu().numpy()
+    return {
+        "boxes": found[:, :4].round(2).tolist(),
+        "scores": found[:, 4].round(5).tolist(),
+        "classes": found[:, 5].astype(int).tolist(),
+        "orig_shape": list(image.shape[:2]),
+    }
+
+
 def versions() -> dict[str, str | None]:
     found: dict[str, str | None] = {"python": platform.python_version()}
     for package in PACKAGES:
@@ -84,7 +112,8 @@ def counted_gflops(module, imgsz: int) -> float:
 
     model = copy.deepcopy(module).float().eval()
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(torch.zeros(1, 3, imgsz, imgsz))
+        first = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+        model(torch.zeros(1, first.in_channels, imgsz, imgsz))  # 2 with a stacked template
     return counter.get_total_flops() / 1e9
 
 
@@ -167,22 +196,27 @@ def main() -> int:
     started = time.perf_counter()
     paths = [item["path"] for item in images]
     ids = {str(Path(item["path"])): item["id"] for item in images}
-    for result in trained.predict(
-        source=paths,
-        imgsz=args.imgsz,
-        conf=args.conf,
-        device=args.device,
-        stream=True,
-        verbose=False,
-        max_det=300,
-    ):
-        boxes = result.boxes
-        predictions[ids[str(Path(result.path))]] = {
-            "boxes": boxes.xyxy.cpu().numpy().round(2).tolist(),
-            "scores": boxes.conf.cpu().numpy().round(5).tolist(),
-            "classes": boxes.cls.cpu().numpy().astype(int).tolist(),
-            "orig_shape": list(result.orig_shape),
-        }
+    channels = next(m for m in fused.modules() if isinstance(m, torch.nn.Conv2d)).in_channels
+    if channels == 3:
+        for result in trained.predict(
+            source=paths,
+            imgsz=args.imgsz,
+            conf=args.conf,
+            device=args.device,
+            stream=True,
+            verbose=False,
+            max_det=300,
+        ):
+            boxes = result.boxes
+            predictions[ids[str(Path(result.path))]] = {
+                "boxes": boxes.xyxy.cpu().numpy().round(2).tolist(),
+                "scores": boxes.conf.cpu().numpy().round(5).tolist(),
+                "classes": boxes.cls.cpu().numpy().astype(int).tolist(),
+                "orig_shape": list(result.orig_shape),
+            }
+    else:  # their predict() loads 3 channels whatever the model takes: their letterbox, model and NMS by hand
+        for path in paths:
+            predictions[ids[str(Path(path))]] = predict_multichannel(fused, path, args)
     predict_seconds = time.perf_counter() - started
 
     onnx_path = (
