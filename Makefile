@@ -66,7 +66,7 @@ $(PEERS_STAMP):
 # curves (peers_ladder.json, one PNG per dataset) and latency at matched sizes. About 5 CPU hours for every rung:
 # run rungs one at a time (make bench-peers PEERS_RUNGS="surface:yolo11n:352:30"), pinned to a core if you can.
 PEERS_RUNGS ?= surface:yolo11n:352:10 surface:yolov8n:352:10 surface:yolo11n:640:10 deeppcb_plain:yolo11n:640:10 \
-	deeppcb_plain:yolo11n:320:10 surface:yolo11n:352:30 deeppcb_plain:yolo11n:640:30 surface:yolo11n:352:60 \
+	deeppcb_plain:yolo11n:320:10 deeppcb_template:yolo11n:320:10 surface:yolo11n:352:30 deeppcb_plain:yolo11n:640:30 surface:yolo11n:352:60 \
 	deeppcb_plain:yolo11n:640:60
 bench-peers: $(STAMP) $(PEERS_STAMP)
 	for rung in $(PEERS_RUNGS); do OMP_NUM_THREADS=1 $(BIN)/python bench/peers_ladder.py --rung $$rung --threads 1; done

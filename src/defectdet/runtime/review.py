@@ -33,6 +33,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, Response
 
 from defectdet.data.formats import IMAGE_EXTENSIONS
+from defectdet.data.formats.interchange import CocoImage, coco_document
 from defectdet.data.formats.yolo import label_line
 from defectdet.data.imageio import read_image, read_image_size, read_text_file
 from defectdet.errors import DefectDetError
@@ -430,7 +431,7 @@ class ReviewFolder:
         decision). Images whose label file has a bad line or that cannot be read are left out and listed."""
         out = Path(out)
         names = self.class_names or []
-        images, annotations, problems = [], [], []
+        entries, problems = [], []
         for image in self.images():
             decision = self.decisions.get(image.name)
             if decision is not None and decision.action == "skip":
@@ -443,33 +444,17 @@ class ReviewFolder:
                 continue
             if labels is None:
                 continue
-            image_id = len(images) + 1
-            relative = os.path.relpath(image.resolve(), out.resolve().parent)
-            images.append(
-                {"id": image_id, "file_name": Path(relative).as_posix(), "width": width, "height": height}
-            )
-            for box in labels:
-                if box.class_id >= len(names):
-                    problems.append(
-                        f"{self.label_path(image).relative_to(self.root)}: class {box.class_id} unnamed"
-                    )
-                    continue
-                x1, y1, x2, y2 = box.box
-                annotations.append(
-                    {
-                        "id": len(annotations) + 1,
-                        "image_id": image_id,
-                        "category_id": box.class_id + 1,
-                        "bbox": [round(x1, 2), round(y1, 2), round(x2 - x1, 2), round(y2 - y1, 2)],
-                        "area": round((x2 - x1) * (y2 - y1), 2),
-                        "iscrowd": 0,
-                    }
-                )
-        document = {
-            "images": images,
-            "annotations": annotations,
-            "categories": [{"id": index + 1, "name": name} for index, name in enumerate(names)],
-        }
+            named = [box for box in labels if box.class_id < len(names)]
+            problems += [
+                f"{self.label_path(image).relative_to(self.root)}: class {box.class_id} unnamed"
+                for box in labels
+                if box.class_id >= len(names)
+            ]
+            relative = Path(os.path.relpath(image.resolve(), out.resolve().parent)).as_posix()
+            boxes = [box.box for box in named]
+            entries.append(CocoImage(relative, width, height, boxes, [box.class_id for box in named]))
+        document = coco_document(entries, names, f"{self.root}: reviewed images, exported by defectdet")
+        images, annotations = document["images"], document["annotations"]
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out, json.dumps(document, indent=1).encode())
         return {

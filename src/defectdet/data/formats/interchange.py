@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -398,6 +399,44 @@ class CocoExport:
     warnings: list[str]
 
 
+@dataclass(frozen=True)
+class CocoImage:
+    """One image for `coco_document`: its file name as the json names it, size, xyxy boxes and class ids."""
+
+    file_name: str
+    width: int
+    height: int
+    boxes: Sequence[Sequence[float]]
+    class_ids: Sequence[int]
+
+
+def coco_document(
+    entries: Sequence[CocoImage], class_names: Sequence[str], description: str
+) -> dict[str, Any]:
+    """COCO detection json (image and box ids from 1, category id = class id + 1, as CVAT numbers them)."""
+    images, annotations = [], []
+    for image_id, entry in enumerate(entries, start=1):
+        images.append(
+            {"id": image_id, "file_name": entry.file_name, "width": entry.width, "height": entry.height}
+        )
+        for (x1, y1, x2, y2), class_id in zip(entry.boxes, entry.class_ids, strict=True):
+            width_px, height_px = x2 - x1, y2 - y1
+            annotations.append({
+                "id": len(annotations) + 1, "image_id": image_id, "category_id": int(class_id) + 1,
+                "bbox": [round(x1, 3), round(y1, 3), round(width_px, 3), round(height_px, 3)],
+                "area": round(width_px * height_px, 3), "iscrowd": 0, "segmentation": [],
+            })  # fmt: skip
+    return {
+        "info": {"description": description},
+        "licenses": [],
+        "categories": [
+            {"id": index + 1, "name": name, "supercategory": ""} for index, name in enumerate(class_names)
+        ],
+        "images": images,
+        "annotations": annotations,
+    }
+
+
 def export_coco(
     data: Path,
     out: Path,
@@ -423,39 +462,17 @@ def export_coco(
     if image_root is None:
         image_root = Path(os.path.commonpath([str(p.parent) for p in paths])) if paths else Path(data).parent
     image_root = Path(image_root).absolute()
-    images, annotations = [], []
-    for image_id, (sample, path) in enumerate(zip(dataset.samples, paths, strict=True), start=1):
+    entries = []
+    for sample, path in zip(dataset.samples, paths, strict=True):
         width, height = sample.width, sample.height
         if width is None or height is None:
             try:
                 width, height = read_image_size(path)
             except ImageReadError as error:
                 raise DatasetError(str(error)) from None
-        images.append(
-            {
-                "id": image_id,
-                "file_name": Path(os.path.relpath(path, image_root)).as_posix(),
-                "width": width,
-                "height": height,
-            }  # fmt: skip
-        )
-        for box, class_id in zip(sample.boxes.tolist(), sample.classes.tolist(), strict=True):
-            x1, y1, x2, y2 = box
-            width_px, height_px = x2 - x1, y2 - y1
-            annotations.append({
-                "id": len(annotations) + 1, "image_id": image_id, "category_id": int(class_id) + 1,
-                "bbox": [round(x1, 3), round(y1, 3), round(width_px, 3), round(height_px, 3)],
-                "area": round(width_px * height_px, 3), "iscrowd": 0, "segmentation": [],
-            })  # fmt: skip
-    document = {
-        "info": {"description": f"{data} ({split}), exported by defectdet"},
-        "licenses": [],
-        "categories": [
-            {"id": index + 1, "name": name, "supercategory": ""}
-            for index, name in enumerate(dataset.class_names)
-        ],
-        "images": images,
-        "annotations": annotations,
-    }
+        file_name = Path(os.path.relpath(path, image_root)).as_posix()
+        entries.append(CocoImage(file_name, width, height, sample.boxes.tolist(), sample.classes.tolist()))
+    document = coco_document(entries, dataset.class_names, f"{data} ({split}), exported by defectdet")
+    images, annotations = document["images"], document["annotations"]
     atomic_write_text(Path(out), json.dumps(document, indent=1))
     return CocoExport(Path(out), len(images), len(annotations), dataset.class_names, image_root, warnings)
