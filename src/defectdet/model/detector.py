@@ -54,6 +54,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         "head_depth": 2,
         "kernel_size": 5,
     },
+    # the budget ladder's larger preset (issue 19): for an hour or more of CPU, or a GPU
+    "base": {
+        "widths": (48, 96, 192, 384),
+        "depths": (1, 3, 6, 3),
+        "neck_width": 128,
+        "levels": (0, 1, 2),
+        "bottom_up": True,
+        "head_depth": 2,
+        "kernel_size": 5,
+    },
 }
 
 LOSS_DEFAULTS: dict[str, Any] = {
