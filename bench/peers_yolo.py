@@ -66,8 +66,9 @@ def offline_gpu_patches() -> None:
 
 
 def predict_multichannel(model, path: str, args: argparse.Namespace) -> dict:
-    """One image of any channel count through their LetterBox (square, as their exported graphs run), the model and their NMS (conf >= --conf, IoU 0.7,
-    300 boxes), boxes scaled back to the original pixels as their predictor does."""
+    """One image of any channel count through their LetterBox (square, as their exported graphs run), the
+    model and their NMS (conf >= --conf, IoU 0.7, 300 boxes), boxes scaled back to the original pixels as their
+    predictor does."""
     import cv2
     import torch
     from ultralytics.data.augment import LetterBox
@@ -103,6 +104,13 @@ def versions() -> dict[str, str | None]:
     return found
 
 
+def input_channels(module) -> int:
+    """The channels the model takes: 3, or 2 with a stacked template (its first convolution's input)."""
+    import torch
+
+    return next(m for m in module.modules() if isinstance(m, torch.nn.Conv2d)).in_channels
+
+
 def counted_gflops(module, imgsz: int) -> float:
     """FLOPs of one eval forward at batch 1, imgsz x imgsz, counted like defectdet's model_info."""
     import copy
@@ -112,8 +120,7 @@ def counted_gflops(module, imgsz: int) -> float:
 
     model = copy.deepcopy(module).float().eval()
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        first = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d))
-        model(torch.zeros(1, first.in_channels, imgsz, imgsz))  # 2 with a stacked template
+        model(torch.zeros(1, input_channels(model), imgsz, imgsz))
     return counter.get_total_flops() / 1e9
 
 
@@ -196,8 +203,7 @@ def main() -> int:
     started = time.perf_counter()
     paths = [item["path"] for item in images]
     ids = {str(Path(item["path"])): item["id"] for item in images}
-    channels = next(m for m in fused.modules() if isinstance(m, torch.nn.Conv2d)).in_channels
-    if channels == 3:
+    if input_channels(fused) == 3:
         for result in trained.predict(
             source=paths,
             imgsz=args.imgsz,
