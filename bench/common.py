@@ -89,13 +89,18 @@ def _git(*args: str) -> str | None:
 
 
 def git_commit() -> str | None:
+    # a copy of the tree on another machine (a lent GPU machine) names the commit it was made from: its own
+    # .git, if any, need not be this checkout's
+    if os.environ.get("BENCH_GIT_COMMIT"):
+        return os.environ["BENCH_GIT_COMMIT"]
     output = _git("rev-parse", "--short", "HEAD")
-    # a copy of the tree without .git (a lent GPU machine) names its commit in BENCH_GIT_COMMIT
-    return (output or "").strip() or os.environ.get("BENCH_GIT_COMMIT") or None
+    return (output or "").strip() or None
 
 
 def uncommitted_code() -> list[str] | None:
     """Tracked files under src/ and bench/ that differ from HEAD: a result measured on them is not HEAD's."""
+    if os.environ.get("BENCH_GIT_COMMIT"):
+        return None  # unknown there: the caller vouches for the commit
     output = _git("status", "--porcelain", "--untracked-files=no", "--", "src", "bench/*.py")
     if output is None:
         return None

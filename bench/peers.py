@@ -51,6 +51,7 @@ import train_deeppcb  # noqa: E402
 
 from defectdet.data.formats import load_dataset  # noqa: E402
 from defectdet.data.formats.deeppcb import group_of  # noqa: E402
+from defectdet.data.formats.yolo import label_line  # noqa: E402
 from defectdet.data.imageio import decode_image  # noqa: E402
 from defectdet.data.letterbox import boxes_from_letterbox, letterbox_image  # noqa: E402
 from defectdet.data.recapture import RecaptureConfig, make_clean_boards  # noqa: E402
@@ -84,11 +85,10 @@ def write_yolo_dataset(train: DatasetSplit, val: DatasetSplit, folder: Path, tem
                 if link.is_symlink() or link.exists():
                     link.unlink()
                 link.symlink_to(sample.image_path.resolve())
-            lines = []
-            for (x1, y1, x2, y2), cls in zip(sample.boxes, sample.classes, strict=True):
-                cx, cy = (x1 + x2) / 2 / sample.width, (y1 + y2) / 2 / sample.height
-                w, h = (x2 - x1) / sample.width, (y2 - y1) / sample.height
-                lines.append(f"{int(cls)} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}")
+            lines = [
+                label_line(int(cls), box, sample.width, sample.height)
+                for box, cls in zip(sample.boxes.tolist(), sample.classes.tolist(), strict=True)
+            ]
             (labels / f"{sample.image_id}.txt").write_text("\n".join(lines) + ("\n" if lines else ""))
         for cache in folder.glob("labels/*.cache"):
             cache.unlink()
