@@ -49,6 +49,7 @@ def run_arm(
             "wall_seconds": run["wall_seconds"],
             "time_to": run["time_to"],
             "final": {"mAP50": final["mAP50"], "mAP50_95": final["mAP50_95"], "steps": final["steps"]},
+            "held_out_per_class_AP50": (run["result"].final_metrics.get("coco") or {}).get("class_AP50"),
             "curve": run["curve"],
         }
     import csv
