@@ -10,7 +10,9 @@ Datasets (held-out splits never trained on, and never seen by `bench/pretrain.py
   up to 2048 px), against pretraining on seed 1003, four materials, up to 1024 px.
 Each arm is `TrainConfig` defaults plus a time budget; only `pretrained` differs between the two inits.
 Each arm writes `bench/results/pretrained_<dataset>_<init>_<minutes>min.json` (its curve included), so a
-stopped session loses only the arm in flight. Run the two inits of a dataset side by side with
+stopped session loses only the arm in flight. The pretrained arm of the shipped layout is the product's
+default run, so `--summary` takes it from the budget ladder's rung (`scaling_<dataset>_nano_<minutes>min.json`,
+`bench/scaling.py`) when the arm has no file of its own: one run, not two. Run the two inits of a dataset side by side with
 `--threads 1` each, so that both see the same machine.
 """
 
@@ -98,6 +100,15 @@ def run_arm(
     }
 
 
+def arm_file(dataset: str, init: str, minutes: float) -> Path:
+    """The arm's own file; for the default init of a shipped layout (nano, no template) with no file of
+    its own, the budget ladder's rung: `bench/scaling.py` runs exactly that arm (defaults + budget)."""
+    path = RESULTS_DIR / f"pretrained_{dataset}_{init}_{minutes:g}min.json"
+    if path.is_file() or init != "pretrained" or dataset == "deeppcb_template":
+        return path
+    return RESULTS_DIR / f"scaling_{dataset}_nano_{minutes:g}min.json"
+
+
 def summary(minutes: float) -> int:
     """One table (and `pretrained.json`) from the arms' files: mAP@0.5 by dataset and init."""
     import matplotlib
@@ -109,7 +120,7 @@ def summary(minutes: float) -> int:
     for dataset in DATASETS:
         arms = {}
         for init in INITS:
-            path = RESULTS_DIR / f"pretrained_{dataset}_{init}_{minutes:g}min.json"
+            path = arm_file(dataset, init, minutes)
             if path.is_file():
                 document = json.loads(path.read_text())
                 curves[(dataset, init)] = document["curve"]
