@@ -33,17 +33,31 @@ INITS = ("scratch", "pretrained")
 
 
 def run_arm(
-    dataset: str, pretrained: bool | None, minutes: float, out: Path, seed: int = 0, preset: str = "nano"
+    dataset: str,
+    pretrained: bool | None,
+    minutes: float,
+    out: Path,
+    seed: int = 0,
+    preset: str = "nano",
+    overrides: dict | None = None,
 ) -> dict:
     """Train `preset` with defaults and a time budget on `dataset`, score it on the held-out split; returns
     {settings, wall_seconds, time_to, final, curve} (bench/scaling.py calls this too). `pretrained` None:
-    the product's default (shipped weights when they exist)."""
+    the product's default (shipped weights when they exist); `overrides`: other TrainConfig fields."""
     if dataset.startswith("deeppcb"):
         from train_deeppcb import DEFAULT_DATA, train_and_summarize
 
         template = dataset == "deeppcb_template"
         run = train_and_summarize(
-            DEFAULT_DATA, minutes, preset, 2, out, seed, template=template, pretrained=pretrained
+            DEFAULT_DATA,
+            minutes,
+            preset,
+            2,
+            out,
+            seed,
+            template=template,
+            pretrained=pretrained,
+            overrides=overrides,
         )
         final = run["final"]
         return {
@@ -72,6 +86,7 @@ def run_arm(
         seed=seed,
         pretrained=pretrained,
         progress=False,
+        **(overrides or {}),
     )
     data = build_train_data(config)
     started = time.perf_counter()

@@ -46,9 +46,11 @@ def train_and_summarize(
     seed: int = 0,
     template: bool | None = None,
     pretrained: bool | None = None,
+    overrides: dict | None = None,
 ) -> dict:
     """Train `preset` on DeepPCB's train split for `minutes`, validating on the held-out groups; returns
-    {config, result, wall_seconds, time_to, final, curve} (bench/peers.py calls this too)."""
+    {config, result, wall_seconds, time_to, final, curve} (bench/peers.py calls this too). `overrides`:
+    other TrainConfig fields (bench/ablate.py)."""
     config = TrainConfig(
         data=data,
         train_split="train",
@@ -61,6 +63,7 @@ def train_and_summarize(
         template=template,
         pretrained=pretrained,
         progress=sys.stdout.isatty(),
+        **(overrides or {}),
     )
     started = time.perf_counter()
     result = train(config)

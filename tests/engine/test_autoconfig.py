@@ -11,6 +11,7 @@ from rich.console import Console
 from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.engine.autoconfig import (
     SplitStats,
+    add_clean_templates,
     balance_split,
     choices_table,
     choose_settings,
@@ -150,6 +151,30 @@ def test_channels_template_and_class_balance() -> None:
     assert config.class_balance == "repeat" and "c1 in 10 images" in why["class_balance"].reason
     assert "no training image of c2" in why["class_balance"].reason
     assert chosen(make_stats((640, 480), boxes, class_images=[100, 60]))[0].class_balance == "off"
+
+
+def test_clean_templates_only_for_a_model_without_templates_on_paired_data() -> None:
+    boxes = [(30, 30)] * 5
+    config, why = chosen(make_stats((640, 480), boxes, images=10, with_template=10), template=False)
+    assert config.clean_templates is True and "has 10" in why["clean_templates"].reason
+    assert chosen(make_stats((640, 480), boxes, images=10, with_template=10))[0].clean_templates is False
+    assert chosen(make_stats((640, 480), boxes, images=10))[0].clean_templates is False
+    config, why = chosen(make_stats((640, 480), boxes, images=10, with_template=10), clean_templates=False)
+    assert config.clean_templates is False and why["clean_templates"].source == "user"
+
+    shared = Path("golden.png")  # two tested images of one board share its template: it is added once
+    samples = [
+        Sample(Path("a.png"), [[0, 0, 5, 5]], [1], template_path=shared),
+        Sample(Path("b.png"), [[1, 1, 6, 6]], [0], template_path=shared),
+        Sample(Path("c.png"), [[2, 2, 7, 7]], [0], template_path=Path("other.png")),
+        Sample(Path("d.png"), [], []),
+    ]
+    split = add_clean_templates(DatasetSplit(samples, ["x", "y"], "deeppcb", "train", Path(".")))
+    assert split.samples[:4] == samples
+    added = split.samples[4:]
+    assert [s.image_path for s in added] == [shared, Path("other.png")]
+    assert all(len(s.boxes) == 0 and len(s.classes) == 0 and s.template_path is None for s in added)
+    assert [s.image_id for s in added] == ["a_template", "c_template"]
 
 
 def test_repeat_factors_oversample_rare_classes() -> None:

@@ -24,6 +24,13 @@ def test_no_template_on_a_dataset_with_templates(tmp_path, small_train_config) -
         tmp_path / "run", data=data_yaml, template=False, epochs=1, batch=2, max_steps=2
     )
     data = build_train_data(config)
+    # the templates also train, as defect-free images: the same boards without their defects
+    assert data.config.clean_templates is True
+    defective = [s for s in data.train.split.samples if not s.image_id.endswith("_template")]
+    clean = [s for s in data.train.split.samples if s.image_id.endswith("_template")]
+    assert len(clean) == len({s.template_path for s in defective}) > 0
+    assert all(len(s.boxes) == 0 and s.template_path is None for s in clean)
+    assert {s.image_path for s in clean} == {s.template_path for s in defective}
     config.val_every = 3  # set after the data, as the demo does: train keeps it and takes the chosen settings
     result = train(config, data=data)
     checkpoint = load_checkpoint(result.last_checkpoint)

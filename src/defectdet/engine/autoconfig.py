@@ -28,6 +28,8 @@ Rules (pixels are at the letterbox size S; `MIN_DEFECT_PX`, `CROP_BASE`, `LARGE_
   frequent classes differ by >= BALANCE_RATIO in images containing them.
 - pretrained: start from the package's shipped weights (`model.pretrained`) when they exist for the
   preset and the input layout (template or not); `--from-scratch` starts from random weights.
+- clean_templates: a run without templates on data that has them (DeepPCB trained `--no-template`) also
+  trains on each golden template as a defect-free image: the same board without its defects.
 - tiles: on when >= TILE_SHARE of defects are under MIN_DEFECT_PX at S and lie in images the letterbox
   shrinks by more than `data.tiling.TILE_TRIGGER`: inference then also runs native-resolution tiles of
   those images (`data.tiling`), whose small detections join the whole-image ones.
@@ -38,11 +40,12 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from defectdet.data.sample import DatasetSplit
+from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.engine.config import TrainConfig
 from defectdet.errors import ConfigError, ImageReadError
 
@@ -71,6 +74,7 @@ SETTING_NAMES = (
     "template",
     "class_balance",
     "tiles",
+    "clean_templates",
     "pretrained",
 )
 BASE_BATCH = 16  # images per step at CROP_BASE x CROP_BASE
@@ -318,6 +322,17 @@ def auto_template(stats: SplitStats) -> tuple[bool, str]:
     return False, "the dataset has no templates"
 
 
+def auto_clean_templates(stats: SplitStats, template: bool) -> tuple[bool, str]:
+    if template:
+        return False, "the model reads each template as its second input"
+    if not stats.with_template:
+        return False, "the dataset has no templates"
+    return True, (
+        f"training without templates on data that has {stats.with_template}: each golden template also "
+        "trains as a defect-free image, the same board without its defects (add_clean_templates)"
+    )
+
+
 def auto_pretrained(preset: str, template: bool) -> tuple[bool, str]:
     """Start from the shipped weights (model.pretrained) when the package has them for this preset and
     input layout; the fine-tuning data then only has to teach its own classes and look."""
@@ -406,6 +421,7 @@ def choose_settings(
     decide("template", *auto_template(stats))
     decide("class_balance", *auto_class_balance(stats))
     decide("tiles", *auto_tiles(stats, imgsz))
+    decide("clean_templates", *auto_clean_templates(stats, bool(values["template"])))
     if config.pretrained is None and previous is not None and previous.get("pretrained") is None:
         # a checkpoint from before shipped weights existed: it started from random weights
         values["pretrained"] = False
@@ -462,6 +478,30 @@ def balance_split(split: DatasetSplit, seed: int = 0) -> DatasetSplit:
         sample for sample, count in zip(split.samples, repeats.tolist(), strict=True) for _ in range(count)
     ]
     return DatasetSplit(samples, split.class_names, split.format, split.split, split.root, split.problems)
+
+
+def add_clean_templates(split: DatasetSplit) -> DatasetSplit:
+    """The split plus each distinct template as a sample without boxes (for a model trained without
+    templates): the defect-free twin of every defective image. Ids end in `_template`."""
+    seen: set[Path] = set()
+    extra: list[Sample] = []
+    for sample in split.samples:
+        path = sample.template_path
+        if path is None or path in seen:
+            continue
+        seen.add(path)
+        extra.append(
+            Sample(
+                path,
+                np.zeros((0, 4), np.float32),
+                np.zeros(0, np.int64),
+                source=f"{sample.source or sample.image_path} (its template, no defects)",
+                image_id=f"{sample.image_id}_template",
+            )
+        )
+    return DatasetSplit(
+        split.samples + extra, split.class_names, split.format, split.split, split.root, split.problems
+    )
 
 
 def model_overrides(config: TrainConfig) -> dict[str, Any]:

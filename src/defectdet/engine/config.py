@@ -45,6 +45,8 @@ class TrainConfig(BaseModel):
     tiles: bool | None = (
         None  # inference also runs native-resolution tiles of images >= 1.5x imgsz (data.tiling)
     )
+    # training without templates on paired data: each golden template also trains as a defect-free image
+    clean_templates: bool | None = None
     batch: int | None = Field(None, ge=1)  # None: ~16 x 320^2 pixels per step (engine.autoconfig)
     workers: int | None = Field(None, ge=0)
     # decoded + registered + letterboxed training pairs kept in RAM (MB per loading process); None: a quarter

@@ -135,7 +135,12 @@ def build_train_data(config: TrainConfig) -> TrainData:
     from defectdet.data.dataset import DetectionDataset
     from defectdet.data.formats import load_dataset
     from defectdet.data.holdout import hold_out, same_images
-    from defectdet.engine.autoconfig import balance_split, choose_settings, collect_split_stats
+    from defectdet.engine.autoconfig import (
+        add_clean_templates,
+        balance_split,
+        choose_settings,
+        collect_split_stats,
+    )
 
     if config.data is None:
         raise ConfigError(
@@ -163,6 +168,8 @@ def build_train_data(config: TrainConfig) -> TrainData:
     config, train_split, old_val_split, extra_choices = _continue_from(config, train_split)
     config, choices = choose_settings(collect_split_stats(train_split, seed=config.seed), config, previous)
     choices = _with_start_rows(config, choices + extra_choices)
+    if config.clean_templates and not config.template:
+        train_split = add_clean_templates(train_split)
     if config.class_balance == "repeat":
         train_split = balance_split(train_split, config.seed)
     channels = config.channels or 1

@@ -1,0 +1,80 @@
+"""One default switched: the budget ladder's run with a setting changed, against the ladder's rung.
+
+    python bench/ablate.py --rung deeppcb_plain:nano:10 --set clean_templates=false [--threads 1]
+
+Runs `bench/pretrained.run_arm` (defaults + a time budget, the held-out split) with the TrainConfig fields
+given by `--set` (YAML values), and writes `bench/results/ablate_<dataset>_<preset>_<minutes>min_<k>-<v>.json`
+beside the rung `scaling_<dataset>_<preset>_<minutes>min.json` it is compared with (`bench/scaling.py`).
+Run both from the same commit, side by side at one thread each, so that they see the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import yaml
+from common import RESULTS_DIR, print_table, write_result
+from pretrained import run_arm
+from scaling import result_name
+
+
+def parse_settings(pairs: list[str]) -> dict:
+    """['clean_templates=false', 'lr=0.004'] -> {'clean_templates': False, 'lr': 0.004}."""
+    found = {}
+    for pair in pairs:
+        key, separator, value = pair.partition("=")
+        if not separator or not key:
+            raise SystemExit(f"--set {pair!r}: expected KEY=VALUE")
+        found[key] = yaml.safe_load(value)
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rung", required=True, help="dataset:preset:minutes, e.g. deeppcb_plain:nano:10")
+    parser.add_argument("--set", dest="settings", action="append", required=True, help="KEY=VALUE")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.threads:
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+        torch.set_num_threads(args.threads)
+    dataset, preset, minutes = args.rung.split(":")
+    overrides = parse_settings(args.settings)
+    suffix = "_".join(f"{key}-{value}" for key, value in overrides.items())
+    base = result_name(dataset, preset, float(minutes))
+    name = base.replace("scaling_", "ablate_", 1) + f"_{suffix}"
+    body = run_arm(dataset, None, float(minutes), Path("runs/bench_ablate") / name, 0, preset, overrides)
+    rows = [[k, v] for k, v in {**body["time_to"], **body["final"]}.items()]
+    baseline = RESULTS_DIR / f"{base}.json"
+    if baseline.is_file():
+        rows.append([f"{base} mAP50", json.loads(baseline.read_text())["final"]["mAP50"]])
+    print_table(name, ["figure", "value"], rows)
+    path = write_result(
+        name,
+        {
+            "command": " ".join(["python bench/ablate.py", *sys.argv[1:]]),
+            "dataset": dataset,
+            "preset": preset,
+            "minutes": float(minutes),
+            "overrides": overrides,
+            "compared_with": baseline.name,
+            "threads": args.threads,
+            **body,
+        },
+    )
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
