@@ -1,6 +1,7 @@
 """One default switched: the budget ladder's run with a setting changed, against the ladder's rung.
 
     python bench/ablate.py --rung deeppcb_plain:nano:10 --set clean_templates=false [--threads 1]
+    python bench/ablate.py --rung surface:nano:10 --set seed=1      # the rung again, another seed
 
 Runs `bench/pretrained.run_arm` (defaults + a time budget, the held-out split) with the TrainConfig fields
 given by `--set` (YAML values), and writes `bench/results/ablate_<dataset>_<preset>_<minutes>min_<k>-<v>.json`
@@ -53,7 +54,8 @@ def main() -> int:
     suffix = "_".join(f"{key}-{value}" for key, value in overrides.items())
     base = result_name(dataset, preset, float(minutes))
     name = base.replace("scaling_", "ablate_", 1) + f"_{suffix}"
-    body = run_arm(dataset, None, float(minutes), Path("runs/bench_ablate") / name, 0, preset, overrides)
+    seed = int(overrides.pop("seed", 0))  # run_arm's own argument (a repeat of the rung with another seed)
+    body = run_arm(dataset, None, float(minutes), Path("runs/bench_ablate") / name, seed, preset, overrides)
     rows = [[k, v] for k, v in {**body["time_to"], **body["final"]}.items()]
     baseline = RESULTS_DIR / f"{base}.json"
     if baseline.is_file():
@@ -66,7 +68,7 @@ def main() -> int:
             "dataset": dataset,
             "preset": preset,
             "minutes": float(minutes),
-            "overrides": overrides,
+            "overrides": {**overrides, "seed": seed},
             "compared_with": baseline.name,
             "threads": args.threads,
             **body,
