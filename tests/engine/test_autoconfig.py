@@ -156,7 +156,11 @@ def test_channels_template_and_class_balance() -> None:
 def test_clean_templates_only_for_a_model_without_templates_on_paired_data() -> None:
     boxes = [(30, 30)] * 5
     config, why = chosen(make_stats((640, 480), boxes, images=10, with_template=10), template=False)
-    assert config.clean_templates is True and "has 10" in why["clean_templates"].reason
+    assert config.clean_templates is False and "has 10 templates" in why["clean_templates"].reason
+    config, why = chosen(
+        make_stats((640, 480), boxes, images=10, with_template=10), template=False, clean_templates=True
+    )
+    assert config.clean_templates is True and why["clean_templates"].source == "user"
     assert chosen(make_stats((640, 480), boxes, images=10, with_template=10))[0].clean_templates is False
     assert chosen(make_stats((640, 480), boxes, images=10))[0].clean_templates is False
     config, why = chosen(make_stats((640, 480), boxes, images=10, with_template=10), clean_templates=False)

@@ -23,6 +23,8 @@ def test_no_template_on_a_dataset_with_templates(tmp_path, small_train_config) -
     config = small_train_config(
         tmp_path / "run", data=data_yaml, template=False, epochs=1, batch=2, max_steps=2
     )
+    assert build_train_data(config).config.clean_templates is False  # off unless asked for
+    config.clean_templates = True
     data = build_train_data(config)
     # the templates also train, as defect-free images: the same boards without their defects
     assert data.config.clean_templates is True

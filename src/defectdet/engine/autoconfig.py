@@ -28,8 +28,9 @@ Rules (pixels are at the letterbox size S; `MIN_DEFECT_PX`, `CROP_BASE`, `LARGE_
   frequent classes differ by >= BALANCE_RATIO in images containing them.
 - pretrained: start from the package's shipped weights (`model.pretrained`) when they exist for the
   preset and the input layout (template or not); `--from-scratch` starts from random weights.
-- clean_templates: a run without templates on data that has them (DeepPCB trained `--no-template`) also
-  trains on each golden template as a defect-free image: the same board without its defects.
+- clean_templates: off. When on, a run without templates on data that has them (DeepPCB trained
+  `--no-template`) also trains on each golden template as a defect-free image; on DeepPCB that cost accuracy
+  in a 10-minute budget (half the steps see no defect), so it is the user's choice.
 - tiles: on when >= TILE_SHARE of defects are under MIN_DEFECT_PX at S and lie in images the letterbox
   shrinks by more than `data.tiling.TILE_TRIGGER`: inference then also runs native-resolution tiles of
   those images (`data.tiling`), whose small detections join the whole-image ones.
@@ -327,9 +328,11 @@ def auto_clean_templates(stats: SplitStats, template: bool) -> tuple[bool, str]:
         return False, "the model reads each template as its second input"
     if not stats.with_template:
         return False, "the dataset has no templates"
-    return True, (
-        f"training without templates on data that has {stats.with_template}: each golden template also "
-        "trains as a defect-free image, the same board without its defects (add_clean_templates)"
+    return False, (
+        f"the data has {stats.with_template} templates, but they stay out of a run without templates: as "
+        "extra defect-free images they lowered DeepPCB's held-out mAP@0.5 in 10 minutes "
+        "(bench/results/ablate_deeppcb_plain_nano_10min_clean_templates-*.json); `--set clean_templates=true` "
+        "adds them"
     )
 
 

@@ -46,6 +46,7 @@ class TrainConfig(BaseModel):
         None  # inference also runs native-resolution tiles of images >= 1.5x imgsz (data.tiling)
     )
     # training without templates on paired data: each golden template also trains as a defect-free image
+    # (None: off, engine.autoconfig says why)
     clean_templates: bool | None = None
     batch: int | None = Field(None, ge=1)  # None: ~16 x 320^2 pixels per step (engine.autoconfig)
     workers: int | None = Field(None, ge=0)
