@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
 import yaml
-from common import RESULTS_DIR, print_table, write_result
+from common import RESULTS_DIR, limit_threads, print_table, write_result
 from pretrained import run_arm
 from scaling import result_name
 
@@ -44,11 +43,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    if args.threads:
-        import torch
-
-        os.environ["OMP_NUM_THREADS"] = str(args.threads)
-        torch.set_num_threads(args.threads)
+    limit_threads(args.threads)
     dataset, preset, minutes = args.rung.split(":")
     overrides = parse_settings(args.settings)
     suffix = "_".join(f"{key}-{value}" for key, value in overrides.items())

@@ -179,3 +179,12 @@ def wait_until_ready(
         if time.monotonic() > deadline:
             raise RuntimeError(f"the server did not become ready in {timeout_s:g} s")
         time.sleep(0.2)
+
+
+def limit_threads(threads: int | None) -> None:
+    """With `threads`: torch's intra-op threads and OMP_NUM_THREADS (for workers and libraries started later)."""
+    if threads:
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import sys
 import time
@@ -35,7 +34,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from common import RESULTS_DIR, print_table, write_result
+from common import RESULTS_DIR, limit_threads, print_table, write_result
 
 OUT = Path("runs/bench_loop_shift")
 
@@ -161,11 +160,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch and onnxruntime threads")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    limit_threads(args.threads)
     threads = args.threads or 1
     line_a, shifted, new_data = make_lines(args.new_images)
     clean = clean_boards(shifted.parent)

@@ -21,12 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 
-from common import RESULTS_DIR, print_table, write_result
+from common import RESULTS_DIR, limit_threads, print_table, write_result
 
 DATASETS = ("deeppcb_plain", "deeppcb_template", "surface")
 INITS = ("scratch", "pretrained")
@@ -198,11 +197,7 @@ def main() -> int:
     if not (args.dataset and args.init):
         parser.error("--dataset and --init are required (or --summary)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    if args.threads:
-        import torch
-
-        os.environ["OMP_NUM_THREADS"] = str(args.threads)
-        torch.set_num_threads(args.threads)
+    limit_threads(args.threads)
     if args.weights_dir is not None:
         from defectdet.model import pretrained as pretrained_weights
 

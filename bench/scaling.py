@@ -19,7 +19,7 @@ import logging
 import sys
 from pathlib import Path
 
-from common import RESULTS_DIR, print_table, write_result
+from common import RESULTS_DIR, limit_threads, print_table, write_result
 from pretrained import run_arm
 
 LADDER_MINUTES = (10, 30, 60)
@@ -152,13 +152,7 @@ def main() -> int:
     parser.add_argument("--datasets", default=None, help="comma-separated subset of the ladder's datasets")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    if args.threads:
-        import os
-
-        import torch
-
-        os.environ["OMP_NUM_THREADS"] = str(args.threads)
-        torch.set_num_threads(args.threads)
+    limit_threads(args.threads)
     if args.summary:
         return summary()
     if args.rung:
