@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -11,6 +12,7 @@ from defectdet.data.synth import synthesize_dataset
 from defectdet.engine.checkpoint import load_checkpoint
 from defectdet.engine.trainer import build_train_data, train
 from defectdet.engine.validate import validate
+from defectdet.errors import ConfigError
 
 runner = CliRunner()
 
@@ -33,6 +35,8 @@ def test_no_template_on_a_dataset_with_templates(tmp_path, small_train_config) -
     assert len(clean) == len({s.template_path for s in defective}) > 0
     assert all(len(s.boxes) == 0 and s.template_path is None for s in clean)
     assert {s.image_path for s in clean} == {s.template_path for s in defective}
+    with pytest.raises(ConfigError, match="clean_templates"):  # a template model reads them as input
+        build_train_data(small_train_config(tmp_path / "run2", data=data_yaml, clean_templates=True))
     config.val_every = 3  # set after the data, as the demo does: train keeps it and takes the chosen settings
     result = train(config, data=data)
     checkpoint = load_checkpoint(result.last_checkpoint)

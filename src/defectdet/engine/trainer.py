@@ -135,12 +135,7 @@ def build_train_data(config: TrainConfig) -> TrainData:
     from defectdet.data.dataset import DetectionDataset
     from defectdet.data.formats import load_dataset
     from defectdet.data.holdout import hold_out, same_images
-    from defectdet.engine.autoconfig import (
-        add_clean_templates,
-        balance_split,
-        choose_settings,
-        collect_split_stats,
-    )
+    from defectdet.engine.autoconfig import balance_split, choose_settings, collect_split_stats
 
     if config.data is None:
         raise ConfigError(
@@ -168,8 +163,8 @@ def build_train_data(config: TrainConfig) -> TrainData:
     config, train_split, old_val_split, extra_choices = _continue_from(config, train_split)
     config, choices = choose_settings(collect_split_stats(train_split, seed=config.seed), config, previous)
     choices = _with_start_rows(config, choices + extra_choices)
-    if config.clean_templates and not config.template:
-        train_split = add_clean_templates(train_split)
+    if config.clean_templates:
+        train_split = _with_clean_templates(config, train_split)
     if config.class_balance == "repeat":
         train_split = balance_split(train_split, config.seed)
     channels = config.channels or 1
@@ -196,6 +191,24 @@ def build_train_data(config: TrainConfig) -> TrainData:
         choices=choices,
         old_val=_val_set(old_val_split, config, template),  # `--from --old-data`: validated on too
     )
+
+
+def _with_clean_templates(config: TrainConfig, train_split: Any) -> Any:
+    """`clean_templates: true`: the training split plus its templates as defect-free images."""
+    from defectdet.engine.autoconfig import add_clean_templates
+
+    if config.template:
+        raise ConfigError(
+            "field 'clean_templates': only for a model trained without templates; this run reads each "
+            "template as its second input (set template: false, or clean_templates: false)"
+        )
+    if not train_split.has_templates:
+        logging.getLogger(LOGGER_NAME).warning(
+            "clean_templates: %s has no templates in its %r split; nothing added",
+            config.data,
+            config.train_split,
+        )
+    return add_clean_templates(train_split)
 
 
 def _with_start_rows(config: TrainConfig, choices: list) -> list:
