@@ -97,31 +97,40 @@ def git_commit() -> str | None:
     return (output or "").strip() or None
 
 
-def uncommitted_code() -> list[str] | None:
-    """Tracked files under src/ and bench/ that differ from HEAD: a result measured on them is not HEAD's."""
+def uncommitted_code(produced: Sequence[Path] = ()) -> list[str] | None:
+    """Tracked files under src/ and bench/ that differ from HEAD: a result measured on them is not HEAD's.
+
+    `produced`: files the bench itself wrote (bench/pretrain.py writes the package's weights); they are its
+    output, not the code it ran, so they do not count."""
     if os.environ.get("BENCH_GIT_COMMIT"):
         return None  # unknown there: the caller vouches for the commit
     output = _git("status", "--porcelain", "--untracked-files=no", "--", "src", "bench/*.py")
     if output is None:
         return None
-    return [line[3:] for line in output.splitlines() if line.strip()]
+    root = Path(__file__).resolve().parents[1]
+    outputs = {Path(path).resolve() for path in produced}
+    changed = [line[3:] for line in output.splitlines() if line.strip()]
+    return [path for path in changed if (root / path).resolve() not in outputs]
 
 
-def environment(packages: Sequence[str] = DEFAULT_PACKAGES) -> dict[str, Any]:
+def environment(packages: Sequence[str] = DEFAULT_PACKAGES, produced: Sequence[Path] = ()) -> dict[str, Any]:
     return {
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git_commit(),
-        "uncommitted_code": uncommitted_code(),
+        "uncommitted_code": uncommitted_code(produced),
         "machine": machine_info(),
         "versions": versions(packages),
     }
 
 
-def write_result(name: str, payload: dict[str, Any], directory: Path = RESULTS_DIR) -> Path:
-    """Write `{name, environment, **payload}` to `<directory>/<name>.json`; returns the path."""
+def write_result(
+    name: str, payload: dict[str, Any], directory: Path = RESULTS_DIR, produced: Sequence[Path] = ()
+) -> Path:
+    """Write `{name, environment, **payload}` to `<directory>/<name>.json`; returns the path. `produced`: tracked
+    files the bench wrote (not counted as uncommitted code)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.json"
-    document = {"name": name, "environment": environment(), **payload}
+    document = {"name": name, "environment": environment(produced=produced), **payload}
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")
     return path
 

@@ -197,6 +197,7 @@ def main() -> int:
             "final": figures,
         },
         **({"directory": args.results_dir} if args.results_dir else {}),
+        produced=[weights],
     )
     print(f"wrote {weights} and {path}")
     return 0
