@@ -12,7 +12,8 @@ both arms, side by side from the same commit:
 
 This is not the held-out protocol of the ladder (`bench/scaling.py`): the clean arm has seen defect-free images
 of the held-out design, which is the point. No tested image of a scored pair, and no template of one, trains.
-Writes `bench/results/new_design_<arm>_<minutes>min.json` and, with --summary, `new_design.json`.
+Writes `bench/results/new_design_<arm>_<minutes>min.json` and, with --summary, `new_design.json` (every budget
+with both arms).
 """
 
 from __future__ import annotations
@@ -124,40 +125,45 @@ def run(arm: str, minutes: float, per_group: int, seed: int, threads: int | None
     )
 
 
-def summarize(minutes: float) -> Path:
-    arms = {}
-    for arm in ("control", "clean"):
-        path = RESULTS_DIR / f"new_design_{arm}_{minutes:g}min.json"
-        if path.is_file():
-            arms[arm] = json.loads(path.read_text())
-    if len(arms) < 2:
-        raise SystemExit(f"--summary needs both arms at {minutes:g} min in {RESULTS_DIR}")
-    classes = list(arms["control"]["held_out_per_class_AP50"] or {})
+def summarize() -> Path:
+    """Every budget with both arms in bench/results, side by side, into new_design.json."""
+    budgets = {}
+    for path in sorted(RESULTS_DIR.glob("new_design_control_*min.json")):
+        clean = path.with_name(path.name.replace("_control_", "_clean_"))
+        if clean.is_file():
+            control_doc, clean_doc = json.loads(path.read_text()), json.loads(clean.read_text())
+            budgets[f"{control_doc['minutes']:g}"] = {"control": control_doc, "clean": clean_doc}
+    if not budgets:
+        raise SystemExit(f"--summary needs both arms of a budget in {RESULTS_DIR}")
+    first = next(iter(budgets.values()))["control"]
+    classes = list(first["held_out_per_class_AP50"] or {})
     rows = [
-        [
-            arm,
-            round(doc["final"]["mAP50"], 3),
-            doc["view"]["val_images"],
-            len(doc["view"]["clean_templates_per_group"]),
-        ]
+        [minutes, arm, round(doc["final"]["mAP50"], 3), doc["view"]["val_images"]]
         + [round((doc["held_out_per_class_AP50"] or {}).get(c, float("nan")), 3) for c in classes]
+        for minutes, arms in budgets.items()
         for arm, doc in arms.items()
     ]
-    print_table(f"new design, {minutes:g} min", ["arm", "mAP50", "val images", "groups", *classes], rows)
+    print_table("a new design: control vs clean images", ["min", "arm", "mAP50", "val", *classes], rows)
     return write_result(
         "new_design",
         {
-            "command": " ".join(["python bench/new_design.py", *sys.argv[1:]]),
-            "sources": [f"new_design_{arm}_{minutes:g}min.json" for arm in arms],
-            "arms": {
-                arm: {
-                    "mAP50": doc["final"]["mAP50"],
-                    "per_class_AP50": doc["held_out_per_class_AP50"],
-                    "commit": doc["environment"]["git_commit"],
+            "command": "python bench/new_design.py --summary",
+            "budgets": {
+                minutes: {
+                    "sources": [f"new_design_{arm}_{minutes}min.json" for arm in arms],
+                    "clean_images": sum(arms["clean"]["view"]["clean_templates_per_group"].values()),
+                    **{
+                        arm: {
+                            "mAP50": doc["final"]["mAP50"],
+                            "per_class_AP50": doc["held_out_per_class_AP50"],
+                            "commit": doc["environment"]["git_commit"],
+                        }
+                        for arm, doc in arms.items()
+                    },
+                    "gain_mAP50": arms["clean"]["final"]["mAP50"] - arms["control"]["final"]["mAP50"],
                 }
-                for arm, doc in arms.items()
+                for minutes, arms in budgets.items()
             },
-            "gain_mAP50": arms["clean"]["final"]["mAP50"] - arms["control"]["final"]["mAP50"],
         },
     )
 
@@ -176,7 +182,7 @@ def main() -> int:
     parser.add_argument("--summary", action="store_true")
     args = parser.parse_args()
     if args.summary:
-        print(f"wrote {summarize(args.minutes)}")
+        print(f"wrote {summarize()}")
         return 0
     if args.arm is None:
         parser.error("--arm is required (or --summary)")
