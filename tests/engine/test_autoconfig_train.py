@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import cv2
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -70,8 +72,11 @@ def test_train_cli_prints_the_table_and_levels_travel_to_validate(tmp_path) -> N
         "--out",
         str(tmp_path / "run"),
     ]
+    clean = _clean_folder(tmp_path / "good_parts", count=2)
     result = runner.invoke(
-        app, [*args, "--set", "max_steps=2", "--set", "progress=false", "--strides", "8,16,32"]
+        app,
+        [*args, "--set", "max_steps=2", "--set", "progress=false", "--strides", "8,16,32"]
+        + ["--clean-images", str(clean)],
     )
     assert result.exit_code == 0, result.output
     for text in (
@@ -84,9 +89,53 @@ def test_train_cli_prints_the_table_and_levels_travel_to_validate(tmp_path) -> N
     ):
         assert text in result.output, text
     checkpoint = load_checkpoint(tmp_path / "run" / "last.pt")
+    chosen = {c["name"]: c for c in checkpoint["settings_chosen"]}
+    assert (
+        chosen["clean_images"]["source"] == "user"
+        and "2 defect-free images" in chosen["clean_images"]["reason"]
+    )
     assert tuple(checkpoint["model_config"]["levels"]) == (0, 1, 2)
     assert checkpoint["config"]["strides"] == [8, 16, 32] and checkpoint["config"]["imgsz"] <= 224
     metrics = validate(
         tmp_path / "run" / "last.pt", data_yaml, split="val", out=tmp_path / "val", protocol="coco"
     )
     assert metrics["headline"]["mAP50"] is not None
+
+
+def _clean_folder(folder, count: int):
+    """`count` defect-free images (a 160 x 128 gradient), one of them in a subfolder, and a file that is not one."""
+    (folder / "line2").mkdir(parents=True)
+    image = np.tile(np.linspace(60, 200, 160, dtype=np.uint8), (128, 1))
+    for index in range(count):
+        cv2.imwrite(str(folder / ("line2" if index else "") / f"good_{index}.png"), image)
+    (folder / "notes.txt").write_text("not an image")
+    return folder
+
+
+def test_clean_images_join_the_training_split_without_boxes(tmp_path, small_train_config) -> None:
+    data_yaml = synthesize_dataset(
+        tmp_path / "pcb", boards=6, seed=0, min_size=160, max_size=200, progress=False
+    )
+    clean = _clean_folder(tmp_path / "good", count=3)
+    config = small_train_config(tmp_path / "run", data=data_yaml, template=False, clean_images=clean)
+    data = build_train_data(config)
+    extra = [s for s in data.train.split.samples if s.image_id.startswith("clean/")]
+    assert sorted(s.image_path.name for s in extra) == ["good_0.png", "good_1.png", "good_2.png"]
+    assert all(len(s.boxes) == 0 and s.template_path is None for s in extra)
+    labelled = build_train_data(small_train_config(tmp_path / "run0", data=data_yaml, template=False))
+    assert len(data.train.split.samples) == len(labelled.train.split.samples) + 3
+    assert {c.name: c for c in data.choices}["clean_images"].value == str(clean)
+    assert "clean_images" not in {c.name for c in labelled.choices}
+    with pytest.raises(ConfigError, match="clean_images.*template"):  # a template model needs a pair
+        build_train_data(small_train_config(tmp_path / "run1", data=data_yaml, clean_images=clean))
+    with pytest.raises(ConfigError, match="clean_images.*not a folder"):
+        build_train_data(
+            small_train_config(tmp_path / "r2", data=data_yaml, template=False, clean_images=tmp_path / "x")
+        )
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="no images in"):
+        build_train_data(
+            small_train_config(
+                tmp_path / "r3", data=data_yaml, template=False, clean_images=tmp_path / "empty"
+            )
+        )

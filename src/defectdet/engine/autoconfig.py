@@ -31,6 +31,8 @@ Rules (pixels are at the letterbox size S; `MIN_DEFECT_PX`, `CROP_BASE`, `LARGE_
 - clean_templates: off. When on, a run without templates on data that has them (DeepPCB trained
   `--no-template`) also trains on each golden template as a defect-free image; on DeepPCB that cost accuracy
   in a 10-minute budget (half the steps see no defect), so it is the user's choice.
+- clean_images: never chosen from the data; a folder the user names (`train --clean-images DIR`): defect-free
+  images of the line (a new board design's golden images) that train as images without defects.
 - tiles: on when >= TILE_SHARE of defects are under MIN_DEFECT_PX at S and lie in images the letterbox
   shrinks by more than `data.tiling.TILE_TRIGGER`: inference then also runs native-resolution tiles of
   those images (`data.tiling`), whose small detections join the whole-image ones.
@@ -494,14 +496,36 @@ def add_clean_templates(split: DatasetSplit) -> DatasetSplit:
             continue
         seen.add(path)
         extra.append(
-            Sample(
+            _defect_free(
                 path,
-                np.zeros((0, 4), np.float32),
-                np.zeros(0, np.int64),
-                source=f"{sample.source or sample.image_path} (its template, no defects)",
-                image_id=f"{sample.image_id}_template",
+                f"{sample.source or sample.image_path} (its template, no defects)",
+                f"{sample.image_id}_template",
             )
         )
+    return _with_samples(split, extra)
+
+
+def add_clean_images(split: DatasetSplit, paths: list[Path]) -> DatasetSplit:
+    """The split plus each image of `paths` as a sample without boxes (`clean_images`). Ids are
+    `clean/<file name>` (with a counter when two share a name), so they never collide with the split's."""
+    extra = []
+    used: set[str] = set()
+    for path in paths:
+        image_id = f"clean/{path.name}"
+        counter = 1
+        while image_id in used:
+            counter += 1
+            image_id = f"clean/{path.name}#{counter}"
+        used.add(image_id)
+        extra.append(_defect_free(path, f"{path} (clean_images, no defects)", image_id))
+    return _with_samples(split, extra)
+
+
+def _defect_free(path: Path, source: str, image_id: str) -> Sample:
+    return Sample(path, np.zeros((0, 4), np.float32), np.zeros(0, np.int64), source=source, image_id=image_id)
+
+
+def _with_samples(split: DatasetSplit, extra: list[Sample]) -> DatasetSplit:
     return DatasetSplit(
         split.samples + extra, split.class_names, split.format, split.split, split.root, split.problems
     )

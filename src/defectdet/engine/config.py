@@ -48,6 +48,9 @@ class TrainConfig(BaseModel):
     # training without templates on paired data: each golden template also trains as a defect-free image
     # (None: off, engine.autoconfig says why)
     clean_templates: bool | None = None
+    # a folder of defect-free images (good parts of this line, a new board design's golden images): trained on
+    # as images without defects, so what they show (a drill hole drawn on purpose) stops drawing false calls
+    clean_images: Path | None = None
     batch: int | None = Field(None, ge=1)  # None: ~16 x 320^2 pixels per step (engine.autoconfig)
     workers: int | None = Field(None, ge=0)
     # decoded + registered + letterboxed training pairs kept in RAM (MB per loading process); None: a quarter

@@ -165,6 +165,9 @@ def build_train_data(config: TrainConfig) -> TrainData:
     choices = _with_start_rows(config, choices + extra_choices)
     if config.clean_templates:
         train_split = _with_clean_templates(config, train_split)
+    if config.clean_images is not None:
+        train_split, row = _with_clean_images(config, train_split)
+        choices.append(row)
     if config.class_balance == "repeat":
         train_split = balance_split(train_split, config.seed)
     channels = config.channels or 1
@@ -209,6 +212,33 @@ def _with_clean_templates(config: TrainConfig, train_split: Any) -> Any:
             config.train_split,
         )
     return add_clean_templates(train_split)
+
+
+def _with_clean_images(config: TrainConfig, train_split: Any) -> tuple[Any, Any]:
+    """`clean_images: DIR`: the training split plus DIR's images as defect-free samples, and the settings row."""
+    from defectdet.data.formats import list_images
+    from defectdet.engine.autoconfig import Choice, add_clean_images
+
+    folder = Path(config.clean_images)
+    if config.template:
+        raise ConfigError(
+            f"field 'clean_images': {folder} has images without templates, and this model reads a template "
+            "as its second input (set template: false, or leave clean_images out)"
+        )
+    if not folder.is_dir():
+        raise ConfigError(f"field 'clean_images': {folder} is not a folder")
+    problems: list = []
+    paths = list_images(folder, problems)
+    for problem in problems:
+        logging.getLogger(LOGGER_NAME).warning("clean_images: %s", problem)
+    if not paths:
+        raise ConfigError(f"field 'clean_images': no images in {folder}")
+    labelled = len(train_split.samples)
+    logging.getLogger(LOGGER_NAME).info(
+        "clean_images: %d defect-free images from %s join %d labelled ones", len(paths), folder, labelled
+    )
+    reason = f"{len(paths)} defect-free images from {folder}, beside {labelled} labelled ones"
+    return add_clean_images(train_split, paths), Choice("clean_images", str(folder), reason, "user")
 
 
 def _with_start_rows(config: TrainConfig, choices: list) -> list:
