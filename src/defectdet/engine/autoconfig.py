@@ -505,6 +505,22 @@ def add_clean_templates(split: DatasetSplit) -> DatasetSplit:
     return _with_samples(split, extra)
 
 
+def no_clean_images_row(template: bool) -> Choice:
+    """The settings row of a run without `clean_images`: what the option is for, and what it measured."""
+    if template:
+        return Choice(
+            "clean_images", None, "none: the template already shows what is drawn on purpose", "auto"
+        )
+    return Choice(
+        "clean_images",
+        None,
+        "none given: `--clean-images DIR` trains on defect-free images of the line too; on a board design the "
+        "model never saw, 40 golden images lifted held-out mAP@0.5 from 0.784 to 0.866 in 10 minutes "
+        "(bench/results/new_design.json)",
+        "auto",
+    )
+
+
 def add_clean_images(split: DatasetSplit, paths: list[Path]) -> DatasetSplit:
     """The split plus each image of `paths` as a sample without boxes (`clean_images`). Ids are
     `clean/<file name>` (with a counter when two share a name), so they never collide with the split's."""

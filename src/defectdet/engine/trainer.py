@@ -135,7 +135,12 @@ def build_train_data(config: TrainConfig) -> TrainData:
     from defectdet.data.dataset import DetectionDataset
     from defectdet.data.formats import load_dataset
     from defectdet.data.holdout import hold_out, same_images
-    from defectdet.engine.autoconfig import balance_split, choose_settings, collect_split_stats
+    from defectdet.engine.autoconfig import (
+        balance_split,
+        choose_settings,
+        collect_split_stats,
+        no_clean_images_row,
+    )
 
     if config.data is None:
         raise ConfigError(
@@ -168,6 +173,8 @@ def build_train_data(config: TrainConfig) -> TrainData:
     if config.clean_images is not None:
         train_split, row = _with_clean_images(config, train_split)
         choices.append(row)
+    else:
+        choices.append(no_clean_images_row(bool(config.template)))
     if config.class_balance == "repeat":
         train_split = balance_split(train_split, config.seed)
     channels = config.channels or 1
