@@ -1,6 +1,7 @@
 """Shipped starting weights against random ones: the same budget, data the weights never saw.
 
     python bench/pretrained.py --dataset surface --init pretrained [--minutes 10] [--threads 1]
+    python bench/pretrained.py --dataset surface --init scratch --preset tiny --threads 1   # another preset
     python bench/pretrained.py --summary          # the table of every arm found in bench/results
 
 Datasets (held-out splits never trained on, and never seen by `bench/pretrain.py`):
@@ -114,17 +115,24 @@ def run_arm(
     }
 
 
-def arm_file(dataset: str, init: str, minutes: float) -> Path:
+def arm_name(dataset: str, init: str, minutes: float, preset: str = "nano") -> str:
+    """`pretrained_<dataset>_<init>_<minutes>min`; other presets than nano carry their name after the dataset."""
+    tag = "" if preset == "nano" else f"_{preset}"
+    return f"pretrained_{dataset}{tag}_{init}_{minutes:g}min"
+
+
+def arm_file(dataset: str, init: str, minutes: float, preset: str = "nano") -> Path:
     """The arm's own file; for the default init of a shipped layout (nano, no template) with no file of
     its own, the budget ladder's rung: `bench/scaling.py` runs exactly that arm (defaults + budget)."""
-    path = RESULTS_DIR / f"pretrained_{dataset}_{init}_{minutes:g}min.json"
-    if path.is_file() or init != "pretrained" or dataset == "deeppcb_template":
+    path = RESULTS_DIR / f"{arm_name(dataset, init, minutes, preset)}.json"
+    if path.is_file() or init != "pretrained" or dataset == "deeppcb_template" or preset != "nano":
         return path
     return RESULTS_DIR / f"scaling_{dataset}_nano_{minutes:g}min.json"
 
 
-def summary(minutes: float) -> int:
-    """One table (and `pretrained.json`) from the arms' files: mAP@0.5 by dataset and init."""
+def summary(minutes: float, preset: str = "nano") -> int:
+    """One table (and `pretrained_[<preset>_]<minutes>min.json`) from the arms' files: mAP@0.5 by dataset
+    and init."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -134,7 +142,7 @@ def summary(minutes: float) -> int:
     for dataset in DATASETS:
         arms = {}
         for init in INITS:
-            path = arm_file(dataset, init, minutes)
+            path = arm_file(dataset, init, minutes, preset)
             if path.is_file():
                 document = json.loads(path.read_text())
                 curves[(dataset, init)] = document["curve"]
@@ -154,23 +162,29 @@ def summary(minutes: float) -> int:
         cells = [f"{arms[i]['mAP50']:.3f}" if i in arms else "not run" for i in INITS]
         gain = f"{arms['pretrained']['mAP50'] - arms['scratch']['mAP50']:+.3f}" if len(arms) == 2 else "n/a"
         rows.append([dataset, *cells, gain])
+    if not table:
+        print(f"no pretrained_* arms of {preset} at {minutes:g} min yet", file=sys.stderr)
+        return 1
     figure, axes = plt.subplots(1, len(table), figsize=(4.5 * len(table), 3.6), squeeze=False)
     for axis, dataset in zip(axes[0], table, strict=True):
         for init, style in zip(INITS, ("--", "-"), strict=True):
             curve = curves.get((dataset, init), [])
             axis.plot([p["time_s"] / 60 for p in curve], [p["mAP50"] for p in curve], style, label=init)
-        axis.set_title(f"{dataset} (nano)")
+        axis.set_title(f"{dataset} ({preset})")
         axis.set_xlabel("training minutes (1 thread, two runs side by side)")
         axis.set_ylabel("held-out mAP@0.5")
         axis.set_ylim(0, 1)
         axis.grid(alpha=0.3)
         axis.legend()
     figure.tight_layout()
-    figure.savefig(RESULTS_DIR / f"pretrained_{minutes:g}min.png", dpi=100)
+    name = f"pretrained_{'' if preset == 'nano' else preset + '_'}{minutes:g}min"
+    figure.savefig(RESULTS_DIR / f"{name}.png", dpi=100)
     print_table(
-        f"nano, {minutes:g} min, held-out mAP@0.5", ["dataset", "from scratch", "pretrained", "gain"], rows
+        f"{preset}, {minutes:g} min, held-out mAP@0.5",
+        ["dataset", "from scratch", "pretrained", "gain"],
+        rows,
     )
-    write_result(f"pretrained_{minutes:g}min", {"minutes": minutes, "preset": "nano", "arms": table})
+    write_result(name, {"minutes": minutes, "preset": preset, "arms": table})
     return 0
 
 
@@ -183,6 +197,9 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--preset", default="nano", help="model preset (arms of other presets: own file names)"
+    )
     parser.add_argument("--summary", action="store_true")
     parser.add_argument(
         "--weights-dir",
@@ -193,7 +210,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.summary:
-        return summary(args.minutes)
+        return summary(args.minutes, args.preset)
     if not (args.dataset and args.init):
         parser.error("--dataset and --init are required (or --summary)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -202,9 +219,9 @@ def main() -> int:
         from defectdet.model import pretrained as pretrained_weights
 
         pretrained_weights.WEIGHTS_DIR = args.weights_dir.resolve()
-    name = f"pretrained_{args.dataset}_{args.init}_{args.minutes:g}min"
+    name = arm_name(args.dataset, args.init, args.minutes, args.preset)
     out = Path("runs/bench_pretrained") / name
-    body = run_arm(args.dataset, args.init == "pretrained", args.minutes, out, args.seed)
+    body = run_arm(args.dataset, args.init == "pretrained", args.minutes, out, args.seed, args.preset)
     print_table(name, ["figure", "value"], [[k, v] for k, v in {**body["time_to"], **body["final"]}.items()])
     path = write_result(
         name,
@@ -212,6 +229,7 @@ def main() -> int:
             "command": " ".join(["python bench/pretrained.py", *sys.argv[1:]]),
             "dataset": args.dataset,
             "init": args.init,
+            "preset": args.preset,
             "threads": args.threads,
             **body,
         },
