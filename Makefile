@@ -78,6 +78,7 @@ bench-peers: $(STAMP) $(PEERS_STAMP)
 # DeepPCB with templates (bench/results/pretrained_deeppcb_template_*_10min.json).
 pretrain: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python bench/pretrain.py --layout plain --epochs 24 --boards 800 --surfaces 1200
+	OMP_NUM_THREADS=1 $(BIN)/python bench/pretrain.py --preset tiny --layout plain --epochs 24 --boards 800 --surfaces 1200
 
 # Shipped weights against random ones (issue 19): per dataset the two inits side by side at 1 thread each,
 # 10 minutes per arm, about 25 minutes in all; then the table and PNG. The pretrained arm is the budget ladder's
