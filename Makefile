@@ -77,8 +77,9 @@ bench-peers: $(STAMP) $(PEERS_STAMP)
 # plain layout ships: template weights (bench/pretrain.py --layout template --epochs 30) lost to random ones on
 # DeepPCB with templates (bench/results/pretrained_deeppcb_template_*_10min.json).
 pretrain: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python bench/pretrain.py --layout plain --epochs 24 --boards 800 --surfaces 1200
-	OMP_NUM_THREADS=1 $(BIN)/python bench/pretrain.py --preset tiny --layout plain --epochs 24 --boards 800 --surfaces 1200
+	for preset in nano tiny; do \
+	  OMP_NUM_THREADS=1 $(BIN)/python bench/pretrain.py --preset $$preset --layout plain --epochs 24 --boards 800 --surfaces 1200 || exit 1; \
+	done
 
 # Shipped weights against random ones (issue 19): per dataset the two inits side by side at 1 thread each,
 # 10 minutes per arm, about 25 minutes in all; then the table and PNG. The pretrained arm is the budget ladder's

@@ -115,10 +115,14 @@ def run_arm(
     }
 
 
+def preset_tag(preset: str) -> str:
+    """'' for nano (its files predate other presets' arms), '_<preset>' otherwise."""
+    return "" if preset == "nano" else f"_{preset}"
+
+
 def arm_name(dataset: str, init: str, minutes: float, preset: str = "nano") -> str:
-    """`pretrained_<dataset>_<init>_<minutes>min`; other presets than nano carry their name after the dataset."""
-    tag = "" if preset == "nano" else f"_{preset}"
-    return f"pretrained_{dataset}{tag}_{init}_{minutes:g}min"
+    """`pretrained_<dataset>[_<preset>]_<init>_<minutes>min`."""
+    return f"pretrained_{dataset}{preset_tag(preset)}_{init}_{minutes:g}min"
 
 
 def arm_file(dataset: str, init: str, minutes: float, preset: str = "nano") -> Path:
@@ -177,7 +181,7 @@ def summary(minutes: float, preset: str = "nano") -> int:
         axis.grid(alpha=0.3)
         axis.legend()
     figure.tight_layout()
-    name = f"pretrained_{'' if preset == 'nano' else preset + '_'}{minutes:g}min"
+    name = f"pretrained{preset_tag(preset)}_{minutes:g}min"
     figure.savefig(RESULTS_DIR / f"{name}.png", dpi=100)
     print_table(
         f"{preset}, {minutes:g} min, held-out mAP@0.5",
