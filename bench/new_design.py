@@ -1,6 +1,6 @@
 """A new board design on the line: do a few defect-free images of it close the no-template gap?
 
-DeepPCB without templates, nano, defaults (shipped weights) and a time budget. The model trains on the five
+DeepPCB without templates, a preset (`--preset`, nano unless given), defaults (shipped weights) and a time budget. The model trains on the five
 training groups; the held-out groups 77000 and 92000 stand for a board design the line starts making. From
 each held-out group `--per-group` pairs (seeded) leave the validation split, and their golden templates, the
 defect-free images such a line has of its new design, become `--clean-images`. The other held-out pairs score
@@ -9,11 +9,12 @@ both arms, side by side from the same commit:
     python bench/new_design.py --arm control --minutes 10 --threads 1   # no clean images
     python bench/new_design.py --arm clean --minutes 10 --threads 1     # + the templates as clean images
     python bench/new_design.py --summary
+    python bench/new_design.py --preset tiny --arm control --minutes 20 --threads 1   # tiny (files new_design_tiny_*)
 
 This is not the held-out protocol of the ladder (`bench/scaling.py`): the clean arm has seen defect-free images
 of the held-out design, which is the point. No tested image of a scored pair, and no template of one, trains.
-Writes `bench/results/new_design_<arm>_<minutes>min.json` and, with --summary, `new_design.json` (every budget
-with both arms).
+Writes `bench/results/new_design[_<preset>]_<arm>_<minutes>min.json` and, with --summary,
+`new_design[_<preset>].json` (every budget with both arms; no preset tag for nano, whose files came first).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import cv2
 import numpy as np
 import yaml
 from common import RESULTS_DIR, limit_threads, print_table, write_result
+from pretrained import preset_tag
 from train_deeppcb import DEFAULT_DATA, train_and_summarize
 
 from defectdet.data.formats import load_dataset
@@ -96,12 +98,14 @@ def build_view(data: Path, per_group: int, seed: int, view: Path = VIEW) -> dict
     }
 
 
-def run(arm: str, minutes: float, per_group: int, seed: int, threads: int | None) -> Path:
+def run(
+    arm: str, minutes: float, per_group: int, seed: int, threads: int | None, preset: str = "nano"
+) -> Path:
     view = build_view(DEFAULT_DATA, per_group, seed)
     overrides = {"clean_images": view["clean_images"]} if arm == "clean" else {}
-    name = f"new_design_{arm}_{minutes:g}min"
+    name = f"new_design{preset_tag(preset)}_{arm}_{minutes:g}min"
     summary = train_and_summarize(
-        Path(view["data"]), minutes, "nano", 2, Path("runs/bench_new_design_runs") / name, 0,
+        Path(view["data"]), minutes, preset, 2, Path("runs/bench_new_design_runs") / name, 0,
         template=False, overrides=overrides,
     )  # fmt: skip
     final = summary["final"]
@@ -112,6 +116,7 @@ def run(arm: str, minutes: float, per_group: int, seed: int, threads: int | None
         {
             "command": " ".join(["python bench/new_design.py", *sys.argv[1:]]),
             "arm": arm,
+            "preset": preset,
             "minutes": minutes,
             "threads": threads,
             "view": view,
@@ -125,10 +130,11 @@ def run(arm: str, minutes: float, per_group: int, seed: int, threads: int | None
     )
 
 
-def summarize() -> Path:
-    """Every budget with both arms in bench/results, side by side, into new_design.json."""
+def summarize(preset: str = "nano") -> Path:
+    """Every budget with both arms of `preset` in bench/results, side by side, into new_design[_<preset>].json."""
+    prefix = f"new_design{preset_tag(preset)}"
     budgets = {}
-    for path in sorted(RESULTS_DIR.glob("new_design_control_*min.json")):
+    for path in sorted(RESULTS_DIR.glob(f"{prefix}_control_*min.json")):
         clean = path.with_name(path.name.replace("_control_", "_clean_"))
         if clean.is_file():
             control_doc, clean_doc = json.loads(path.read_text()), json.loads(clean.read_text())
@@ -143,14 +149,18 @@ def summarize() -> Path:
         for minutes, arms in budgets.items()
         for arm, doc in arms.items()
     ]
-    print_table("a new design: control vs clean images", ["min", "arm", "mAP50", "val", *classes], rows)
+    print_table(
+        f"a new design, {preset}: control vs clean images", ["min", "arm", "mAP50", "val", *classes], rows
+    )
     return write_result(
-        "new_design",
+        prefix,
         {
-            "command": "python bench/new_design.py --summary",
+            "command": "python bench/new_design.py --summary"
+            + (f" --preset {preset}" if preset != "nano" else ""),
+            "preset": preset,
             "budgets": {
                 minutes: {
-                    "sources": [f"new_design_{arm}_{minutes}min.json" for arm in arms],
+                    "sources": [f"{prefix}_{arm}_{minutes}min.json" for arm in arms],
                     "clean_images": sum(arms["clean"]["view"]["clean_templates_per_group"].values()),
                     **{
                         arm: {
@@ -179,16 +189,17 @@ def main() -> int:
     )
     parser.add_argument("--seed", type=int, default=0, help="which pairs are picked")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--preset", default="nano", help="model preset (nano, tiny, small, base)")
     parser.add_argument("--summary", action="store_true")
     args = parser.parse_args()
     if args.summary:
-        print(f"wrote {summarize()}")
+        print(f"wrote {summarize(args.preset)}")
         return 0
     if args.arm is None:
         parser.error("--arm is required (or --summary)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     limit_threads(args.threads)
-    print(f"wrote {run(args.arm, args.minutes, args.per_group, args.seed, args.threads)}")
+    print(f"wrote {run(args.arm, args.minutes, args.per_group, args.seed, args.threads, args.preset)}")
     return 0
 
 

@@ -35,6 +35,7 @@ import common  # noqa: E402
 import peers  # noqa: E402
 
 DATASETS = ("deeppcb_plain", "deeppcb_template", "surface")
+OURS_COLOURS = {"nano": "tab:blue", "tiny": "tab:green"}  # our presets drawn beside YOLO (the two defaults)
 OURS_IMGSZ = {
     "deeppcb_plain": 640,
     "deeppcb_template": 640,
@@ -172,32 +173,35 @@ def summary() -> int:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from scaling import ladder_runs
 
     results = common.RESULTS_DIR
     document: dict[str, dict] = {}
+    ladder = [run for run in ladder_runs() if run["preset"] in OURS_COLOURS]
     for dataset in DATASETS:
-        ours = [json.loads(p.read_text()) for p in sorted(results.glob(f"scaling_{dataset}_nano_*min.json"))]
+        ours = [run for run in ladder if run["dataset"] == dataset]
         theirs = [json.loads(p.read_text()) for p in sorted(results.glob(f"peers_{dataset}_*px_*min.json"))]
         if not theirs:
             continue
         rows = []
         figure, axis = plt.subplots(figsize=(7.5, 4.5))
-        for run in sorted(ours, key=lambda r: r["minutes"]):
-            curve = run.get("curve") or []
-            axis.plot(
-                [p["time_s"] / 60 for p in curve], [p["mAP50"] for p in curve], color="tab:blue", alpha=0.8
+        for run in sorted(ours, key=lambda r: (r["preset"], r["minutes"])):
+            curve, colour = run.get("curve") or [], OURS_COLOURS[run["preset"]]
+            axis.plot([p["time_s"] / 60 for p in curve], [p["mAP50"] for p in curve], color=colour, alpha=0.8)
+            axis.scatter([run["wall_seconds"] / 60], [run["final"]["mAP50"]], color=colour, zorder=3)
+            pretrained = (run.get("settings") or {}).get("pretrained")  # None: the default, shipped weights
+            start = (
+                "random start" if pretrained is False or dataset == "deeppcb_template" else "shipped weights"
             )
-            axis.scatter([run["wall_seconds"] / 60], [run["final"]["mAP50"]], color="tab:blue", zorder=3)
+            start += ": no template weights ship" if dataset == "deeppcb_template" else ""
             rows.append(
                 {
-                    "model": "defectdet nano (random start: no template weights ship)"
-                    if dataset == "deeppcb_template"
-                    else "defectdet nano (shipped weights)",
+                    "model": f"defectdet {run['preset']} ({start})",
                     "imgsz": OURS_IMGSZ[dataset],
                     "minutes": run["minutes"],
                     "mAP50": run["final"]["mAP50"],
                     "minutes_to_mAP50": {f"{t:g}": minutes_to_reach(curve, t) for t in REACH},
-                    "file": f"scaling_{dataset}_nano_{run['minutes']:g}min.json",
+                    "file": f"{run['name']}.json",
                 }
             )
         colours = {"yolo11n": "tab:red", "yolov8n": "tab:orange"}
@@ -232,7 +236,10 @@ def summary() -> int:
                     "file": f"{result_name(dataset, run['model'], run['imgsz'], run['minutes'])}.json",
                 }
             )
-        axis.plot([], [], color="tab:blue", label=f"defectdet nano {OURS_IMGSZ[dataset]} px")
+        for preset in sorted({run["preset"] for run in ours}):
+            axis.plot(
+                [], [], color=OURS_COLOURS[preset], label=f"defectdet {preset} {OURS_IMGSZ[dataset]} px"
+            )
         axis.set_xlabel("training minutes on one core (1 thread)")
         axis.set_ylabel("mAP@0.5 on the held-out images")
         axis.set_title(

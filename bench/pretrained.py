@@ -68,16 +68,31 @@ def run_arm(
             "held_out_per_class_AP50": (run["result"].final_metrics.get("coco") or {}).get("class_AP50"),
             "curve": run["curve"],
         }
+    from train_surface import make_dataset
+
+    data_yaml = make_dataset(Path("runs/bench_surface/data"), 600, 0)
+    return run_on_yaml(data_yaml, pretrained, minutes, out, seed, preset, overrides)
+
+
+def run_on_yaml(
+    data_yaml: Path,
+    pretrained: bool | None,
+    minutes: float,
+    out: Path,
+    seed: int = 0,
+    preset: str | None = "nano",
+    overrides: dict | None = None,
+) -> dict:
+    """`run_arm` on a YOLO data.yaml with `train` and `val` splits: defaults + a time budget, scored on `val`
+    by `engine.validate` from the kept weights. `preset` None: the one the data chooses."""
     import csv
 
     from train_deeppcb import time_to_reach
-    from train_surface import make_dataset
 
     from defectdet.engine.config import TrainConfig
     from defectdet.engine.trainer import build_train_data, train
     from defectdet.engine.validate import validate
 
-    data_yaml = make_dataset(Path("runs/bench_surface/data"), 600, 0)
     config = TrainConfig(
         data=data_yaml,
         preset=preset,

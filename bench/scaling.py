@@ -1,11 +1,11 @@
 """The budget ladder: does more CPU time (or a larger preset) buy more accuracy?
 
     python bench/scaling.py --rung deeppcb_plain:nano:10      # one run; writes its own JSON
-    python bench/scaling.py --all [--presets nano,small]       # every missing rung, in order
+    python bench/scaling.py --all [--presets nano,tiny]        # every missing rung, in order
     python bench/scaling.py --summary                          # curves JSON + bench/results/scaling.png
 
 Rungs (issue 19): each preset at 10, 30 and 60 minutes on DeepPCB without templates and on the surface
-family, and the default preset at 10 and 60 minutes on DeepPCB with templates. Every run uses the product's
+family, and the default preset for templates (nano) at 10 and 60 minutes on DeepPCB with templates. Every run uses the product's
 defaults plus a time budget (shipped starting weights where they exist), through `bench/pretrained.run_arm`,
 and writes `bench/results/scaling_<dataset>_<preset>_<minutes>min.json`, so a stopped session loses only the
 run in flight. The curves between budget points are each run's own validation log.
@@ -29,7 +29,9 @@ TEMPLATE_MINUTES = (10, 60)
 def rungs(presets: list[str]) -> list[tuple[str, str, int]]:
     """(dataset, preset, minutes), cheapest first so that a short session still fills the 10-minute column."""
     found = [(d, p, m) for m in LADDER_MINUTES for p in presets for d in ("deeppcb_plain", "surface")]
-    found += [("deeppcb_template", presets[0], m) for m in TEMPLATE_MINUTES]
+    from defectdet.engine.autoconfig import auto_preset
+
+    found += [("deeppcb_template", auto_preset(True)[0], m) for m in TEMPLATE_MINUTES]
     return sorted(found, key=lambda rung: rung[2])
 
 
@@ -73,14 +75,30 @@ def rises_with_budget(points: list[dict]) -> dict[str, dict]:
     return found
 
 
+def ladder_runs() -> list[dict]:
+    """Every scaling_*.json, plus each pretrained arm of `bench/pretrained.py` (`--init pretrained`: the shipped
+    weights, defaults and a budget, the very run a rung makes) for a rung that has no file of its own."""
+    runs = [json.loads(path.read_text()) for path in sorted(RESULTS_DIR.glob("scaling_*_*min.json"))]
+    have = {(run["dataset"], run["preset"], float(run["minutes"])) for run in runs}
+    for path in sorted(RESULTS_DIR.glob("pretrained_*_pretrained_*min.json")):
+        arm = json.loads(path.read_text())
+        minutes = float(arm["settings"]["time_minutes"])
+        key = (arm.get("dataset"), arm.get("preset") or "nano", minutes)
+        if key[0] in ("deeppcb_plain", "surface") and key not in have:
+            runs.append({**arm, "preset": key[1], "minutes": minutes})
+            have.add(key)
+    return runs
+
+
 def summary() -> int:
-    """Collects every scaling_*.json into scaling.json (final points, curves, rises-with-budget) and one PNG."""
+    """Collects the ladder's runs (`ladder_runs`) into scaling.json (final points, curves, rises-with-budget)
+    and one PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [json.loads(path.read_text()) for path in sorted(RESULTS_DIR.glob("scaling_*_*min.json"))]
+    runs = ladder_runs()
     if not runs:
         print("no scaling_*.json yet: run --rung or --all first", file=sys.stderr)
         return 1
@@ -141,7 +159,9 @@ def main() -> int:
     )
     parser.add_argument("--rung", help="dataset:preset:minutes, e.g. surface:nano:30")
     parser.add_argument("--all", action="store_true", help="run every rung without a result file yet")
-    parser.add_argument("--presets", default="nano,small", help="comma-separated; the first is the default")
+    parser.add_argument(
+        "--presets", default="nano,tiny", help="comma-separated presets of the no-template rungs"
+    )
     parser.add_argument("--summary", action="store_true")
     parser.add_argument(
         "--threads",
@@ -161,10 +181,11 @@ def main() -> int:
         return 0
     if args.all:
         wanted = set(args.datasets.split(",")) if args.datasets else None
+        done = {(run["dataset"], run["preset"], float(run["minutes"])) for run in ladder_runs()}
         for dataset, preset, minutes in rungs(args.presets.split(",")):
             if wanted is not None and dataset not in wanted:
                 continue
-            if not (RESULTS_DIR / f"{result_name(dataset, preset, minutes)}.json").is_file():
+            if (dataset, preset, float(minutes)) not in done:
                 print(f"wrote {run_rung(dataset, preset, minutes, args.threads)}")
         return summary()
     parser.error("give --rung, --all or --summary")

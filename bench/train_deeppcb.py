@@ -21,7 +21,7 @@ from pathlib import Path
 
 from common import print_table, write_result
 
-from defectdet.engine.config import TrainConfig
+from defectdet.engine.config import TrainConfig, load_config
 from defectdet.engine.trainer import train
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "datasets" / "deeppcb"
@@ -49,8 +49,8 @@ def train_and_summarize(
     overrides: dict | None = None,
 ) -> dict:
     """Train `preset` on DeepPCB's train split for `minutes`, validating on the held-out groups; returns
-    {config, result, wall_seconds, time_to, final, curve} (bench/peers.py calls this too). `overrides`:
-    other TrainConfig fields (bench/ablate.py)."""
+    {config (with the settings the run chose from the data), result, wall_seconds, time_to, final, curve}
+    (bench/peers.py calls this too). `overrides`: other TrainConfig fields (bench/ablate.py)."""
     config = TrainConfig(
         data=data,
         train_split="train",
@@ -68,6 +68,7 @@ def train_and_summarize(
     started = time.perf_counter()
     result = train(config)
     wall_seconds = time.perf_counter() - started
+    config = load_config(result.run_dir / "config.yaml")  # the settings it chose: pretrained, strides, ...
 
     with open(result.run_dir / "metrics.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))

@@ -115,12 +115,17 @@ def presets(imgsz: int = typer.Option(640, help="Input size for the GFLOPs figur
     """
     from rich.table import Table
 
+    from defectdet.engine.autoconfig import auto_preset
     from defectdet.model import PRESETS, build_model, model_info
     from defectdet.model.pretrained import shipped_weights
 
+    default_for = {
+        auto_preset(layout)[0]: "with templates" if layout else "without templates"
+        for layout in (True, False)
+    }
     table = Table(title=f"model presets (gray + template input, 6 classes, {imgsz}x{imgsz})")
-    for column in ("preset", "params", "GFLOPs", "strides", "shipped weights"):
-        table.add_column(column, justify="left" if column in ("preset", "shipped weights") else "right")
+    for column in ("preset", "params", "GFLOPs", "strides", "shipped weights", "default for"):
+        table.add_column(column, justify="right" if column in ("params", "GFLOPs", "strides") else "left")
     for name in PRESETS:
         model = build_model(name, num_classes=6, in_channels=2, template=True)
         info = model_info(model, imgsz)
@@ -131,6 +136,7 @@ def presets(imgsz: int = typer.Option(640, help="Input size for the GFLOPs figur
             f"{info['gflops']:.3f}",
             ", ".join(map(str, model.strides)),
             ", ".join("template" if layout else "plain" for layout in layouts) or "none (random start)",
+            default_for.get(name, "--preset " + name + " only"),
         )
     console.print(table)
 
@@ -151,7 +157,9 @@ _NEW_SHARE_HELP = "With --old-data: the least share of each epoch drawn from DAT
 def train(
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
     config: Path | None = typer.Option(None, help="YAML with TrainConfig fields; options below override it."),
-    preset: str | None = typer.Option(None, help="Model preset (see `defectdet presets`)."),
+    preset: str | None = typer.Option(
+        None, help="Model preset (see `defectdet presets`; default: nano with templates, tiny without)."
+    ),
     from_scratch: bool = typer.Option(
         False,
         "--from-scratch",

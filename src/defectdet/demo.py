@@ -44,8 +44,8 @@ def run_demo(
     if run_check(data_yaml, console=console) != 0:
         raise RuntimeError(f"the synthetic dataset {data_yaml} failed its own check; this is a bug")
 
-    # tiny, not the product's default nano: it learned these small synthetic boards faster per CPU minute in our
-    # runs (the demo's figures: bench/results/demo.json)
+    # tiny, not nano (the default for boards with templates): it learned these small synthetic boards faster per
+    # CPU minute in our runs (the demo's figures: bench/results/demo.json)
     config = TrainConfig(data=data_yaml, preset=preset, time_minutes=minutes, out=out / "run", seed=seed)
     # the product's own schedule: validated after each tenth of the time budget (TrainConfig.val_every)
     data = build_train_data(config)

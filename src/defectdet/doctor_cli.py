@@ -138,7 +138,7 @@ def _int_list(text: str | None) -> list[int] | None:
 def loader(
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
     preset: str | None = typer.Option(
-        None, help="Model preset whose training step is timed (default: the config's)."
+        None, help="Model preset whose training step is timed (default: the one `train` would choose)."
     ),
     config: Path | None = typer.Option(None, help="Training YAML (as for `defectdet train --config`)."),
     batch: int | None = typer.Option(None, help="Batch size (default: the config's)."),

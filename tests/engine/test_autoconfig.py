@@ -153,6 +153,23 @@ def test_channels_template_and_class_balance() -> None:
     assert chosen(make_stats((640, 480), boxes, class_images=[100, 60]))[0].class_balance == "off"
 
 
+def test_preset_is_nano_with_templates_tiny_without_and_follows_the_template_setting() -> None:
+    boxes = [(30, 30)] * 5
+    paired = make_stats((640, 640), boxes, images=10, with_template=10)
+    config, why = chosen(paired)
+    assert (config.template, config.preset, why["preset"].source) == (True, "nano", "auto")
+    config, why = chosen(paired, template=False)  # the user drops the templates: the image alone
+    assert config.preset == "tiny" and "no templates" in why["preset"].reason
+    assert chosen(make_stats((640, 480), boxes))[0].preset == "tiny"
+    config, why = chosen(paired, preset="small")
+    assert config.preset == "small" and why["preset"].source == "user" and "nano" in why["preset"].reason
+    assert config.strides == [8, 16, 32]  # the strides follow the preset that was chosen
+    config, choices = choose_settings(paired, TrainConfig(), {"preset": "tiny", "template": True})
+    assert config.preset == "tiny" and [c.source for c in choices if c.name == "preset"] == ["checkpoint"]
+    with pytest.raises(ConfigError, match="unknown preset 'huge'"):
+        chosen(paired, preset="huge")
+
+
 def test_clean_templates_only_for_a_model_without_templates_on_paired_data() -> None:
     boxes = [(30, 30)] * 5
     config, why = chosen(make_stats((640, 480), boxes, images=10, with_template=10), template=False)

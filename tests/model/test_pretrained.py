@@ -79,10 +79,12 @@ def test_the_settings_table_says_where_the_starting_weights_come_from(tmp_path, 
     monkeypatch.setattr(pretrained_module, "WEIGHTS_DIR", tmp_path)
     _, choices = choose_settings(stats, TrainConfig())
     assert [c for c in choices if c.name == "pretrained"][0].value is False
-    save_weights(build_model("nano", 2, 1, False), tmp_path / "nano_plain.pt", {})
+    save_weights(build_model("tiny", 2, 1, False), tmp_path / "tiny_plain.pt", {})  # no templates: tiny
     config, choices = choose_settings(stats, TrainConfig())
     row = [c for c in choices if c.name == "pretrained"][0]
-    assert config.pretrained is True and row.source == "auto" and "nano_plain.pt" in row.reason
+    assert config.pretrained is True and row.source == "auto" and "tiny_plain.pt" in row.reason
+    _, choices = choose_settings(stats, TrainConfig(preset="nano"))  # no nano file in this folder
+    assert [c for c in choices if c.name == "pretrained"][0].value is False
     config, choices = choose_settings(stats, TrainConfig(pretrained=False))  # --from-scratch
     assert config.pretrained is False and [c for c in choices if c.name == "pretrained"][0].source == "user"
 

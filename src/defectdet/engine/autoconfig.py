@@ -19,6 +19,8 @@ Rules (pixels are at the letterbox size S; `MIN_DEFECT_PX`, `CROP_BASE`, `LARGE_
   defects do not need (bench/results/train_surface_*.json). With crops the crop bounds that cost.
 - crop_size: crops only when S >= 2 x CROP_BASE and the crop (>= CROP_BASE and >= twice the
   95th-percentile defect) fits in half of S; otherwise whole images.
+- preset: nano with templates (the fastest; the comparison does most of the work), tiny without (from its
+  shipped weights it led nano in 10 CPU minutes on DeepPCB without templates and on the surface family).
 - strides: the preset's; plus 32 when >= 10% of defects reach LARGE_BOX_PX.
 - channels: 3 when >= 20% of checked colour-coded images have colour content, else 1.
 - template: when every training image has one.
@@ -69,6 +71,7 @@ BALANCE_RATIO = 4.0
 MAX_REPEAT = 4.0
 TILE_SHARE = 0.05  # tiles when this share of defects is under MIN_DEFECT_PX in images the letterbox shrinks
 SETTING_NAMES = (
+    "preset",
     "imgsz",
     "crop_size",
     "strides",
@@ -277,6 +280,21 @@ def auto_crop(stats: SplitStats, imgsz: int) -> tuple[int, str]:
     )
 
 
+def auto_preset(template: bool) -> tuple[str, str]:
+    """nano with templates, tiny without: the image alone needs the larger model's capacity, and tiny's shipped
+    weights made up its 2x compute per step within 10 minutes."""
+    if template:
+        return "nano", (
+            "templates: the fastest preset; the comparison with the template does most of the work "
+            "(bench/results/scaling_deeppcb_template_nano_10min.json)"
+        )
+    return "tiny", (
+        "no templates: from its shipped weights tiny beat nano in 10 CPU minutes on DeepPCB without templates "
+        "and on the surface family (bench/results/pretrained_tiny_10min.json, pretrained_10min.json); "
+        "--preset nano answers ~7% faster (bench/results/latency.json)"
+    )
+
+
 def auto_strides(stats: SplitStats, imgsz: int, preset: str) -> tuple[list[int], str]:
     from defectdet.model.detector import PRESETS, STRIDES_BY_LEVEL
 
@@ -420,10 +438,11 @@ def choose_settings(
             auto_size, size_reason = smaller, f"{size_reason}; {why}"
     imgsz = decide("imgsz", auto_size, size_reason)
     crop = decide("crop_size", *auto_crop(stats, imgsz))
-    decide("strides", *auto_strides(stats, imgsz, config.preset))
-    decide("batch", *auto_batch(crop or imgsz))
     decide("channels", *auto_channels(stats))
-    decide("template", *auto_template(stats))
+    template = decide("template", *auto_template(stats))
+    preset = decide("preset", *auto_preset(bool(template)))
+    decide("strides", *auto_strides(stats, imgsz, preset))
+    decide("batch", *auto_batch(crop or imgsz))
     decide("class_balance", *auto_class_balance(stats))
     decide("tiles", *auto_tiles(stats, imgsz))
     decide("clean_templates", *auto_clean_templates(stats, bool(values["template"])))
@@ -432,7 +451,7 @@ def choose_settings(
         values["pretrained"] = False
         choices.append(Choice("pretrained", False, "kept from the checkpoint being resumed", "checkpoint"))
     else:
-        decide("pretrained", *auto_pretrained(config.preset, bool(values["template"])))
+        decide("pretrained", *auto_pretrained(preset, bool(template)))
     choices.append(
         Choice(
             "regression ranges",

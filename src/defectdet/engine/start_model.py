@@ -214,7 +214,7 @@ def start_choices(choices: list[Any], start: StartModel, config: Any) -> list[An
 
     name = start.path.name
     fixed = f"[from model] {name}: the model was built with it"
-    rows = [Choice("preset", start.architecture["preset"], fixed, "model")]
+    rows = []
     for choice in choices:
         if choice.name in ARCHITECTURE:
             rows.append(Choice(choice.name, choice.value, fixed, "model"))

@@ -474,6 +474,10 @@ class Trainer:
             from defectdet.engine.autoconfig import BASE_BATCH
 
             config = config.model_copy(update={"batch": BASE_BATCH})
+        if config.preset is None:  # likewise: the preset the data's layout would get
+            from defectdet.engine.autoconfig import auto_preset
+
+            config = config.model_copy(update={"preset": auto_preset(data.template)[0]})
         if data.choices:
             self.log.info(
                 "settings: %s (reasons in %s)",
