@@ -189,10 +189,8 @@ def summary() -> int:
             curve, colour = run.get("curve") or [], OURS_COLOURS[run["preset"]]
             axis.plot([p["time_s"] / 60 for p in curve], [p["mAP50"] for p in curve], color=colour, alpha=0.8)
             axis.scatter([run["wall_seconds"] / 60], [run["final"]["mAP50"]], color=colour, zorder=3)
-            pretrained = (run.get("settings") or {}).get("pretrained")  # None: the default, shipped weights
-            start = (
-                "random start" if pretrained is False or dataset == "deeppcb_template" else "shipped weights"
-            )
+            random = run["ladder"] != run["preset"] or dataset == "deeppcb_template"  # scaling.ladder_runs
+            start = "random start" if random else "shipped weights"
             start += ": no template weights ship" if dataset == "deeppcb_template" else ""
             rows.append(
                 {

@@ -19,7 +19,7 @@ import logging
 import sys
 from pathlib import Path
 
-from common import RESULTS_DIR, limit_threads, print_table, write_result
+from common import RESULTS_DIR, _git, limit_threads, print_table, write_result
 from pretrained import run_arm
 
 LADDER_MINUTES = (10, 30, 60)
@@ -75,9 +75,24 @@ def rises_with_budget(points: list[dict]) -> dict[str, dict]:
     return found
 
 
+def started_from_shipped_weights(run: dict) -> bool:
+    """Whether a run started from the shipped weights. Runs that left `pretrained` to the default record None:
+    they did when the preset's plain file was in the package at the run's commit (template weights never ship)."""
+    pretrained = (run.get("settings") or {}).get("pretrained")
+    if pretrained is not None or run["dataset"] == "deeppcb_template":
+        return bool(pretrained)
+    commit = (run.get("environment") or {}).get("git_commit")
+    if not commit:
+        return True
+    path = f"src/defectdet/model/weights/{run['preset']}_plain.pt"
+    return (_git("cat-file", "-t", f"{commit}:{path}") or "").strip() == "blob"
+
+
 def ladder_runs() -> list[dict]:
     """Every scaling_*.json, plus each pretrained arm of `bench/pretrained.py` (`--init pretrained`: the shipped
-    weights, defaults and a budget, the very run a rung makes) for a rung that has no file of its own."""
+    weights, defaults and a budget, the very run a rung makes) for a rung that has no file of its own. Each run
+    gets `ladder`: its preset, marked "random start" where a run without templates did not start from the
+    shipped weights (a run from before they shipped), so that it is not read as a point of the default's curve."""
     runs = [json.loads(path.read_text()) for path in sorted(RESULTS_DIR.glob("scaling_*_*min.json"))]
     have = {(run["dataset"], run["preset"], float(run["minutes"])) for run in runs}
     for path in sorted(RESULTS_DIR.glob("pretrained_*_pretrained_*min.json")):
@@ -87,6 +102,9 @@ def ladder_runs() -> list[dict]:
         if key[0] in ("deeppcb_plain", "surface") and key not in have:
             runs.append({**arm, "preset": key[1], "minutes": minutes})
             have.add(key)
+    for run in runs:
+        random = run["dataset"] != "deeppcb_template" and not started_from_shipped_weights(run)
+        run["ladder"] = f"{run['preset']} (random start)" if random else run["preset"]
     return runs
 
 
@@ -108,20 +126,20 @@ def summary() -> int:
     rows, points, curves = [], [], []
     for axis, dataset in zip(axes[0], datasets, strict=True):
         for run in sorted(
-            (r for r in runs if r["dataset"] == dataset), key=lambda r: (r["preset"], r["minutes"])
+            (r for r in runs if r["dataset"] == dataset), key=lambda r: (r["ladder"], r["minutes"])
         ):
             curve = run.get("curve", [])
-            label = f"{run['preset']} {run['minutes']:g} min"
+            label = f"{run['ladder']} {run['minutes']:g} min"
             (line,) = axis.plot([p["time_s"] / 60 for p in curve], [p["mAP50"] for p in curve], label=label)
             final = run["final"]["mAP50"]
             axis.scatter([run["minutes"]], [final], marker="o", color=line.get_color(), zorder=3)
             rows.append(
-                [dataset, run["preset"], f"{run['minutes']:g}", f"{final:.3f}", run["final"].get("steps")]
+                [dataset, run["ladder"], f"{run['minutes']:g}", f"{final:.3f}", run["final"].get("steps")]
             )
             points.append(
-                {"dataset": dataset, "preset": run["preset"], "minutes": run["minutes"], "mAP50": final}
+                {"dataset": dataset, "preset": run["ladder"], "minutes": run["minutes"], "mAP50": final}
             )
-            curves.append({"run": run["name"], "dataset": dataset, "preset": run["preset"], "curve": curve})
+            curves.append({"run": run["name"], "dataset": dataset, "preset": run["ladder"], "curve": curve})
         axis.set_title(dataset)
         axis.set_xlabel(f"training minutes (CPU, torch threads: {', '.join(threads)})")
         axis.set_ylabel("mAP@0.5 (dot: held-out, kept weights)")
