@@ -20,7 +20,8 @@ Rules (pixels are at the letterbox size S; `MIN_DEFECT_PX`, `CROP_BASE`, `LARGE_
 - crop_size: crops only when S >= 2 x CROP_BASE and the crop (>= CROP_BASE and >= twice the
   95th-percentile defect) fits in half of S; otherwise whole images.
 - preset: nano with templates (the fastest; the comparison does most of the work), tiny without (from its
-  shipped weights it led nano in 10 CPU minutes on DeepPCB without templates and on the surface family).
+  shipped weights it led nano at every CPU budget measured without templates: bench/results/scaling.json,
+  bench/results/preset_modes_5min.json).
 - strides: the preset's; plus 32 when >= 10% of defects reach LARGE_BOX_PX.
 - channels: 3 when >= 20% of checked colour-coded images have colour content, else 1.
 - template: when every training image has one.
@@ -282,16 +283,16 @@ def auto_crop(stats: SplitStats, imgsz: int) -> tuple[int, str]:
 
 def auto_preset(template: bool) -> tuple[str, str]:
     """nano with templates, tiny without: the image alone needs the larger model's capacity, and tiny's shipped
-    weights made up its 2x compute per step within 10 minutes."""
+    weights make up for its 2x compute per step from 10 minutes on."""
     if template:
         return "nano", (
             "templates: the fastest preset; the comparison with the template does most of the work "
             "(bench/results/scaling_deeppcb_template_nano_10min.json)"
         )
     return "tiny", (
-        "no templates: from its shipped weights tiny beat nano in 10 CPU minutes on DeepPCB without templates "
-        "and on the surface family (bench/results/pretrained_tiny_10min.json, pretrained_10min.json); "
-        "--preset nano answers ~7% faster (bench/results/latency.json)"
+        "no templates: from its shipped weights tiny beat nano at every CPU budget measured on DeepPCB without "
+        "templates and on the surface family (bench/results/scaling.json), and on four other synthetic modes "
+        "(bench/results/preset_modes_5min.json); --preset nano answers ~7% faster (bench/results/latency.json)"
     )
 
 
