@@ -1,6 +1,6 @@
 """How much of a template-free model's loss on DeepPCB's held-out groups only a golden template can remove.
 
-    python bench/template_oracle.py CHECKPOINT [--data ../shared/datasets/deeppcb] [--min-changed 6]
+    python bench/template_oracle.py RUN/last.pt [--data ../shared/datasets/deeppcb] [--min-changed 6]
 
 A defect is a change from the golden template. A model without templates has to tell it from the board's own
 features (drill holes, copper islands, etch marks of the design) by their look alone. This bench scores the
@@ -13,7 +13,9 @@ shows a change is reported (it should be 1.0; a lower figure would make the orac
 
 "Change" is the binarised tested image against the binarised template, opened with a 3x3 square so that
 one-pixel edge jitter of the scan does not count; a box shows a change when at least `--min-changed` pixels
-inside it (grown by 2 px) differ. Writes `bench/results/template_oracle_<checkpoint's run folder>.json`.
+inside it (grown by 2 px) differ. Give it the run's `last.pt` (the weights the ladder scores): `best.pt` was
+picked on these same held-out groups, so its figures are biased upwards. Writes
+`bench/results/template_oracle_<checkpoint's run folder>.json`.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("checkpoint", type=Path, help="best.pt of a run trained without templates")
+    parser.add_argument("checkpoint", type=Path, help="last.pt of a run trained without templates")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--split", default="val", help="the held-out split of the DeepPCB reader")
     parser.add_argument("--min-changed", type=int, default=6)
