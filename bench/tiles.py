@@ -1,6 +1,6 @@
 """What tiled inference buys and costs: held-out mAP with and without tiles, and the bundle's latency per image.
 
-    python bench/tiles.py [--checkpoint runs/bench_surface/run_10min/best.pt]
+    python bench/tiles.py [--checkpoint runs/bench_surface/run_10min/last.pt]
                           [--data runs/bench_surface/data/data.yaml] [--split val] [--threads 2]
 
 One checkpoint, scored twice by `engine.validate.validate` on the same split (`tiles=False` / `tiles=True`),
@@ -43,7 +43,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--checkpoint", type=Path, default=Path("runs/bench_surface/run_10min/best.pt"))
+    parser.add_argument("--checkpoint", type=Path, default=Path("runs/bench_surface/run_10min/last.pt"))
     parser.add_argument("--data", type=Path, default=Path("runs/bench_surface/data/data.yaml"))
     parser.add_argument("--split", default="val")
     parser.add_argument("--threads", type=int, default=2)

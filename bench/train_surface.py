@@ -6,9 +6,9 @@ The dataset is `defectdet synth --kind surface` (fixed seed; 128-2048 px, non-sq
 half colour; pin-holes to patches spanning most of the image; no template), 20% held out as `val`
 and never trained on. Training uses `TrainConfig(data=..., time_minutes=...)` and nothing else: the
 settings are the ones `engine.autoconfig` chose (printed, and stored in the result). The held-out
-score comes from `engine.validate.validate` on the best checkpoint, i.e. with the imgsz/levels the
-checkpoint recorded. Writes bench/results/train_surface_<minutes>min.json: final mAP@0.5 and
-mAP@0.5:0.95, time to mAP@0.5 0.90/0.95 (run clock, validation included), train img/s, the share of
+score comes from `engine.validate.validate` on the last checkpoint (the final weights: `best.pt` is picked
+on this same held-out split), with the imgsz/levels the checkpoint recorded. Writes
+bench/results/train_surface_<minutes>min.json: final mAP@0.5 and mAP@0.5:0.95, time to mAP@0.5 0.90/0.95 (run clock, validation included), train img/s, the share of
 training time spent loading images (decode + letterbox + augmentation, in-process loader), peak RSS,
 the chosen settings, and the machine's load average (the 2-core machine is shared with other work).
 """
@@ -108,7 +108,7 @@ def main() -> int:
     result = train(chosen, data=data)
     train_seconds = time.perf_counter() - train_started
 
-    checkpoint = result.best_checkpoint or result.last_checkpoint
+    checkpoint = result.last_checkpoint
     held_out = validate(checkpoint, data_yaml, split="val", protocol="coco", out=result.run_dir / "heldout")
     headline = held_out.get("headline", {})
     with open(result.run_dir / "metrics.csv", newline="") as handle:
