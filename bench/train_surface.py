@@ -8,9 +8,10 @@ and never trained on. Training uses `TrainConfig(data=..., time_minutes=...)` an
 settings are the ones `engine.autoconfig` chose (printed, and stored in the result). The held-out
 score comes from `engine.validate.validate` on the last checkpoint (the final weights: `best.pt` is picked
 on this same held-out split), with the imgsz/levels the checkpoint recorded. Writes
-bench/results/train_surface_<minutes>min.json: final mAP@0.5 and mAP@0.5:0.95, time to mAP@0.5 0.90/0.95 (run clock, validation included), train img/s, the share of
-training time spent loading images (decode + letterbox + augmentation, in-process loader), peak RSS,
-the chosen settings, and the machine's load average (the 2-core machine is shared with other work).
+bench/results/train_surface_<minutes>min.json: final mAP@0.5 and mAP@0.5:0.95, time to mAP@0.5 0.90/0.95
+(run clock, validation included), train img/s, the share of training time spent loading images (decode +
+letterbox + augmentation, in-process loader), peak RSS, the chosen settings, and the machine's load average
+(the 2-core machine is shared with other work).
 """
 
 from __future__ import annotations
