@@ -84,7 +84,8 @@ def run_on_yaml(
     overrides: dict | None = None,
 ) -> dict:
     """`run_arm` on a YOLO data.yaml with `train` and `val` splits: defaults + a time budget, scored on `val`
-    by `engine.validate` from the kept weights. `preset` None: the one the data chooses."""
+    by `engine.validate` from the final weights (`best.pt` is picked on `val` itself, so scoring it would
+    flatter the run). `preset` None: the one the data chooses."""
     import csv
 
     from train_deeppcb import time_to_reach
@@ -107,8 +108,7 @@ def run_on_yaml(
     started = time.perf_counter()
     result = train(data.config or config, data=data)
     wall_seconds = time.perf_counter() - started
-    checkpoint = result.best_checkpoint or result.last_checkpoint
-    held_out = validate(checkpoint, data_yaml, split="val", protocol="coco", out=result.run_dir / "heldout")
+    held_out = validate(result.last_checkpoint, data_yaml, split="val", protocol="coco", out=result.run_dir / "heldout")
     with open(result.run_dir / "metrics.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     headline = held_out.get("headline", {})
