@@ -108,7 +108,9 @@ def run_on_yaml(
     started = time.perf_counter()
     result = train(data.config or config, data=data)
     wall_seconds = time.perf_counter() - started
-    held_out = validate(result.last_checkpoint, data_yaml, split="val", protocol="coco", out=result.run_dir / "heldout")
+    held_out = validate(
+        result.last_checkpoint, data_yaml, split="val", protocol="coco", out=result.run_dir / "heldout"
+    )
     with open(result.run_dir / "metrics.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     headline = held_out.get("headline", {})
