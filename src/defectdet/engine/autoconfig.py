@@ -291,7 +291,7 @@ def auto_preset(template: bool) -> tuple[str, str]:
         )
     return "tiny", (
         "no templates: from its shipped weights tiny beat nano at every CPU budget measured on DeepPCB without "
-        "templates and on the surface family (bench/results/scaling.json), and on four other synthetic modes "
+        "templates and on the surface family (bench/results/scaling.json), and on 3 of 4 other synthetic modes "
         "(bench/results/preset_modes_5min.json); --preset nano answers ~7% faster (bench/results/latency.json)"
     )
 
