@@ -19,16 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-import cv2
-import numpy as np
 from common import limit_threads, print_table, write_result
 from pretrained import run_on_yaml
 from train_deeppcb import DEFAULT_DATA
 
 from defectdet.data.formats import load_dataset
+from defectdet.data.formats.interchange import LabelledImage, write_yolo
 from defectdet.data.sample import Sample
 from defectdet.data.synth import synthesize_dataset
 
@@ -36,24 +36,18 @@ ROOT = Path("runs/bench_synth_mix")
 SYNTH_SEED = 5151  # pretraining uses 1001-1003, preset_modes 4242-4245, the demo and the surface family 0
 
 
-def yolo_lines(sample: Sample, width: int, height: int) -> list[str]:
-    """`cls cx cy w h` (normalised) for every box of `sample`."""
-    lines = []
-    for (x0, y0, x1, y1), cls in zip(sample.boxes.tolist(), sample.classes.tolist(), strict=True):
-        cx, cy = (x0 + x1) / 2 / width, (y0 + y1) / 2 / height
-        lines.append(f"{cls} {cx:.6f} {cy:.6f} {(x1 - x0) / width:.6f} {(y1 - y0) / height:.6f}")
-    return lines
-
-
-def link_sample(sample: Sample, root: Path, split: str, name: str) -> None:
-    """`root/images/split/name<ext>` -> the sample's image, and its YOLO label file beside it."""
-    image = cv2.imread(str(sample.image_path), cv2.IMREAD_UNCHANGED)
-    if image is None:
-        raise SystemExit(f"cannot read {sample.image_path}")
-    target = root / "images" / split / f"{name}{sample.image_path.suffix}"
-    target.symlink_to(sample.image_path.resolve())
-    label = root / "labels" / split / f"{name}.txt"
-    label.write_text("\n".join(yolo_lines(sample, image.shape[1], image.shape[0])) + "\n")
+def labelled(samples: list[Sample], names: list[str], prefix: str) -> list[LabelledImage]:
+    """`samples` as `write_yolo` items named `<prefix>_<index><suffix>`, classes by name."""
+    return [
+        LabelledImage(
+            source=sample.image_path,
+            name=PurePosixPath(f"{prefix}_{index:04d}{sample.image_path.suffix}"),
+            boxes=[tuple(box) for box in sample.boxes.tolist()],
+            classes=[names[int(cls)] for cls in sample.classes],
+            origin=str(sample.image_path),
+        )
+        for index, sample in enumerate(samples)
+    ]
 
 
 def build_dataset(synthetic: int, data: Path) -> Path:
@@ -64,32 +58,22 @@ def build_dataset(synthetic: int, data: Path) -> Path:
     if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
         return root / "data.yaml"
     if root.exists():
-        import shutil
-
         shutil.rmtree(root)
-    for split in ("train", "val"):
-        (root / "images" / split).mkdir(parents=True)
-        (root / "labels" / split).mkdir(parents=True)
     names: list[str] = []
     for split in ("train", "val"):
         loaded = load_dataset(data, split, format="deeppcb")
         names = list(loaded.class_names)
-        for index, sample in enumerate(loaded.samples):
-            link_sample(sample, root, split, f"deeppcb_{index:04d}")
+        items = labelled(loaded.samples, names, "deeppcb")
+        write_yolo(items, root, split=split, classes=names, link=True)
     if synthetic:
         boards = synthesize_dataset(
             ROOT / f"synthetic_{synthetic}", boards=synthetic, seed=SYNTH_SEED, template=False,
             min_size=640, max_size=640, val_fraction=0.0, color=False, progress=False,
         )  # fmt: skip
         loaded = load_dataset(boards, "train")
-        keep = {index: names.index(name) for index, name in enumerate(loaded.class_names) if name in names}
-        for index, sample in enumerate(loaded.samples):
-            chosen = [i for i, cls in enumerate(sample.classes.tolist()) if cls in keep]
-            classes = np.array([keep[int(sample.classes[i])] for i in chosen], np.int64)
-            remapped = Sample(image_path=sample.image_path, boxes=sample.boxes[chosen], classes=classes)
-            link_sample(remapped, root, "train", f"synthetic_{index:04d}")
-    yaml_text = "path: .\ntrain: images/train\nval: images/val\nnames:\n" + "".join(f"- {n}\n" for n in names)
-    (root / "data.yaml").write_text(yaml_text)
+        items = labelled(loaded.samples, list(loaded.class_names), "synthetic")
+        # missing-hole is not a DeepPCB class: its boxes are dropped, the boards kept
+        write_yolo(items, root, split="train", classes=names, unknown="skip", link=True)
     stamp.write_text(json.dumps(wanted))
     return root / "data.yaml"
 
