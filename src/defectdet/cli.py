@@ -145,6 +145,10 @@ _CLEAN_IMAGES_HELP = (
     "Folder of defect-free images (good parts, a new board design's golden images): they train as images "
     "without defects. Models without templates only."
 )
+_SYNTHETIC_BOARDS_HELP = (
+    "Mix N synthetic PCB boards (drawn like `defectdet synth`, cached) into training, classes matched by name: "
+    "they show drilled pads and vias of many designs as design. For PCB data without templates."
+)
 _FROM_HELP = (
     "Continue from a deployed model (best.pt, or a model.onnx exported with its weights): its architecture "
     "and weights, classes matched by name, a tenth of the default lr."
@@ -201,6 +205,7 @@ def train(
     ),
     seed: int | None = typer.Option(None, help="Random seed."),
     clean_images: Path | None = typer.Option(None, "--clean-images", help=_CLEAN_IMAGES_HELP),
+    synthetic_boards: int | None = typer.Option(None, "--synthetic-boards", help=_SYNTHETIC_BOARDS_HELP),
     train_split: str | None = typer.Option(None, help="Split to train on (default train)."),
     val_split: str | None = typer.Option(None, help="Split to validate on (default val)."),
     on_nonfinite: str | None = typer.Option(None, help="skip|stop on a NaN/Inf loss or gradient."),
@@ -221,7 +226,8 @@ def train(
              "train_split": train_split, "val_split": val_split, "on_nonfinite": on_nonfinite,
              "format": format, "start_from": str(start_from) if start_from else None,
              "old_data": str(old_data) if old_data else None, "new_share": new_share,
-             "clean_images": str(clean_images) if clean_images else None}  # fmt: skip
+             "clean_images": str(clean_images) if clean_images else None,
+             "synthetic_boards": synthetic_boards}  # fmt: skip
     overrides = _train_overrides(set_, named, from_scratch)
     from defectdet.engine.autoconfig import choices_table
     from defectdet.engine.trainer import build_train_data

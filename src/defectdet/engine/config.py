@@ -51,6 +51,9 @@ class TrainConfig(BaseModel):
     # a folder of defect-free images (good parts of this line, a new board design's golden images): trained on
     # as images without defects, so what they show (a drill hole drawn on purpose) stops drawing false calls
     clean_images: Path | None = None
+    # synthetic PCB boards (`defectdet synth`) drawn into the training split, classes matched by name: they show
+    # drilled pads and vias of many designs as design (engine.synthetic_boards); 0 = none
+    synthetic_boards: int = Field(0, ge=0, le=10000)
     batch: int | None = Field(None, ge=1)  # None: ~16 x 320^2 pixels per step (engine.autoconfig)
     workers: int | None = Field(None, ge=0)
     # decoded + registered + letterboxed training pairs kept in RAM (MB per loading process); None: a quarter

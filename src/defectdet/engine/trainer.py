@@ -140,6 +140,7 @@ def build_train_data(config: TrainConfig) -> TrainData:
         choose_settings,
         collect_split_stats,
         no_clean_images_row,
+        no_synthetic_boards_row,
     )
 
     if config.data is None:
@@ -175,8 +176,13 @@ def build_train_data(config: TrainConfig) -> TrainData:
         choices.append(row)
     else:
         choices.append(no_clean_images_row(bool(config.template)))
-    if config.class_balance == "repeat":
+    if config.class_balance == "repeat":  # before the synthetic boards: N of them per epoch, as asked
         train_split = balance_split(train_split, config.seed)
+    if config.synthetic_boards:
+        train_split, row = _with_synthetic_boards(config, train_split)
+        choices.append(row)
+    else:
+        choices.append(no_synthetic_boards_row(bool(config.template)))
     channels = config.channels or 1
     train_set = DetectionDataset(
         train_split,
@@ -248,6 +254,22 @@ def _with_clean_images(config: TrainConfig, train_split: Any) -> tuple[Any, Any]
     return add_clean_images(train_split, paths), Choice("clean_images", str(folder), reason, "user")
 
 
+def _with_synthetic_boards(config: TrainConfig, train_split: Any) -> tuple[Any, Any]:
+    """`synthetic_boards: N`: the training split plus N synthetic boards drawn like its images, and the row."""
+    from defectdet.engine.autoconfig import Choice
+    from defectdet.engine.synthetic_boards import SYNTHETIC_SEED, add_synthetic_boards
+
+    split, reason = add_synthetic_boards(
+        train_split,
+        config.synthetic_boards,
+        seed=SYNTHETIC_SEED + config.seed,
+        color=config.channels == 3,
+        template=bool(config.template),
+        imgsz=int(config.imgsz or 640),
+    )
+    return split, Choice("synthetic_boards", config.synthetic_boards, reason, "user")
+
+
 def _with_start_rows(config: TrainConfig, choices: list) -> list:
     """With `start_from`: the settings rows the model fixes marked "[from model]", and the lr row."""
     if config.start_from is None:
@@ -271,11 +293,14 @@ def _val_set(split: Any, config: TrainConfig, template: bool) -> Dataset | None:
 
 
 def _resumed_start(config: TrainConfig, previous: dict) -> TrainConfig:
-    """Resuming a fine-tune: its start_from, old_data, new_share (the same data mix) and, unless set, its lr."""
+    """Resuming: the run's synthetic_boards unless set (the same training split, so the same loader order);
+    for a fine-tune also its start_from, old_data, new_share (the same data mix) and, unless set, its lr."""
     if config.start_from is not None:
         raise ConfigError(
             "--from and --resume exclude each other: --resume continues a run, --from starts one"
         )
+    if not config.synthetic_boards and previous.get("synthetic_boards"):
+        config = config.model_copy(update={"synthetic_boards": int(previous["synthetic_boards"])})
     if not previous.get("start_from"):
         return config
     from defectdet.engine.config import DEFAULT_LEARNING_RATES

@@ -1,0 +1,158 @@
+"""Synthetic PCB boards mixed into training (`train --synthetic-boards N`).
+
+A model trained without templates on a few board designs calls what it never saw on a board a defect: a drilled
+pad of a new design looks like a pin-hole. The synthetic boards of `defectdet synth` draw pads, vias and traces
+of many layouts as design and their defects with exact boxes, so mixed into training they teach that a round
+hole in a pad is drawn on purpose (bench/results/synth_mix_*.json measures it on DeepPCB's held-out groups).
+
+The boards are drawn once per (count, seed, gray/colour, with/without templates, size) into a cache folder
+(`$DEFECTDET_CACHE`, else `$XDG_CACHE_HOME/defectdet`, else `~/.cache/defectdet`) and reused: the same seed
+draws identical files, so a resumed or repeated run trains on the same images. Their classes are matched to the
+data's by name (case, spaces, `-` and `_` ignored, plus the names public PCB datasets use, such as
+`spurious_copper`); boxes of a synthetic class the data lacks are dropped and the board kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+from defectdet.data.sample import DatasetSplit
+from defectdet.errors import ConfigError
+
+LOGGER_NAME = "defectdet.train"
+# pretraining draws seeds 1001-1003, preset_modes 4242-4245, the demo and the surface family 0
+SYNTHETIC_SEED = 5151
+BOARD_SIZES = (480, 1024)  # the board generator's scale: smaller or larger imgsz gets boards clamped to this
+# other spellings of the synthetic classes in public PCB datasets (normalised: lower case, letters and digits)
+ALIASES = {
+    "opencircuit": "open",
+    "shortcircuit": "short",
+    "mousebites": "mousebite",
+    "spurs": "spur",
+    "spuriouscopper": "copper",
+    "pinholes": "pinhole",
+    "missingholes": "missinghole",
+}
+
+
+def normalised(name: str) -> str:
+    """`name` in lower case with everything but letters and digits removed, then un-aliased."""
+    key = re.sub(r"[^0-9a-z]", "", name.lower())
+    return ALIASES.get(key, key)
+
+
+def class_table(synthetic_names: list[str], data_names: list[str]) -> dict[int, int]:
+    """Synthetic class id -> the data's class id, for the synthetic classes the data has (by `normalised` name)."""
+    data_ids = {normalised(name): index for index, name in enumerate(data_names)}
+    return {
+        index: data_ids[normalised(name)]
+        for index, name in enumerate(synthetic_names)
+        if normalised(name) in data_ids
+    }
+
+
+def cache_root() -> Path:
+    """Where drawn boards are kept: $DEFECTDET_CACHE, else $XDG_CACHE_HOME/defectdet, else ~/.cache/defectdet."""
+    if os.environ.get("DEFECTDET_CACHE"):
+        return Path(os.environ["DEFECTDET_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "defectdet"
+
+
+def board_size(imgsz: int) -> int:
+    """The side of the drawn boards: the training size, clamped to the scale the board generator draws at."""
+    return min(max(imgsz, BOARD_SIZES[0]), BOARD_SIZES[1])
+
+
+def draw_boards(count: int, *, seed: int, color: bool, template: bool, size: int) -> Path:
+    """The data.yaml of `count` synthetic boards, drawn into the cache unless already there.
+
+    Drawn into a temporary folder and renamed into place, so a stopped run never leaves half a set and
+    processes drawing the same set at once (DDP ranks) all end up reading one complete copy.
+    """
+    from defectdet.data.synth import synthesize_dataset
+
+    wanted = {"boards": count, "seed": seed, "color": color, "template": template, "size": size, "version": 1}
+    name = (
+        f"boards-{count}_seed-{seed}_{'rgb' if color else 'gray'}_{'pairs' if template else 'plain'}_{size}px"
+    )
+    folder = cache_root() / "synthetic_boards" / name
+    stamp = folder / "stamp.json"
+    if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
+        return folder / "data.yaml"
+    logging.getLogger(LOGGER_NAME).info("synthetic_boards: drawing %d boards into %s", count, folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = folder.parent / f".{name}.{os.getpid()}.tmp"
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        synthesize_dataset(
+            scratch, boards=count, seed=seed, template=template, min_size=size, max_size=size,
+            val_fraction=0.0, color=color, progress=False,
+        )  # fmt: skip
+        (scratch / "stamp.json").write_text(json.dumps(wanted))
+        if folder.exists() and not (stamp.is_file() and json.loads(stamp.read_text()) == wanted):
+            shutil.rmtree(folder)  # an older or broken set under the same name
+        try:
+            os.rename(scratch, folder)
+        except OSError:  # another process renamed its identical copy first
+            if not stamp.is_file():
+                raise
+    except OSError as error:
+        raise ConfigError(
+            f"field 'synthetic_boards': could not draw boards into {folder}: {error}"
+        ) from error
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return folder / "data.yaml"
+
+
+def add_synthetic_boards(
+    split: DatasetSplit, count: int, *, seed: int, color: bool, template: bool, imgsz: int
+) -> tuple[DatasetSplit, str]:
+    """`split` plus `count` synthetic boards, classes moved onto the split's; and the settings row's reason.
+
+    ConfigError when no synthetic class matches one of the split's: the boards would only teach that their
+    defects are background.
+    """
+    from defectdet.data.formats import load_dataset
+    from defectdet.data.synth import CLASS_NAMES
+
+    table = class_table(list(CLASS_NAMES), list(split.class_names))
+    if not table:
+        raise ConfigError(
+            f"field 'synthetic_boards': the synthetic boards' classes ({', '.join(CLASS_NAMES)}) share no name "
+            f"with this data's classes ({', '.join(split.class_names)}); they help PCB data with those defect "
+            "kinds (rename the classes to match, or leave synthetic_boards at 0)"
+        )
+    size = board_size(imgsz)
+    boards = load_dataset(draw_boards(count, seed=seed, color=color, template=template, size=size), "train")
+    samples = []
+    for index, sample in enumerate(boards.samples):
+        keep = [int(cls) in table for cls in sample.classes.tolist()]
+        samples.append(
+            replace(
+                sample,
+                boxes=sample.boxes[keep],
+                classes=[table[int(cls)] for cls in sample.classes[keep].tolist()],
+                source=f"{sample.source or sample.image_path} (synthetic board)",
+                image_id=f"synthetic/{index:05d}",
+            )
+        )
+    dropped = [name for index, name in enumerate(CLASS_NAMES) if index not in table]
+    matched = ", ".join(f"{CLASS_NAMES[s]}->{split.class_names[d]}" for s, d in sorted(table.items()))
+    reason = (
+        f"{count} synthetic {'colour' if color else 'gray'} {size} px boards (seed {seed}) beside "
+        f"{len(split.samples)} labelled images; classes {matched}"
+        + (f"; boxes of {', '.join(dropped)} dropped (not in the data)" if dropped else "")
+    )
+    logging.getLogger(LOGGER_NAME).info("synthetic_boards: %s", reason)
+    merged = DatasetSplit(
+        split.samples + samples, split.class_names, split.format, split.split, split.root, split.problems
+    )
+    return merged, reason
