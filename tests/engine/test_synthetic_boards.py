@@ -3,6 +3,8 @@ once into a cache and reused; a resumed run keeps them; data without a matching 
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import yaml
@@ -83,9 +85,16 @@ def test_synthetic_boards_follow_the_template_mode(tmp_path, small_train_config)
     assert len(extra) == 2 and all(s.template_path is not None and s.template_path.is_file() for s in extra)
 
 
-def test_data_without_a_board_class_is_refused(tmp_path, small_train_config) -> None:
+def test_data_without_a_board_class_is_refused(tmp_path, small_train_config, caplog) -> None:
     data_yaml = synthesize_dataset(
         tmp_path / "steel", boards=3, seed=0, kind="surface", min_size=128, max_size=160, progress=False
+    )
+    with caplog.at_level(logging.WARNING, logger="defectdet"):  # surfaces share one name: a warning says so
+        data = build_train_data(small_train_config(tmp_path / "run0", data=data_yaml, synthetic_boards=2))
+    assert "only 'pin-hole' matches" in caplog.text
+    assert (
+        "boxes of open, short, mousebite, spur, copper, missing-hole dropped"
+        in {c.name: c for c in data.choices}["synthetic_boards"].reason
     )
     config = yaml.safe_load(data_yaml.read_text())  # a steel line naming its pin-holes "pits"
     config["names"] = ["pit" if name == "pin-hole" else name for name in config["names"]]

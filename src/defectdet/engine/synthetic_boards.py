@@ -25,7 +25,7 @@ from pathlib import Path
 from defectdet.data.sample import DatasetSplit
 from defectdet.errors import ConfigError
 
-LOGGER_NAME = "defectdet.train"
+LOGGER_NAME = "defectdet.engine.trainer"  # the training log: its lines land in the run log too
 # pretraining draws seeds 1001-1003, preset_modes 4242-4245, the demo and the surface family 0
 SYNTHETIC_SEED = 5151
 BOARD_SIZES = (480, 1024)  # the board generator's scale: smaller or larger imgsz gets boards clamped to this
@@ -129,6 +129,14 @@ def add_synthetic_boards(
             f"field 'synthetic_boards': the synthetic boards' classes ({', '.join(CLASS_NAMES)}) share no name "
             f"with this data's classes ({', '.join(split.class_names)}); they help PCB data with those defect "
             "kinds (rename the classes to match, or leave synthetic_boards at 0)"
+        )
+    if len(table) == 1:
+        only = CLASS_NAMES[next(iter(table))]
+        logging.getLogger(LOGGER_NAME).warning(
+            "synthetic_boards: only %r matches a class of this data; the boards' other defects train as "
+            "background. They are meant for PCB data with the board defect kinds (%s)",
+            only,
+            ", ".join(CLASS_NAMES),
         )
     size = board_size(imgsz)
     boards = load_dataset(draw_boards(count, seed=seed, color=color, template=template, size=size), "train")
