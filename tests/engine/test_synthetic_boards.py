@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from defectdet.cli import app
 from defectdet.data.formats import load_dataset
 from defectdet.data.synth import CLASS_NAMES, synthesize_dataset
-from defectdet.engine.synthetic_boards import class_table, draw_boards, normalised
+from defectdet.engine.synthetic_boards import class_table, draw_boards, normalised, suggested_count
 from defectdet.engine.trainer import _resumed_start, build_train_data
 from defectdet.errors import ConfigError
 
@@ -72,7 +72,8 @@ def test_synthetic_boards_join_the_training_split(tmp_path, small_train_config) 
     row = {c.name: c for c in mixed.choices}["synthetic_boards"]
     assert row.value == 3 and row.source == "user" and "missing-hole dropped" in row.reason
     unset = {c.name: c for c in plain.choices}["synthetic_boards"]  # the row says what the option is for
-    assert unset.value == 0 and "--synthetic-boards" in unset.reason and "bench/results/" in unset.reason
+    assert unset.value == 0 and "--synthetic-boards 50`" in unset.reason and "bench/results/" in unset.reason
+    assert "Open_circuit, Short, Mouse_bite, Spur, Spurious_copper, Pin_hole" in unset.reason
 
 
 def test_synthetic_boards_follow_the_template_mode(tmp_path, small_train_config) -> None:
@@ -99,8 +100,16 @@ def test_data_without_a_board_class_is_refused(tmp_path, small_train_config, cap
     config = yaml.safe_load(data_yaml.read_text())  # a steel line naming its pin-holes "pits"
     config["names"] = ["pit" if name == "pin-hole" else name for name in config["names"]]
     data_yaml.write_text(yaml.safe_dump(config))
+    unset = {
+        c.name: c for c in build_train_data(small_train_config(tmp_path / "run1", data=data_yaml)).choices
+    }
+    assert "fit PCB data" in unset["synthetic_boards"].reason  # no suggestion for a surface line
     with pytest.raises(ConfigError, match="synthetic_boards.*share no name.*pit, scratch"):
         build_train_data(small_train_config(tmp_path / "run", data=data_yaml, synthetic_boards=2))
+
+
+def test_suggested_count_is_about_half_the_images() -> None:
+    assert [suggested_count(n) for n in (10, 200, 789, 4000)] == [50, 100, 400, 2000]
 
 
 def test_a_resumed_run_keeps_its_synthetic_boards(small_train_config, tmp_path) -> None:

@@ -543,22 +543,6 @@ def no_clean_images_row(template: bool) -> Choice:
     )
 
 
-def no_synthetic_boards_row(template: bool) -> Choice:
-    """The settings row of a run without `synthetic_boards`: what the option is for, and what it measured."""
-    if template:
-        return Choice(
-            "synthetic_boards", 0, "none: the template already shows what is drawn on purpose", "auto"
-        )
-    return Choice(
-        "synthetic_boards",
-        0,
-        "none: `--synthetic-boards 400` mixes synthetic PCB boards into training (PCB data only: classes "
-        "matched by name); on DeepPCB without templates they lifted held-out pin-hole AP50 from 0.688 to 0.929 "
-        "in 10 minutes (bench/results/synth_mix_deeppcb_plain_tiny_10min_synthetic-400.json)",
-        "auto",
-    )
-
-
 def add_clean_images(split: DatasetSplit, paths: list[Path]) -> DatasetSplit:
     """The split plus each image of `paths` as a sample without boxes (`clean_images`). Ids are
     `clean/<file name>` (with a counter when two share a name), so they never collide with the split's."""

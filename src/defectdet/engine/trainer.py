@@ -140,7 +140,6 @@ def build_train_data(config: TrainConfig) -> TrainData:
         choose_settings,
         collect_split_stats,
         no_clean_images_row,
-        no_synthetic_boards_row,
     )
 
     if config.data is None:
@@ -182,7 +181,9 @@ def build_train_data(config: TrainConfig) -> TrainData:
         train_split, row = _with_synthetic_boards(config, train_split)
         choices.append(row)
     else:
-        choices.append(no_synthetic_boards_row(bool(config.template)))
+        from defectdet.engine.synthetic_boards import no_synthetic_boards_row
+
+        choices.append(no_synthetic_boards_row(bool(config.template), train_split))
     channels = config.channels or 1
     train_set = DetectionDataset(
         train_split,
@@ -256,10 +257,9 @@ def _with_clean_images(config: TrainConfig, train_split: Any) -> tuple[Any, Any]
 
 def _with_synthetic_boards(config: TrainConfig, train_split: Any) -> tuple[Any, Any]:
     """`synthetic_boards: N`: the training split plus N synthetic boards drawn like its images, and the row."""
-    from defectdet.engine.autoconfig import Choice
     from defectdet.engine.synthetic_boards import SYNTHETIC_SEED, add_synthetic_boards
 
-    split, reason = add_synthetic_boards(
+    return add_synthetic_boards(
         train_split,
         config.synthetic_boards,
         seed=SYNTHETIC_SEED + config.seed,
@@ -267,7 +267,6 @@ def _with_synthetic_boards(config: TrainConfig, train_split: Any) -> tuple[Any, 
         template=bool(config.template),
         imgsz=int(config.imgsz or 640),
     )
-    return split, Choice("synthetic_boards", config.synthetic_boards, reason, "user")
 
 
 def _with_start_rows(config: TrainConfig, choices: list) -> list:
