@@ -4,6 +4,7 @@ once into a cache and reused; a resumed run keeps them; data without a matching 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,7 +113,7 @@ def test_suggested_count_is_about_half_the_images() -> None:
     assert [suggested_count(n) for n in (10, 200, 789, 4000)] == [50, 100, 400, 2000]
 
 
-def test_a_resumed_run_keeps_its_synthetic_boards(small_train_config, tmp_path) -> None:
+def test_a_resumed_run_keeps_its_synthetic_boards_and_clean_images(small_train_config, tmp_path) -> None:
     config = small_train_config(tmp_path / "run")
     assert _resumed_start(config, {"synthetic_boards": 400}).synthetic_boards == 400
     assert (
@@ -122,6 +123,11 @@ def test_a_resumed_run_keeps_its_synthetic_boards(small_train_config, tmp_path) 
         == 5
     )
     assert _resumed_start(config, {}).synthetic_boards == 0
+    # the clean images of the run too: without them the split, and so the loader order, would change
+    assert _resumed_start(config, {"clean_images": "good"}).clean_images == Path("good")
+    assert _resumed_start(
+        config.model_copy(update={"clean_images": Path("x")}), {"clean_images": "good"}
+    ).clean_images == Path("x")
 
 
 def test_train_cli_passes_synthetic_boards(tmp_path) -> None:
