@@ -3,6 +3,7 @@ once into a cache and reused; a resumed run keeps them; data without a matching 
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -45,6 +46,9 @@ def test_boards_are_drawn_once_and_reused(board_cache) -> None:
     again = draw_boards(2, seed=7, color=False, template=False, size=480)
     assert again == first and [path.stat().st_mtime_ns for path in images] == stamps  # not redrawn
     assert not list(first.parent.parent.glob(".*.tmp"))  # no scratch folder left behind
+    (first.parent / "stamp.json").write_text("{garbled")  # a broken set is drawn again, not trusted
+    assert draw_boards(2, seed=7, color=False, template=False, size=480) == first
+    assert json.loads((first.parent / "stamp.json").read_text())["boards"] == 2
     pairs = draw_boards(2, seed=7, color=True, template=True, size=480)
     assert pairs != first and load_dataset(pairs, "train").has_templates
 

@@ -85,7 +85,7 @@ def draw_boards(count: int, *, seed: int, color: bool, template: bool, size: int
     )
     folder = cache_root() / "synthetic_boards" / name
     stamp = folder / "stamp.json"
-    if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
+    if _stamp_matches(stamp, wanted):
         return folder / "data.yaml"
     logging.getLogger(LOGGER_NAME).info("synthetic_boards: drawing %d boards into %s", count, folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +97,7 @@ def draw_boards(count: int, *, seed: int, color: bool, template: bool, size: int
             val_fraction=0.0, color=color, progress=False,
         )  # fmt: skip
         (scratch / "stamp.json").write_text(json.dumps(wanted))
-        if folder.exists() and not (stamp.is_file() and json.loads(stamp.read_text()) == wanted):
+        if folder.exists() and not _stamp_matches(stamp, wanted):
             shutil.rmtree(folder)  # an older or broken set under the same name
         try:
             os.rename(scratch, folder)
@@ -111,6 +111,14 @@ def draw_boards(count: int, *, seed: int, color: bool, template: bool, size: int
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return folder / "data.yaml"
+
+
+def _stamp_matches(stamp: Path, wanted: dict) -> bool:
+    """Whether `stamp` records exactly `wanted` (a missing, unreadable or garbled stamp does not)."""
+    try:
+        return json.loads(stamp.read_text()) == wanted
+    except (OSError, ValueError):
+        return False
 
 
 def suggested_count(images: int) -> int:
