@@ -147,7 +147,8 @@ _CLEAN_IMAGES_HELP = (
 )
 _SYNTHETIC_BOARDS_HELP = (
     "Mix N synthetic PCB boards (drawn like `defectdet synth`, cached) into training, classes matched by name: "
-    "they show drilled pads and vias of many designs as design. For PCB data without templates."
+    "they show drilled pads and vias of many designs as design. For PCB data without templates (with templates "
+    "they cost accuracy)."
 )
 _FROM_HELP = (
     "Continue from a deployed model (best.pt, or a model.onnx exported with its weights): its architecture "
