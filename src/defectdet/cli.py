@@ -145,6 +145,9 @@ _CLEAN_IMAGES_HELP = (
     "Folder of defect-free images (good parts, a new board design's golden images): they train as images "
     "without defects. Models without templates only."
 )
+_FROM_SCRATCH_HELP = (
+    "Start from random weights instead of the weights shipped for the preset (see the settings table)."
+)
 _SYNTHETIC_BOARDS_HELP = (
     "Mix N synthetic PCB boards (drawn like `defectdet synth`, cached) into training, classes matched by name: "
     "they show drilled pads and vias of many designs as design. For PCB data without templates (with templates "
@@ -165,11 +168,7 @@ def train(
     preset: str | None = typer.Option(
         None, help="Model preset (see `defectdet presets`; default: nano with templates, tiny without)."
     ),
-    from_scratch: bool = typer.Option(
-        False,
-        "--from-scratch",
-        help="Start from random weights instead of the weights shipped for the preset (see the settings table).",
-    ),
+    from_scratch: bool = typer.Option(False, "--from-scratch", help=_FROM_SCRATCH_HELP),
     start_from: Path | None = typer.Option(None, "--from", help=_FROM_HELP),
     old_data: Path | None = typer.Option(None, "--old-data", help=_OLD_DATA_HELP),
     new_share: float | None = typer.Option(None, "--new-share", help=_NEW_SHARE_HELP),

@@ -135,12 +135,7 @@ def build_train_data(config: TrainConfig) -> TrainData:
     from defectdet.data.dataset import DetectionDataset
     from defectdet.data.formats import load_dataset
     from defectdet.data.holdout import hold_out, same_images
-    from defectdet.engine.autoconfig import (
-        balance_split,
-        choose_settings,
-        collect_split_stats,
-        no_clean_images_row,
-    )
+    from defectdet.engine.autoconfig import choose_settings, collect_split_stats
 
     if config.data is None:
         raise ConfigError(
@@ -168,22 +163,8 @@ def build_train_data(config: TrainConfig) -> TrainData:
     config, train_split, old_val_split, extra_choices = _continue_from(config, train_split)
     config, choices = choose_settings(collect_split_stats(train_split, seed=config.seed), config, previous)
     choices = _with_start_rows(config, choices + extra_choices)
-    if config.clean_templates:
-        train_split = _with_clean_templates(config, train_split)
-    if config.clean_images is not None:
-        train_split, row = _with_clean_images(config, train_split)
-        choices.append(row)
-    else:
-        choices.append(no_clean_images_row(bool(config.template)))
-    if config.class_balance == "repeat":  # before the synthetic boards: N of them per epoch, as asked
-        train_split = balance_split(train_split, config.seed)
-    if config.synthetic_boards:
-        train_split, row = _with_synthetic_boards(config, train_split)
-        choices.append(row)
-    else:
-        from defectdet.engine.synthetic_boards import no_synthetic_boards_row
-
-        choices.append(no_synthetic_boards_row(bool(config.template), train_split))
+    train_split, extra_rows = _training_images(config, train_split)
+    choices += extra_rows
     channels = config.channels or 1
     train_set = DetectionDataset(
         train_split,
@@ -208,6 +189,30 @@ def build_train_data(config: TrainConfig) -> TrainData:
         choices=choices,
         old_val=_val_set(old_val_split, config, template),  # `--from --old-data`: validated on too
     )
+
+
+def _training_images(config: TrainConfig, train_split: Any) -> tuple[Any, list]:
+    """The training split as trained on: plus clean templates, clean images, rare classes repeated, then the
+    synthetic boards (after balancing: N of them per epoch, as asked); and the settings rows of the two options."""
+    from defectdet.engine.autoconfig import balance_split, no_clean_images_row
+    from defectdet.engine.synthetic_boards import no_synthetic_boards_row
+
+    rows = []
+    if config.clean_templates:
+        train_split = _with_clean_templates(config, train_split)
+    if config.clean_images is not None:
+        train_split, row = _with_clean_images(config, train_split)
+        rows.append(row)
+    else:
+        rows.append(no_clean_images_row(bool(config.template)))
+    if config.class_balance == "repeat":
+        train_split = balance_split(train_split, config.seed)
+    if config.synthetic_boards:
+        train_split, row = _with_synthetic_boards(config, train_split)
+        rows.append(row)
+    else:
+        rows.append(no_synthetic_boards_row(bool(config.template), train_split))
+    return train_split, rows
 
 
 def _with_clean_templates(config: TrainConfig, train_split: Any) -> Any:
