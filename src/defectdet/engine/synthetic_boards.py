@@ -22,6 +22,8 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from defectdet.data.sample import DatasetSplit
 from defectdet.engine.autoconfig import Choice
 from defectdet.errors import ConfigError
@@ -199,7 +201,7 @@ def add_synthetic_boards(
     boards = load_dataset(draw_boards(count, seed=seed, color=color, template=template, size=size), "train")
     samples = []
     for index, sample in enumerate(boards.samples):
-        keep = [int(cls) in table for cls in sample.classes.tolist()]
+        keep = np.isin(sample.classes, list(table))
         samples.append(
             replace(
                 sample,
@@ -217,7 +219,4 @@ def add_synthetic_boards(
         + (f"; boxes of {', '.join(dropped)} dropped (not in the data)" if dropped else "")
     )
     logging.getLogger(LOGGER_NAME).info("synthetic_boards: %s", reason)
-    merged = DatasetSplit(
-        split.samples + samples, split.class_names, split.format, split.split, split.root, split.problems
-    )
-    return merged, Choice("synthetic_boards", count, reason, "user")
+    return replace(split, samples=split.samples + samples), Choice("synthetic_boards", count, reason, "user")
