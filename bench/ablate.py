@@ -2,6 +2,7 @@
 
     python bench/ablate.py --rung deeppcb_plain:nano:10 --set clean_templates=false [--threads 1]
     python bench/ablate.py --rung surface:nano:10 --set seed=1      # the rung again, another seed
+    python bench/ablate.py --rung deeppcb_plain:tiny:20 --set synthetic_boards=400 --threads 2   # both cores: *_threads-2.json
 
 Runs `bench/pretrained.run_arm` (defaults + a time budget, the held-out split) with the TrainConfig fields
 given by `--set` (YAML values), and writes `bench/results/ablate_<dataset>_<preset>_<minutes>min_<k>-<v>.json`
@@ -49,6 +50,8 @@ def main() -> int:
     suffix = "_".join(f"{key}-{value}" for key, value in overrides.items())
     base = result_name(dataset, preset, float(minutes))
     name = base.replace("scaling_", "ablate_", 1) + f"_{suffix}"
+    if args.threads and args.threads > 1:  # a whole-machine run is not the one-core rung's peer: its own file
+        name += f"_threads-{args.threads}"
     seed = int(overrides.pop("seed", 0))  # run_arm's own argument (a repeat of the rung with another seed)
     body = run_arm(dataset, None, float(minutes), Path("runs/bench_ablate") / name, seed, preset, overrides)
     rows = [[k, v] for k, v in {**body["time_to"], **body["final"]}.items()]
