@@ -106,7 +106,7 @@ def train_bundle(name: str, steps: int, data: Path, **fields: object) -> tuple[P
     started = time.perf_counter()
     result = train(prepared.config or config, data=prepared)
     wall = time.perf_counter() - started
-    checkpoint = result.best_checkpoint or result.last_checkpoint
+    checkpoint = result.last_checkpoint  # the final weights: best.pt is picked on the held-out split itself
     bundle = export_bundle(checkpoint, OUT / f"{name}.onnx", force=True).bundle
     facts = {
         "max_steps": steps,

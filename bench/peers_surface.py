@@ -84,7 +84,7 @@ def main() -> int:
     started = time.perf_counter()
     result = train(config)
     ours_seconds = time.perf_counter() - started
-    checkpoint = result.best_checkpoint or result.last_checkpoint
+    checkpoint = result.last_checkpoint  # the final weights: best.pt is picked on the held-out split itself
     held_out = validate(checkpoint, data_yaml, split="val", protocol="coco", out=args.out / "ours_val")
     model, state = load_detector(checkpoint)
     chosen = state.get("config") or {}

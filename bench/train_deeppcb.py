@@ -107,7 +107,7 @@ def score_at_threshold_from_train(result, data: Path, out: Path) -> dict:
     the held-out records themselves, which flatters it)."""
     from defectdet.engine.validate import validate
 
-    checkpoint = result.best_checkpoint or result.last_checkpoint
+    checkpoint = result.last_checkpoint  # the final weights: best.pt is picked on the held-out split itself
     metrics = validate(
         checkpoint, data, split="val", conf_from="train", conf_rule="f1", out=out / "val_conf_from_train"
     )
