@@ -3,7 +3,8 @@
 A model trained without templates on a few board designs calls what it never saw on a board a defect: a drilled
 pad of a new design looks like a pin-hole. The synthetic boards of `defectdet synth` draw pads, vias and traces
 of many layouts as design and their defects with exact boxes, so mixed into training they teach that a round
-hole in a pad is drawn on purpose (bench/results/synth_mix_*.json measures it on DeepPCB's held-out groups).
+hole in a pad is drawn on purpose (measured on DeepPCB's held-out groups by
+bench/results/ablate_deeppcb_plain_tiny_*_synthetic_boards-*.json).
 
 The boards are drawn once per (count, seed, gray/colour, with/without templates, size) into a cache folder
 (`$DEFECTDET_CACHE`, else `$XDG_CACHE_HOME/defectdet`, else `~/.cache/defectdet`) and reused: the same seed
@@ -28,7 +29,7 @@ from defectdet.data.sample import DatasetSplit
 from defectdet.engine.autoconfig import Choice
 from defectdet.errors import ConfigError
 
-LOGGER_NAME = "defectdet.engine.trainer"  # the training log: its lines land in the run log too
+logger = logging.getLogger(__name__)
 # pretraining draws seeds 1001-1003, preset_modes 4242-4245, the demo and the surface family 0
 SYNTHETIC_SEED = 5151
 BOARD_SIZES = (480, 1024)  # the board generator's scale: smaller or larger imgsz gets boards clamped to this
@@ -97,7 +98,7 @@ def draw_boards(count: int, *, seed: int, color: bool, template: bool, size: int
     stamp = folder / "stamp.json"
     if _stamp_matches(stamp, wanted):
         return folder / "data.yaml"
-    logging.getLogger(LOGGER_NAME).info("synthetic_boards: drawing %d boards into %s", count, folder)
+    logger.info("synthetic_boards: drawing %d boards into %s", count, folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     scratch = folder.parent / f".{name}.{os.getpid()}.tmp"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -184,7 +185,7 @@ def add_synthetic_boards(
         )
     if len(table) == 1:
         only = CLASS_NAMES[next(iter(table))]
-        logging.getLogger(LOGGER_NAME).warning(
+        logger.warning(
             "synthetic_boards: only %r matches a class of this data; the boards' other defects train as "
             "background. They are meant for PCB data with the board defect kinds (%s); on the synthetic surface "
             "family 200 boards lowered held-out mAP@0.5 from 0.782 to 0.745 at 10 minutes "
@@ -194,9 +195,7 @@ def add_synthetic_boards(
             ", ".join(CLASS_NAMES),
         )
     if template:
-        logging.getLogger(LOGGER_NAME).warning(
-            "synthetic_boards: they are for runs without templates: %s", TEMPLATE_COST
-        )
+        logger.warning("synthetic_boards: they are for runs without templates: %s", TEMPLATE_COST)
     size = board_size(imgsz)
     boards = load_dataset(draw_boards(count, seed=seed, color=color, template=template, size=size), "train")
     samples = []
@@ -218,5 +217,5 @@ def add_synthetic_boards(
         f"{len(split.samples)} labelled images; classes {matched}"
         + (f"; boxes of {', '.join(dropped)} dropped (not in the data)" if dropped else "")
     )
-    logging.getLogger(LOGGER_NAME).info("synthetic_boards: %s", reason)
+    logger.info("synthetic_boards: %s", reason)
     return replace(split, samples=split.samples + samples), Choice("synthetic_boards", count, reason, "user")
