@@ -81,6 +81,29 @@ def test_synthetic_boards_join_the_training_split(tmp_path, small_train_config) 
     assert "Open_circuit, Short, Mouse_bite, Spur, Spurious_copper, Pin_hole" in unset.reason
 
 
+def test_a_short_budget_is_told_the_boards_cost(tmp_path, small_train_config, caplog) -> None:
+    """Measured: at 10 minutes the boards cost DeepPCB accuracy, from 20 they paid; row and warning say so."""
+    data_yaml = synthesize_dataset(
+        tmp_path / "pcb", boards=3, seed=2, min_size=160, max_size=200, progress=False
+    )
+    short = small_train_config(tmp_path / "run0", data=data_yaml, template=False, time_minutes=10)
+    unset = {c.name: c for c in build_train_data(short).choices}["synthetic_boards"]
+    assert "10-minute budget is too short" in unset.reason and "--synthetic-boards" not in unset.reason
+    assert "0.859 to 0.846" in unset.reason
+    longer = small_train_config(tmp_path / "run1", data=data_yaml, template=False, time_minutes=30)
+    assert (
+        "try `--synthetic-boards"
+        in {c.name: c for c in build_train_data(longer).choices}["synthetic_boards"].reason
+    )
+    with caplog.at_level(logging.WARNING, logger="defectdet"):
+        build_train_data(
+            small_train_config(
+                tmp_path / "run2", data=data_yaml, template=False, time_minutes=10, synthetic_boards=2
+            )
+        )
+    assert "a 10-minute budget" in caplog.text and "0.859 to 0.846" in caplog.text
+
+
 def test_synthetic_boards_follow_the_template_mode(tmp_path, small_train_config, caplog) -> None:
     data_yaml = synthesize_dataset(
         tmp_path / "pcb", boards=4, seed=1, min_size=160, max_size=200, progress=False

@@ -211,7 +211,7 @@ def _training_images(config: TrainConfig, train_split: Any) -> tuple[Any, list]:
         train_split, row = _with_synthetic_boards(config, train_split)
         rows.append(row)
     else:
-        rows.append(no_synthetic_boards_row(bool(config.template), train_split))
+        rows.append(no_synthetic_boards_row(bool(config.template), train_split, config.time_minutes))
     return train_split, rows
 
 
@@ -271,6 +271,7 @@ def _with_synthetic_boards(config: TrainConfig, train_split: Any) -> tuple[Any, 
         color=config.channels == 3,
         template=bool(config.template),
         imgsz=int(config.imgsz or 640),
+        minutes=config.time_minutes,
     )
 
 
