@@ -150,8 +150,8 @@ _FROM_SCRATCH_HELP = (
 )
 _SYNTHETIC_BOARDS_HELP = (
     "Mix N synthetic PCB boards (drawn like `defectdet synth`, cached) into training, classes matched by name: "
-    "they show drilled pads and vias of many designs as design. For PCB data without templates (with templates "
-    "they cost accuracy)."
+    "they show drilled pads and vias of many designs as design. For PCB data without templates and a --time "
+    "of 20 minutes or more (with templates, or in 10 minutes, they cost accuracy)."
 )
 _FROM_HELP = (
     "Continue from a deployed model (best.pt, or a model.onnx exported with its weights): its architecture "
