@@ -146,8 +146,8 @@ def _stamp_matches(stamp: Path, wanted: dict) -> bool:
 
 def suggested_count(images: int) -> int:
     """About half as many boards as labelled images, in fifties: 400 beside DeepPCB's 789 training images
-    was the best of 200, 400 and 800 (bench/results/ablate_deeppcb_plain_tiny_20min_synthetic_boards-*.json,
-    synth_mix_deeppcb_plain_tiny_20min_synthetic-800.json); more crowd the line's own images out of each epoch."""
+    was the best of 200, 400 and 800 (bench/results/ablate_deeppcb_plain_tiny_20min_synthetic_boards-*.json); more
+    crowd the line's own images out of each epoch."""
     return max(50, int(round(images / 2 / 50)) * 50)
 
 
