@@ -10,11 +10,14 @@ both arms, side by side from the same commit:
     python bench/new_design.py --arm clean --minutes 10 --threads 1     # + the templates as clean images
     python bench/new_design.py --summary
     python bench/new_design.py --preset tiny --arm control --minutes 20 --threads 1   # tiny (files new_design_tiny_*)
+    python bench/new_design.py --preset tiny --arm clean --minutes 20 --threads 2     # both cores: *_threads-2.json
+    python bench/new_design.py --summary --preset tiny --threads 2
 
 This is not the held-out protocol of the ladder (`bench/scaling.py`): the clean arm has seen defect-free images
 of the held-out design, which is the point. No tested image of a scored pair, and no template of one, trains.
 Writes `bench/results/new_design[_<preset>]_<arm>_<minutes>min.json` and, with --summary,
 `new_design[_<preset>].json` (every budget with both arms; no preset tag for nano, whose files came first).
+A run with `--threads N` (N > 1) has the whole machine and is not a one-core run's peer: its files end `_threads-N`.
 """
 
 from __future__ import annotations
@@ -98,12 +101,17 @@ def build_view(data: Path, per_group: int, seed: int, view: Path = VIEW) -> dict
     }
 
 
+def threads_tag(threads: int | None) -> str:
+    """`_threads-N` for a whole-machine run (N > 1 torch threads), nothing for one core or torch's default."""
+    return f"_threads-{threads}" if threads and threads > 1 else ""
+
+
 def run(
     arm: str, minutes: float, per_group: int, seed: int, threads: int | None, preset: str = "nano"
 ) -> Path:
     view = build_view(DEFAULT_DATA, per_group, seed)
     overrides = {"clean_images": view["clean_images"]} if arm == "clean" else {}
-    name = f"new_design{preset_tag(preset)}_{arm}_{minutes:g}min"
+    name = f"new_design{preset_tag(preset)}_{arm}_{minutes:g}min{threads_tag(threads)}"
     summary = train_and_summarize(
         Path(view["data"]), minutes, preset, 2, Path("runs/bench_new_design_runs") / name, 0,
         template=False, overrides=overrides,
@@ -130,11 +138,12 @@ def run(
     )
 
 
-def summarize(preset: str = "nano") -> Path:
-    """Every budget with both arms of `preset` in bench/results, side by side, into new_design[_<preset>].json."""
-    prefix = f"new_design{preset_tag(preset)}"
+def summarize(preset: str = "nano", threads: int | None = None) -> Path:
+    """Every budget with both arms of `preset` in bench/results, side by side, into
+    new_design[_<preset>][_threads-N].json."""
+    prefix, tag = f"new_design{preset_tag(preset)}", threads_tag(threads)
     budgets = {}
-    for path in sorted(RESULTS_DIR.glob(f"{prefix}_control_*min.json")):
+    for path in sorted(RESULTS_DIR.glob(f"{prefix}_control_*min{tag}.json")):
         clean = path.with_name(path.name.replace("_control_", "_clean_"))
         if clean.is_file():
             control_doc, clean_doc = json.loads(path.read_text()), json.loads(clean.read_text())
@@ -153,14 +162,16 @@ def summarize(preset: str = "nano") -> Path:
         f"a new design, {preset}: control vs clean images", ["min", "arm", "mAP50", "val", *classes], rows
     )
     return write_result(
-        prefix,
+        prefix + tag,
         {
             "command": "python bench/new_design.py --summary"
-            + (f" --preset {preset}" if preset != "nano" else ""),
+            + (f" --preset {preset}" if preset != "nano" else "")
+            + (f" --threads {threads}" if tag else ""),
             "preset": preset,
+            "threads": threads,
             "budgets": {
                 minutes: {
-                    "sources": [f"{prefix}_{arm}_{minutes}min.json" for arm in arms],
+                    "sources": [f"{prefix}_{arm}_{minutes}min{tag}.json" for arm in arms],
                     "clean_images": sum(arms["clean"]["view"]["clean_templates_per_group"].values()),
                     **{
                         arm: {
@@ -193,7 +204,7 @@ def main() -> int:
     parser.add_argument("--summary", action="store_true")
     args = parser.parse_args()
     if args.summary:
-        print(f"wrote {summarize(args.preset)}")
+        print(f"wrote {summarize(args.preset, args.threads)}")
         return 0
     if args.arm is None:
         parser.error("--arm is required (or --summary)")
