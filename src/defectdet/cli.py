@@ -326,6 +326,12 @@ def val(
     ),
     batch: int = typer.Option(8, help="Batch size."),
     format: str | None = typer.Option(None, "--format", help="Dataset format (default: detected)."),
+    flip_views: str | None = typer.Option(
+        None,
+        "--flip-views",
+        help="Test-time flips averaged per anchor: none | lr | lr+ud (a checkpoint; a bundle runs the views it "
+        "was exported with).",
+    ),
 ) -> None:
     """Evaluate a checkpoint: COCO mAP, the DeepPCB protocol, operating point, plots and report.html.
 
@@ -349,6 +355,7 @@ def val(
         tiles=tiles,
         batch=batch,
         format=format,
+        flip_views=flip_views,
     )
     metrics = validate(checkpoint, data, settings, console=console)
     console.print(f"[green]report[/green]: {metrics['report']}")
@@ -381,6 +388,12 @@ def export(
         None, help="Split to measure on (default: the training's validation split)."
     ),
     calibration_images: int = typer.Option(64, help="Training images to calibrate int8 on."),
+    flip_views: str = typer.Option(
+        "none",
+        "--flip-views",
+        help="Test-time flips averaged inside the bundle: none | lr (2 passes) | lr+ud (4 passes). More "
+        "accuracy for more latency: bench/results/flip_views_*.json.",
+    ),
 ) -> None:
     """Export a checkpoint to ONE self-describing .onnx bundle (EMA weights, BatchNorm folded, thresholds
     measured on the validation split, drift reference) that `predict`, `serve` and `Predictor` run without torch.
@@ -391,13 +404,13 @@ def export(
 
     result = export_bundle(
         checkpoint, out, data=data, split=split, formats=tuple(format), int8=int8, force=force,
-        calibration_images=calibration_images, console=console,
+        calibration_images=calibration_images, flip_views=flip_views, console=console,
     )  # fmt: skip
     meta = result.metadata
     console.print(f"[green]bundle[/green]: {result.bundle} ({result.bundle.stat().st_size / 1024:.0f} KiB)")
     console.print(
-        f"input {meta.input_size}x{meta.input_size}, {meta.channels} channel(s), template={meta.template}; "
-        f"eager vs onnxruntime max |diff| {result.parity_max_abs_diff:.1e}"
+        f"input {meta.input_size}x{meta.input_size}, {meta.channels} channel(s), template={meta.template}, "
+        f"flip views {meta.flip_views}; eager vs onnxruntime max |diff| {result.parity_max_abs_diff:.1e}"
     )
     recall = meta.thresholds.recall_threshold
     console.print(

@@ -35,6 +35,7 @@ from defectdet.evaluation.threshold import (
     threshold_for_f1,
 )
 from defectdet.evaluation.types import ImageRecord
+from defectdet.model.flip_average import FLIP_VIEWS
 from defectdet.runtime.bundle import BundleMetadata
 from defectdet.runtime.spec import ModelSpec
 
@@ -94,6 +95,8 @@ class ValidateSettings(BaseModel):
     - `register_pairs`: align each template to its tested image (None: as the model was trained, default on).
     - `tiles`: also run native-resolution tiles of images much larger than the letterbox (`data.tiling`;
       None: as the bundle or the training run chose).
+    - `flip_views`: test-time flips averaged per anchor (`model.flip_average`; None: a bundle's own, none for
+      a checkpoint). A bundle runs the views written into its graph; asking it for others is an error.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -110,6 +113,7 @@ class ValidateSettings(BaseModel):
     clean_nuisance: RecaptureConfig | None = None
     register_pairs: bool | None = None
     tiles: bool | None = None
+    flip_views: str | None = None
     seed: int = 0
     batch: int = DEFAULT_EVAL_BATCH
     format: str | None = None  # dataset format (None: detected)
@@ -122,6 +126,8 @@ class ValidateSettings(BaseModel):
             raise ConfigError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
         if self.conf_threshold is not None and self.conf_from is not None:
             raise ConfigError("give either --conf or --conf-from, not both")
+        if self.flip_views is not None and self.flip_views not in FLIP_VIEWS:
+            raise ConfigError(f"--flip-views must be one of {', '.join(FLIP_VIEWS)}, got {self.flip_views!r}")
         if self.conf_rule not in CONF_RULES:
             raise ConfigError(f"--conf-rule must be one of {', '.join(CONF_RULES)}, got {self.conf_rule!r}")
         if self.conf_from is not None and self.conf_from == self.split:
@@ -233,6 +239,7 @@ class _ValidationRun:
             register_pairs=settings.register_pairs,
             tiles=settings.tiles,
         )
+        model, spec = _with_flip_views(model, spec, settings.flip_views, checkpoint, bundle)
         split = settings.split
         dataset = load_dataset(data, split, format=settings.format)
         class_names = list(spec.class_names or dataset.class_names)
@@ -291,6 +298,7 @@ def _score(
             "operating threshold": threshold_note,
             "pair registration": spec.registration and spec.template,
             "tiles": spec.tiles,
+            "flip views": spec.flip_views,
             "clean boards": _clean_note(settings.clean_templates, recapture, settings.seed),
             "skipped_images": len(skipped),
         },
@@ -305,9 +313,27 @@ def _score(
     metrics["boards"] = board_rates(records, threshold)
     metrics["registration"] = registration_summary(records)
     metrics["tiles"] = spec.tiles  # native-resolution tiles of large images joined the whole-image pass
+    metrics["flip_views"] = spec.flip_views
     if metrics["registration"] is not None:
         write_registrations(records, run.out_dir / "registration.csv")
     return metrics
+
+
+def _with_flip_views(
+    model: Any, spec: ModelSpec, views: str | None, checkpoint: str | Path, bundle: bool
+) -> tuple[Any, ModelSpec]:
+    """The model run with `views` test-time flips (None: as it is): a checkpoint's detector wrapped, a bundle
+    as exported (its graph holds its views)."""
+    if views is None or views == spec.flip_views:
+        return model, spec
+    if bundle:
+        raise ConfigError(
+            f"--flip-views {views}: {checkpoint} was exported with flip views {spec.flip_views!r}; "
+            f"export it again with `defectdet export --flip-views {views}` or validate the checkpoint"
+        )
+    from defectdet.model.flip_average import FlipAveraged
+
+    return FlipAveraged(model, views).eval(), spec.model_copy(update={"flip_views": views})
 
 
 def _check_templates(dataset: DatasetSplit, use_template: bool, checkpoint: str | Path) -> None:

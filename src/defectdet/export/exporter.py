@@ -193,14 +193,22 @@ def export_bundle(
     force: bool = False,
     calibration_images: int = 64,
     target_recall: float = 0.99,
+    flip_views: str = "none",
     console: Any = None,
 ) -> ExportResult:
     """Export ``checkpoint`` (EMA weights, BatchNorm folded) to a bundle at ``out`` (default: beside the
     checkpoint, ``<stem>.onnx``). With validation data (``data``, default the training config's dataset and
     ``split``, default its validation split) the bundle carries thresholds and metrics measured on it, and
     a drift reference from the same dataset's training split (the split itself when that is missing);
-    without, the checkpoint's logged thresholds and no drift reference."""
+    without, the checkpoint's logged thresholds and no drift reference. `flip_views` (`model.flip_average`):
+    test-time flips averaged inside the graph, one more forward pass per view."""
     from defectdet.engine.checkpoint import load_detector
+    from defectdet.model.flip_average import FlipAveraged, check_views
+
+    try:
+        check_views(flip_views)
+    except ValueError as error:
+        raise ConfigError(f"--flip-views: {error}") from None
 
     for name in formats:
         if name not in FORMATS:
@@ -210,7 +218,9 @@ def export_bundle(
     detector, state = load_detector(checkpoint)
     trainable = encode_weights(detector)  # the unfolded float weights, for `train --from model.onnx`
     fold_batchnorm(detector)
-    metadata = base_metadata(detector, state)
+    metadata = base_metadata(detector, state).model_copy(update={"flip_views": flip_views})
+    if flip_views != "none":
+        detector = FlipAveraged(detector, flip_views).eval()
     bundle = Path(out) if out else checkpoint.with_suffix(".onnx")
     if bundle.suffix.lower() != ".onnx":
         raise ConfigError(f"--out {bundle}: the bundle file name must end in .onnx")

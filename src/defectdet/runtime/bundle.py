@@ -74,6 +74,7 @@ class BundleMetadata(BaseModel):
     drift_reference: dict[str, Any] | None = None
     registration: bool = False
     tiles: bool = False  # also run native-resolution tiles of images >= 1.5x input_size (data.tiling)
+    flip_views: str = "none"  # test-time flips averaged inside the graph (model.flip_average.FLIP_VIEWS)
     precision: str = "fp32"
 
     @property

@@ -44,6 +44,9 @@ class ModelSpec(BaseModel):
     preset: str | None = None
     registration: bool = False  # register each template to its tested image (template models only)
     tiles: bool = False  # also run native-resolution tiles of large images (data.tiling)
+    flip_views: str = (
+        "none"  # test-time flips averaged per anchor (model.flip_average; a bundle: in its graph)
+    )
     min_score: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)  # the score floor before NMS
     nms_iou: float = Field(DEFAULT_NMS_IOU, gt=0, le=1)
     max_detections: int = Field(DEFAULT_MAX_DETECTIONS, ge=1)
@@ -122,6 +125,7 @@ class ModelSpec(BaseModel):
             preset=metadata.preset,
             registration=metadata.template and metadata.registration,
             tiles=metadata.tiles,
+            flip_views=metadata.flip_views,
             min_score=metadata.thresholds.min_score,
             nms_iou=metadata.thresholds.nms_iou,
             max_detections=metadata.thresholds.max_detections,

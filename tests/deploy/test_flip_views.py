@@ -1,0 +1,59 @@
+"""Test-time flips: a bundle exported with them answers as the wrapped eager model does, says so in its
+metadata, and `val` runs a checkpoint with them but refuses to pretend a bundle has views it was not built with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from defectdet.engine.checkpoint import load_detector
+from defectdet.engine.validate import validate
+from defectdet.errors import ConfigError
+from defectdet.export.exporter import export_bundle, fold_batchnorm
+from defectdet.model.flip_average import FlipAveraged
+from defectdet.runtime.predictor import Predictor
+
+
+@pytest.fixture(scope="module")
+def flipped_bundle(trained_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("flip_bundle") / "flipped.onnx"
+    return export_bundle(trained_checkpoint, out, flip_views="lr+ud").bundle
+
+
+def test_the_bundle_runs_the_views_in_its_graph(trained_checkpoint: Path, flipped_bundle: Path) -> None:
+    predictor = Predictor(flipped_bundle)
+    assert predictor.metadata.flip_views == "lr+ud"
+    detector, _ = load_detector(trained_checkpoint)
+    fold_batchnorm(detector)
+    size, channels = predictor.metadata.input_size, predictor.metadata.input_channels
+    images = np.random.default_rng(1).random((2, channels, size, size), dtype=np.float32)
+    with torch.inference_mode():
+        plain = detector(torch.from_numpy(images)).numpy()
+        averaged = FlipAveraged(detector, "lr+ud")(torch.from_numpy(images)).numpy()
+    predictions, _ = predictor.run(images)
+    assert np.abs(predictions - averaged).max() < 1e-3
+    assert np.abs(predictions - plain).max() > 1e-3  # the flips changed the answer: the check can fail
+
+
+def test_val_runs_a_checkpoint_with_flips_and_records_them(
+    trained_checkpoint: Path, tiny_dataset: Path, tmp_path: Path
+) -> None:
+    metrics = validate(trained_checkpoint, tiny_dataset, out=tmp_path, protocol="coco", flip_views="lr")
+    assert metrics["flip_views"] == "lr"
+    assert metrics["coco"]["mAP50"] is not None
+
+
+def test_val_refuses_other_views_than_the_bundle_has(
+    flipped_bundle: Path, tiny_dataset: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match=r"exported with flip views 'lr\+ud'.*--flip-views lr"):
+        validate(flipped_bundle, tiny_dataset, out=tmp_path, flip_views="lr")
+    assert validate(flipped_bundle, tiny_dataset, out=tmp_path, flip_views="lr+ud")["flip_views"] == "lr+ud"
+
+
+def test_unknown_views_are_refused_naming_the_option(trained_checkpoint: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--flip-views"):
+        export_bundle(trained_checkpoint, tmp_path / "x.onnx", flip_views="diagonal")
