@@ -8,7 +8,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from defectdet.model import build_model
-from defectdet.model.flip_average import FLIP_VIEWS, FlipAveraged, mirrored_anchor_order, unflip_boxes
+from defectdet.model.flip_average import (
+    FLIP_VIEWS,
+    FlipAveraged,
+    mirrored_anchor_order,
+    unflip_boxes,
+    untrained_flips,
+)
 from defectdet.model.head import make_anchor_points
 
 
@@ -77,3 +83,14 @@ def test_the_real_detector_keeps_its_output_shape_and_box_range() -> None:
 def test_unknown_views_are_refused() -> None:
     with pytest.raises(ValueError, match="flip views must be one of"):
         FlipAveraged(EquivariantDetector(), "diagonal")
+
+
+def test_flips_the_training_never_made_are_named() -> None:
+    no_vertical = {"augment": {"horizontal_flip": 0.5, "vertical_flip": 0.0}}
+    assert untrained_flips("lr+ud", no_vertical) == ["vertical_flip"]
+    assert untrained_flips("lr", no_vertical) == []
+    assert untrained_flips("lr+ud", {"augment": {"horizontal_flip": 0, "vertical_flip": 0}}) == [
+        "horizontal_flip",
+        "vertical_flip",
+    ]
+    assert untrained_flips("lr+ud", {}) == []  # the defaults flip both ways

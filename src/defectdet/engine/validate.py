@@ -239,7 +239,9 @@ class _ValidationRun:
             register_pairs=settings.register_pairs,
             tiles=settings.tiles,
         )
-        model, spec = _with_flip_views(model, spec, settings.flip_views, checkpoint, bundle)
+        model, spec = _with_flip_views(
+            model, spec, settings.flip_views, checkpoint, bundle, (state or {}).get("config")
+        )
         split = settings.split
         dataset = load_dataset(data, split, format=settings.format)
         class_names = list(spec.class_names or dataset.class_names)
@@ -320,10 +322,11 @@ def _score(
 
 
 def _with_flip_views(
-    model: Any, spec: ModelSpec, views: str | None, checkpoint: str | Path, bundle: bool
+    model: Any, spec: ModelSpec, views: str | None, checkpoint: str | Path, bundle: bool, config: Any
 ) -> tuple[Any, ModelSpec]:
-    """The model run with `views` test-time flips (None: as it is): a checkpoint's detector wrapped, a bundle
-    as exported (its graph holds its views)."""
+    """The model run with `views` test-time flips (None: as it is): a checkpoint's detector wrapped (a warning
+    when its training `config` never flipped along an axis the views flip), a bundle as exported (its graph
+    holds its views)."""
     if views is None or views == spec.flip_views:
         return model, spec
     if bundle:
@@ -331,8 +334,14 @@ def _with_flip_views(
             f"--flip-views {views}: {checkpoint} was exported with flip views {spec.flip_views!r}; "
             f"export it again with `defectdet export --flip-views {views}` or validate the checkpoint"
         )
-    from defectdet.model.flip_average import FlipAveraged
+    from defectdet.model.flip_average import FlipAveraged, untrained_flips
 
+    skipped = untrained_flips(views, config)
+    if skipped:
+        logger.warning(
+            "--flip-views %s: %s trained with %s = 0, so it never saw those mirrors; the views may cost accuracy",
+            views, checkpoint, " and ".join(f"augment.{name}" for name in skipped),
+        )  # fmt: skip
     return FlipAveraged(model, views).eval(), spec.model_copy(update={"flip_views": views})
 
 

@@ -203,7 +203,7 @@ def export_bundle(
     without, the checkpoint's logged thresholds and no drift reference. `flip_views` (`model.flip_average`):
     test-time flips averaged inside the graph, one more forward pass per view."""
     from defectdet.engine.checkpoint import load_detector
-    from defectdet.model.flip_average import FlipAveraged, check_views
+    from defectdet.model.flip_average import FlipAveraged, check_views, untrained_flips
 
     try:
         check_views(flip_views)
@@ -221,6 +221,8 @@ def export_bundle(
     metadata = base_metadata(detector, state).model_copy(update={"flip_views": flip_views})
     if flip_views != "none":
         detector = FlipAveraged(detector, flip_views).eval()
+        for name in untrained_flips(flip_views, state.get("config")):
+            logger.warning("--flip-views %s: %s trained with augment.%s = 0", flip_views, checkpoint, name)
     bundle = Path(out) if out else checkpoint.with_suffix(".onnx")
     if bundle.suffix.lower() != ".onnx":
         raise ConfigError(f"--out {bundle}: the bundle file name must end in .onnx")

@@ -13,6 +13,8 @@ the bundle's graph, so the torch-free runtime needs nothing new. What it buys an
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,6 +32,15 @@ def check_views(views: str) -> str:
     if views not in FLIP_VIEWS:
         raise ValueError(f"flip views must be one of {', '.join(FLIP_VIEWS)}, got {views!r}")
     return views
+
+
+def untrained_flips(views: str, config: Mapping[str, Any] | None) -> list[str]:
+    """The flips of `views` the training run never showed the model (its `augment.horizontal_flip` or
+    `vertical_flip` was 0): on such data orientation means something and the mirrored view is not the same part."""
+    augment = (config or {}).get("augment") or {}
+    axes = {3: "horizontal_flip", 2: "vertical_flip"}
+    used = {dim for dims in FLIP_VIEWS[check_views(views)] for dim in dims}
+    return [axes[dim] for dim in sorted(used, reverse=True) if float(augment.get(axes[dim], 0.5)) == 0.0]
 
 
 def mirrored_anchor_order(
