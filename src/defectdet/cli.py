@@ -309,9 +309,7 @@ def val(
         "--clean-nuisance/--no-clean-nuisance",
         help="--no-clean-nuisance: the clean board is the template itself (an exactly zero difference).",
     ),
-    clean_shift: float | None = typer.Option(
-        None, help="Clean boards: a fixed shift in pixels instead of the range."
-    ),
+    clean_shift: float | None = typer.Option(None, help="Clean boards: a fixed shift in pixels."),
     clean_rotation: float | None = typer.Option(None, help="Clean boards: a fixed |rotation| in degrees."),
     register: bool | None = typer.Option(
         None,
@@ -327,10 +325,7 @@ def val(
     batch: int = typer.Option(8, help="Batch size."),
     format: str | None = typer.Option(None, "--format", help="Dataset format (default: detected)."),
     flip_views: str | None = typer.Option(
-        None,
-        "--flip-views",
-        help="Test-time flips averaged per anchor: none | lr | lr+ud (a checkpoint; a bundle runs the views it "
-        "was exported with).",
+        None, help="Test-time flips: none | lr | lr+ud (a bundle: its own)."
     ),
 ) -> None:
     """Evaluate a checkpoint: COCO mAP, the DeepPCB protocol, operating point, plots and report.html.
