@@ -57,3 +57,10 @@ def test_val_refuses_other_views_than_the_bundle_has(
 def test_unknown_views_are_refused_naming_the_option(trained_checkpoint: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--flip-views"):
         export_bundle(trained_checkpoint, tmp_path / "x.onnx", flip_views="diagonal")
+
+
+def test_the_service_says_which_views_a_served_model_runs(flipped_bundle: Path, bundle_path: Path) -> None:
+    from defectdet.runtime.deployment import ServedModel
+
+    assert ServedModel.of(Predictor(flipped_bundle)).describe()["flip_views"] == "lr+ud"
+    assert ServedModel.of(Predictor(bundle_path)).describe()["flip_views"] == "none"

@@ -111,6 +111,7 @@ class ServedModel:
             "threshold": meta.thresholds.score,
             "precision": meta.precision,
             "input_size": meta.input_size,
+            "flip_views": meta.flip_views,  # test-time flips in the graph: they multiply the model's time
         }
 
 
