@@ -35,7 +35,7 @@ from defectdet.evaluation.threshold import (
     threshold_for_f1,
 )
 from defectdet.evaluation.types import ImageRecord
-from defectdet.model.flip_average import FLIP_VIEWS
+from defectdet.model.flip_average import check_views, with_flip_views
 from defectdet.runtime.bundle import BundleMetadata
 from defectdet.runtime.spec import ModelSpec
 
@@ -126,8 +126,11 @@ class ValidateSettings(BaseModel):
             raise ConfigError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
         if self.conf_threshold is not None and self.conf_from is not None:
             raise ConfigError("give either --conf or --conf-from, not both")
-        if self.flip_views is not None and self.flip_views not in FLIP_VIEWS:
-            raise ConfigError(f"--flip-views must be one of {', '.join(FLIP_VIEWS)}, got {self.flip_views!r}")
+        if self.flip_views is not None:
+            try:
+                check_views(self.flip_views)
+            except ValueError as error:
+                raise ConfigError(f"--flip-views: {error}") from None
         if self.conf_rule not in CONF_RULES:
             raise ConfigError(f"--conf-rule must be one of {', '.join(CONF_RULES)}, got {self.conf_rule!r}")
         if self.conf_from is not None and self.conf_from == self.split:
@@ -324,9 +327,8 @@ def _score(
 def _with_flip_views(
     model: Any, spec: ModelSpec, views: str | None, checkpoint: str | Path, bundle: bool, config: Any
 ) -> tuple[Any, ModelSpec]:
-    """The model run with `views` test-time flips (None: as it is): a checkpoint's detector wrapped (a warning
-    when its training `config` never flipped along an axis the views flip), a bundle as exported (its graph
-    holds its views)."""
+    """The model run with `views` test-time flips (None: as it is): a checkpoint's detector wrapped
+    (`model.flip_average.with_flip_views`), a bundle as exported (its graph holds its views)."""
     if views is None or views == spec.flip_views:
         return model, spec
     if bundle:
@@ -334,15 +336,7 @@ def _with_flip_views(
             f"--flip-views {views}: {checkpoint} was exported with flip views {spec.flip_views!r}; "
             f"export it again with `defectdet export --flip-views {views}` or validate the checkpoint"
         )
-    from defectdet.model.flip_average import FlipAveraged, untrained_flips
-
-    skipped = untrained_flips(views, config)
-    if skipped:
-        logger.warning(
-            "--flip-views %s: %s trained with %s = 0, so it never saw those mirrors; the views may cost accuracy",
-            views, checkpoint, " and ".join(f"augment.{name}" for name in skipped),
-        )  # fmt: skip
-    return FlipAveraged(model, views).eval(), spec.model_copy(update={"flip_views": views})
+    return with_flip_views(model, views, config, checkpoint), spec.model_copy(update={"flip_views": views})
 
 
 def _check_templates(dataset: DatasetSplit, use_template: bool, checkpoint: str | Path) -> None:

@@ -196,17 +196,6 @@ def _checked_options(formats: tuple[str, ...], flip_views: str) -> set[str]:
     return set(FORMATS[:-1]) if "all" in formats else set(formats) | {"onnx"}
 
 
-def _with_flip_views(detector: nn.Module, views: str, config: Any, checkpoint: Path) -> nn.Module:
-    """`detector`, wrapped in `FlipAveraged` unless `views` is none; a warning per flip the training never made."""
-    from defectdet.model.flip_average import FlipAveraged, untrained_flips
-
-    if views == "none":
-        return detector
-    for name in untrained_flips(views, config):
-        logger.warning("--flip-views %s: %s trained with augment.%s = 0", views, checkpoint, name)
-    return FlipAveraged(detector, views).eval()
-
-
 def export_bundle(
     checkpoint: str | Path,
     out: str | Path | None = None,
@@ -228,6 +217,7 @@ def export_bundle(
     without, the checkpoint's logged thresholds and no drift reference. `flip_views` (`model.flip_average`):
     test-time flips averaged inside the graph, one more forward pass per view."""
     from defectdet.engine.checkpoint import load_detector
+    from defectdet.model.flip_average import with_flip_views
 
     wanted = _checked_options(formats, flip_views)
     checkpoint = Path(checkpoint)
@@ -235,7 +225,7 @@ def export_bundle(
     trainable = encode_weights(detector)  # the unfolded float weights, for `train --from model.onnx`
     fold_batchnorm(detector)
     metadata = base_metadata(detector, state).model_copy(update={"flip_views": flip_views})
-    detector = _with_flip_views(detector, flip_views, state.get("config"), checkpoint)
+    detector = with_flip_views(detector, flip_views, state.get("config"), checkpoint)
     bundle = Path(out) if out else checkpoint.with_suffix(".onnx")
     if bundle.suffix.lower() != ".onnx":
         raise ConfigError(f"--out {bundle}: the bundle file name must end in .onnx")

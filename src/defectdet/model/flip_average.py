@@ -12,12 +12,15 @@ the bundle's graph, so the torch-free runtime needs nothing new. What it buys an
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
+
+logger = logging.getLogger(__name__)
 
 # Which image axes each view flips: (3,) left-right, (2,) up-down, (2, 3) both.
 FLIP_VIEWS: dict[str, tuple[tuple[int, ...], ...]] = {
@@ -41,6 +44,21 @@ def untrained_flips(views: str, config: Mapping[str, Any] | None) -> list[str]:
     axes = {3: "horizontal_flip", 2: "vertical_flip"}
     used = {dim for dims in FLIP_VIEWS[check_views(views)] for dim in dims}
     return [axes[dim] for dim in sorted(used, reverse=True) if float(augment.get(axes[dim], 0.5)) == 0.0]
+
+
+def with_flip_views(
+    detector: nn.Module, views: str, config: Mapping[str, Any] | None, source: Any
+) -> nn.Module:
+    """`detector` wrapped in `FlipAveraged` (itself for "none"), with a warning per flip its training `config`
+    never made (`untrained_flips`); `source` names the model in the warning. `val` and `export` both call it."""
+    if check_views(views) == "none":
+        return detector
+    for name in untrained_flips(views, config):
+        logger.warning(
+            "--flip-views %s: %s trained with augment.%s = 0, so it never saw those mirrors; the views may cost "
+            "accuracy", views, source, name,
+        )  # fmt: skip
+    return FlipAveraged(detector, views).eval()
 
 
 def mirrored_anchor_order(
