@@ -81,6 +81,39 @@ def test_synthetic_boards_join_the_training_split(tmp_path, small_train_config) 
     assert "Open_circuit, Short, Mouse_bite, Spur, Spurious_copper, Pin_hole" in unset.reason
 
 
+@pytest.mark.parametrize("template", [False, True])
+def test_design_mode_trains_each_boards_golden_template_as_defect_free(
+    tmp_path, small_train_config, template
+) -> None:
+    data_yaml = synthesize_dataset(
+        tmp_path / "pcb", boards=4, seed=3, min_size=160, max_size=200, progress=False
+    )
+    runs = {
+        mode: build_train_data(
+            small_train_config(
+                tmp_path / mode, data=data_yaml, template=template, synthetic_boards=2,
+                synthetic_boards_mode=mode,
+            )
+        )
+        for mode in ("defects", "design", "both")
+    }  # fmt: skip
+    extra = {
+        mode: [s for s in run.train.split.samples if s.image_id.startswith("synthetic/")]
+        for mode, run in runs.items()
+    }
+    assert [len(extra[mode]) for mode in ("defects", "design", "both")] == [2, 2, 4]
+    for design in extra["design"]:
+        assert len(design.boxes) == 0 and design.image_path.parent.parent.name == "templates"
+        assert design.template_path == (design.image_path if template else None)
+    # a design is the damaged board's own golden template: same layout, the defects' pixels differ
+    damaged = extra["both"][0]
+    assert len(damaged.boxes) > 0 and damaged.image_path.parent.parent.name == "images"
+    assert extra["both"][1].image_path.name == damaged.image_path.name
+    assert (
+        "defect-free board designs" in {c.name: c for c in runs["design"].choices}["synthetic_boards"].reason
+    )
+
+
 def test_a_short_budget_is_told_the_boards_cost(tmp_path, small_train_config, caplog) -> None:
     """Measured: at 10 minutes the boards cost DeepPCB accuracy, from 20 they paid; row and warning say so."""
     data_yaml = synthesize_dataset(

@@ -54,6 +54,9 @@ class TrainConfig(BaseModel):
     # synthetic PCB boards (`defectdet synth`) drawn into the training split, classes matched by name: they show
     # drilled pads and vias of many designs as design (engine.synthetic_boards); 0 = none
     synthetic_boards: int = Field(0, ge=0, le=10000)
+    # what of each synthetic board trains: 'defects' the damaged board; 'design' its defect-free design only (an
+    # image without boxes); 'both' the two (2 N images)
+    synthetic_boards_mode: Literal["defects", "design", "both"] = "defects"
     batch: int | None = Field(None, ge=1)  # None: ~16 x 320^2 pixels per step (engine.autoconfig)
     workers: int | None = Field(None, ge=0)
     # decoded + registered + letterboxed training pairs kept in RAM (MB per loading process); None: a quarter

@@ -25,13 +25,15 @@ from pathlib import Path
 
 import numpy as np
 
-from defectdet.data.sample import DatasetSplit
+from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.engine.autoconfig import Choice
 from defectdet.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 # pretraining draws seeds 1001-1003, preset_modes 4242-4245, the demo and the surface family 0
 SYNTHETIC_SEED = 5151
+# what of each drawn board trains: the damaged board, its defect-free design (golden template), or both
+MODES = ("defects", "design", "both")
 BOARD_SIZES = (480, 1024)  # the board generator's scale: smaller or larger imgsz gets boards clamped to this
 # other spellings of the synthetic classes in public PCB datasets (normalised: lower case, letters and digits)
 ALIASES = {
@@ -200,11 +202,14 @@ def add_synthetic_boards(
     template: bool,
     imgsz: int,
     minutes: float | None = None,
+    mode: str = "defects",
 ) -> tuple[DatasetSplit, Choice]:
     """`split` plus `count` synthetic boards, classes moved onto the split's; and the settings row.
 
-    ConfigError when no synthetic class matches one of the split's: the boards would only teach that their
-    defects are background.
+    `mode` (`MODES`): "defects" adds the damaged boards; "design" only their defect-free designs (the boards'
+    golden templates, images without boxes: holes drawn on purpose, no synthetic defect to mistake for the
+    line's own); "both" each damaged board and its design. ConfigError when no synthetic class matches one of
+    the split's: the boards would only teach that their defects are background.
     """
     from defectdet.data.formats import load_dataset
     from defectdet.data.synth import CLASS_NAMES
@@ -231,26 +236,54 @@ def add_synthetic_boards(
         logger.warning("synthetic_boards: they are for runs without templates: %s", TEMPLATE_COST)
     if short_budget(minutes):
         logger.warning("synthetic_boards: a %g-minute budget: %s", minutes, SHORT_BUDGET_COST)
+    if mode not in MODES:
+        raise ConfigError(f"field 'synthetic_boards_mode': one of {', '.join(MODES)}, got {mode!r}")
     size = board_size(imgsz)
-    boards = load_dataset(draw_boards(count, seed=seed, color=color, template=template, size=size), "train")
+    drawn = draw_boards(count, seed=seed, color=color, template=template or mode != "defects", size=size)
+    boards = load_dataset(drawn, "train")
     samples = []
     for index, sample in enumerate(boards.samples):
-        keep = np.isin(sample.classes, list(table))
-        samples.append(
-            replace(
-                sample,
-                boxes=sample.boxes[keep],
-                classes=[table[int(cls)] for cls in sample.classes[keep].tolist()],
-                source=f"{sample.source or sample.image_path} (synthetic board)",
-                image_id=f"synthetic/{index:05d}",
-            )
-        )
+        if mode != "design":
+            samples.append(_damaged_board(sample, index, table, template))
+        if mode != "defects":
+            samples.append(_board_design(sample, index, template))
     dropped = [name for index, name in enumerate(CLASS_NAMES) if index not in table]
     matched = ", ".join(f"{CLASS_NAMES[s]}->{split.class_names[d]}" for s, d in sorted(table.items()))
+    what = {"defects": "boards", "design": "defect-free board designs", "both": "boards and their designs"}
     reason = (
-        f"{count} synthetic {'colour' if color else 'gray'} {size} px boards (seed {seed}) beside "
+        f"{count} synthetic {'colour' if color else 'gray'} {size} px {what[mode]} (seed {seed}) beside "
         f"{len(split.samples)} labelled images; classes {matched}"
-        + (f"; boxes of {', '.join(dropped)} dropped (not in the data)" if dropped else "")
+        + (
+            f"; boxes of {', '.join(dropped)} dropped (not in the data)"
+            if dropped and mode != "design"
+            else ""
+        )
     )
     logger.info("synthetic_boards: %s", reason)
     return replace(split, samples=split.samples + samples), Choice("synthetic_boards", count, reason, "user")
+
+
+def _damaged_board(sample: Sample, index: int, table: dict[int, int], template: bool) -> Sample:
+    """A drawn board as trained on: its boxes of the classes the data has, moved onto the data's ids."""
+    keep = np.isin(sample.classes, list(table))
+    return replace(
+        sample,
+        boxes=sample.boxes[keep],
+        classes=[table[int(cls)] for cls in sample.classes[keep].tolist()],
+        template_path=sample.template_path if template else None,
+        source=f"{sample.source or sample.image_path} (synthetic board)",
+        image_id=f"synthetic/{index:05d}",
+    )
+
+
+def _board_design(sample: Sample, index: int, template: bool) -> Sample:
+    """A drawn board's golden template as an image without defects (its own template when the run has them)."""
+    design = sample.template_path
+    return Sample(
+        design,
+        np.zeros((0, 4), np.float32),
+        np.zeros(0, np.int64),
+        template_path=design if template else None,
+        source=f"{design} (synthetic board design, no defects)",
+        image_id=f"synthetic/design-{index:05d}",
+    )

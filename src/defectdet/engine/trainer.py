@@ -272,6 +272,7 @@ def _with_synthetic_boards(config: TrainConfig, train_split: Any) -> tuple[Any, 
         template=bool(config.template),
         imgsz=int(config.imgsz or 640),
         minutes=config.time_minutes,
+        mode=config.synthetic_boards_mode,
     )
 
 
