@@ -454,6 +454,12 @@ def predict(
         help="Also run native-resolution tiles of images >= 1.5x the input size and keep their small "
         "detections (default: as the training run chose from the data).",
     ),
+    flip_views: str | None = typer.Option(
+        None,
+        "--flip-views",
+        help="Test-time flips (none|lr|lr+ud) written into the graph when MODEL is a checkpoint; a bundle "
+        "must have been exported with them (default: the bundle's own, none for a checkpoint).",
+    ),
 ) -> None:
     """Predict a file, folder or glob: annotated images, predictions.jsonl and YOLO label files in --out.
     Unreadable files are listed and skipped; exit code 1 when any file failed.
@@ -464,7 +470,7 @@ def predict(
     from defectdet.runtime.predict import predict_source
 
     summary = predict_source(
-        resolve_bundle(model, Path(out)),
+        resolve_bundle(model, Path(out), flip_views),
         source,
         out,
         templates=templates,

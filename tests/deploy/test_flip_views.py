@@ -64,3 +64,36 @@ def test_the_service_says_which_views_a_served_model_runs(flipped_bundle: Path, 
 
     assert ServedModel.of(Predictor(flipped_bundle)).describe()["flip_views"] == "lr+ud"
     assert ServedModel.of(Predictor(bundle_path)).describe()["flip_views"] == "none"
+
+
+def test_predict_exports_a_checkpoint_with_the_views_and_refuses_a_bundle_without_them(
+    trained_checkpoint: Path, flipped_bundle: Path, tiny_dataset: Path, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from defectdet.cli import app
+    from defectdet.runtime.bundle import read_metadata
+
+    image = next((tiny_dataset.parent / "images" / "val").iterdir())
+    golden = ["--templates", str(tiny_dataset.parent / "templates" / "val")]
+    out = tmp_path / "predicted"
+    args = ["predict", str(trained_checkpoint), str(image), *golden, "--out", str(out), "--flip-views", "lr"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert read_metadata(out / "model.onnx").flip_views == "lr"
+    assert (out / "predictions.jsonl").read_text().strip()
+    refused = CliRunner().invoke(
+        app, ["predict", str(flipped_bundle), str(image), *golden, "--flip-views", "lr"]
+    )
+    assert "exported with flip views 'lr+ud'" in str(refused.exception)
+    same = [
+        "predict",
+        str(flipped_bundle),
+        str(image),
+        *golden,
+        "--flip-views",
+        "lr+ud",
+        "--out",
+        str(tmp_path / "b"),
+    ]
+    assert CliRunner().invoke(app, same).exit_code == 0

@@ -11,10 +11,17 @@ from defectdet.errors import InputError
 logger = logging.getLogger(__name__)
 
 
-def resolve_bundle(model: str | Path, work_dir: Path) -> Path:
-    """A bundle path as is; a training checkpoint is exported into ``work_dir`` first (needs torch)."""
+def resolve_bundle(model: str | Path, work_dir: Path, flip_views: str | None = None) -> Path:
+    """A bundle path as is; a training checkpoint is exported into ``work_dir`` first (needs torch).
+
+    `flip_views` (None: as the bundle was exported, none for a checkpoint): the test-time flips of
+    `model.flip_average`, written into the exported graph; a bundle exported with other views is refused,
+    since its graph holds its own.
+    """
     model = Path(model)
     if model.suffix.lower() == ".onnx":
+        if flip_views is not None:
+            _check_bundle_views(model, flip_views)
         return model
     if not model.is_file():
         raise InputError(f"{model}: no such checkpoint or bundle")
@@ -22,4 +29,17 @@ def resolve_bundle(model: str | Path, work_dir: Path) -> Path:
 
     work_dir.mkdir(parents=True, exist_ok=True)
     logger.info("%s is a checkpoint: exporting it to %s first", model, work_dir / "model.onnx")
-    return export_bundle(model, work_dir / "model.onnx").bundle
+    return export_bundle(model, work_dir / "model.onnx", flip_views=flip_views or "none").bundle
+
+
+def _check_bundle_views(bundle: Path, flip_views: str) -> None:
+    """InputError when `bundle`'s graph was exported with views other than `flip_views`."""
+    from defectdet.runtime.bundle import read_metadata
+
+    exported = read_metadata(bundle).flip_views
+    if exported != flip_views:
+        raise InputError(
+            f"--flip-views {flip_views}: {bundle} was exported with flip views {exported!r} (they are part of "
+            f"its graph); export its checkpoint again with `defectdet export --flip-views {flip_views}`, or "
+            "predict with the checkpoint and --flip-views"
+        )
