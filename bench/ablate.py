@@ -3,6 +3,7 @@
     python bench/ablate.py --rung deeppcb_plain:nano:10 --set clean_templates=false [--threads 1]
     python bench/ablate.py --rung surface:nano:10 --set seed=1      # the rung again, another seed
     python bench/ablate.py --rung deeppcb_plain:tiny:20 --set synthetic_boards=400 --threads 2   # both cores: *_threads-2.json
+    python bench/ablate.py --rung deeppcb_plain:tiny:20 --set synthetic_boards=0 --tag stop38   # a same-commit control
 
 Runs `bench/pretrained.run_arm` (defaults + a time budget, the held-out split) with the TrainConfig fields
 given by `--set` (YAML values), and writes `bench/results/ablate_<dataset>_<preset>_<minutes>min_<k>-<v>.json`
@@ -42,6 +43,11 @@ def main() -> int:
     parser.add_argument("--rung", required=True, help="dataset:preset:minutes, e.g. deeppcb_plain:nano:10")
     parser.add_argument("--set", dest="settings", action="append", required=True, help="KEY=VALUE")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument(
+        "--tag",
+        default="",
+        help="appended to the file name: a repeat of a setting whose file exists (another commit)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     limit_threads(args.threads)
@@ -52,6 +58,8 @@ def main() -> int:
     name = base.replace("scaling_", "ablate_", 1) + f"_{suffix}"
     if args.threads and args.threads > 1:  # a whole-machine run is not the one-core rung's peer: its own file
         name += f"_threads-{args.threads}"
+    if args.tag:
+        name += f"_{args.tag}"
     seed = int(overrides.pop("seed", 0))  # run_arm's own argument (a repeat of the rung with another seed)
     body = run_arm(dataset, None, float(minutes), Path("runs/bench_ablate") / name, seed, preset, overrides)
     rows = [[k, v] for k, v in {**body["time_to"], **body["final"]}.items()]
