@@ -185,6 +185,11 @@ def test_a_resumed_run_keeps_its_synthetic_boards_and_clean_images(small_train_c
         == 5
     )
     assert _resumed_start(config, {}).synthetic_boards == 0
+    resumed = _resumed_start(config, {"synthetic_boards": 400, "synthetic_boards_mode": "design"})
+    assert (resumed.synthetic_boards, resumed.synthetic_boards_mode) == (
+        400,
+        "design",
+    )  # the same split again
     # the clean images of the run too: without them the split, and so the loader order, would change
     assert _resumed_start(config, {"clean_images": "good"}).clean_images == Path("good")
     assert _resumed_start(

@@ -299,15 +299,18 @@ def _val_set(split: Any, config: TrainConfig, template: bool) -> Dataset | None:
 
 
 def _resumed_start(config: TrainConfig, previous: dict) -> TrainConfig:
-    """Resuming: the run's synthetic_boards and clean_images unless set (the same training split, so the same
-    loader order); for a fine-tune also its start_from, old_data, new_share (the same data mix) and, unless set,
-    its lr."""
+    """Resuming: the run's synthetic_boards (count and mode) and clean_images unless set (the same training
+    split, so the same loader order); for a fine-tune also its start_from, old_data, new_share (the same data mix)
+    and, unless set, its lr."""
     if config.start_from is not None:
         raise ConfigError(
             "--from and --resume exclude each other: --resume continues a run, --from starts one"
         )
     if not config.synthetic_boards and previous.get("synthetic_boards"):
-        config = config.model_copy(update={"synthetic_boards": int(previous["synthetic_boards"])})
+        mode = previous.get("synthetic_boards_mode", "defects")
+        config = config.model_copy(
+            update={"synthetic_boards": int(previous["synthetic_boards"]), "synthetic_boards_mode": mode}
+        )
     if config.clean_images is None and previous.get("clean_images"):
         config = config.model_copy(update={"clean_images": Path(previous["clean_images"])})
     if not previous.get("start_from"):
