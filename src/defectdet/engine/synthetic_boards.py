@@ -188,7 +188,11 @@ def no_synthetic_boards_row(template: bool, split: DatasetSplit, minutes: float 
         "(bench/results/ablate_deeppcb_plain_tiny_20min_synthetic_boards-{0,400}.json; +0.029 over four seeds "
         "on one core), but on the whole 2-core machine the run without them reached 0.908 against 0.901 "
         "(..._20min_synthetic_boards-{0,400}_threads-2.json): they steady pin-hole and cost spur and short. "
-        "Give them 20 minutes or more: they cost accuracy at 10 (..._10min_synthetic_boards-{0,400}.json)",
+        "Give them 20 minutes or more: they cost accuracy at 10 (..._10min_synthetic_boards-{0,400}.json). "
+        "Drawn as designs only (`--set synthetic_boards_mode=design`) and exported with `--flip-views lr+ud` "
+        "they reached 0.930 on the whole machine, where the run without them and its flips stayed at 0.903 "
+        "(bench/results/flip_views_ablate_deeppcb_plain_tiny_20min_synthetic_boards-400_synthetic_boards_mode-"
+        "design_threads-2.json, ..._synthetic_boards-0_threads-2_stop38.json)",
         "auto",
     )
 
