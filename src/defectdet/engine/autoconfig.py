@@ -518,7 +518,7 @@ def add_clean_templates(split: DatasetSplit) -> DatasetSplit:
             continue
         seen.add(path)
         extra.append(
-            _defect_free(
+            defect_free_sample(
                 path,
                 f"{sample.source or sample.image_path} (its template, no defects)",
                 f"{sample.image_id}_template",
@@ -555,11 +555,12 @@ def add_clean_images(split: DatasetSplit, paths: list[Path]) -> DatasetSplit:
             counter += 1
             image_id = f"clean/{path.name}#{counter}"
         used.add(image_id)
-        extra.append(_defect_free(path, f"{path} (clean_images, no defects)", image_id))
+        extra.append(defect_free_sample(path, f"{path} (clean_images, no defects)", image_id))
     return _with_samples(split, extra)
 
 
-def _defect_free(path: Path, source: str, image_id: str) -> Sample:
+def defect_free_sample(path: Path, source: str, image_id: str) -> Sample:
+    """`path` as a training sample without boxes (clean templates, clean images, synthetic board designs)."""
     return Sample(path, np.zeros((0, 4), np.float32), np.zeros(0, np.int64), source=source, image_id=image_id)
 
 

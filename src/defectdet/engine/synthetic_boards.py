@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from defectdet.data.sample import DatasetSplit, Sample
-from defectdet.engine.autoconfig import Choice
+from defectdet.engine.autoconfig import Choice, defect_free_sample
 from defectdet.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -283,11 +283,7 @@ def _damaged_board(sample: Sample, index: int, table: dict[int, int], template: 
 def _board_design(sample: Sample, index: int, template: bool) -> Sample:
     """A drawn board's golden template as an image without defects (its own template when the run has them)."""
     design = sample.template_path
-    return Sample(
-        design,
-        np.zeros((0, 4), np.float32),
-        np.zeros(0, np.int64),
-        template_path=design if template else None,
-        source=f"{design} (synthetic board design, no defects)",
-        image_id=f"synthetic/design-{index:05d}",
+    clean = defect_free_sample(
+        design, f"{design} (synthetic board design, no defects)", f"synthetic/design-{index:05d}"
     )
+    return replace(clean, template_path=design if template else None)
