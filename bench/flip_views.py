@@ -29,10 +29,16 @@ from defectdet.runtime.predictor import Predictor
 
 
 def latency_ms(
-    bundle: Path, images: list[Path], templates: list[Path | None], warmup: int, threads: int
+    bundle: Path,
+    images: list[Path],
+    templates: list[Path | None],
+    warmup: int,
+    threads: int,
+    repeat_check: bool | None = None,
 ) -> dict:
-    """p50 / p95 of `Predictor.predict` in milliseconds over `images` (with their templates when it reads them)."""
-    predictor = Predictor(bundle, threads=threads)
+    """p50 / p95 of `Predictor.predict` in milliseconds over `images` (with their templates when it reads them);
+    `repeat_check` as `Predictor` takes it (None: as the bundle was exported)."""
+    predictor = Predictor(bundle, threads=threads, repeat_check=repeat_check)
     use_template = predictor.metadata.template
     calls = [
         (image, template if use_template else None) for image, template in zip(images, templates, strict=True)

@@ -327,6 +327,12 @@ def val(
     flip_views: str | None = typer.Option(
         None, help="Test-time flips: none | lr | lr+ud (a bundle: its own)."
     ),
+    repeat_check: bool | None = typer.Option(
+        None,
+        "--repeat-check/--no-repeat-check",
+        help="Models without templates: drop detections whose surroundings repeat unchanged elsewhere in the "
+        "image (a drill hole drawn on every pad is design, not a pin-hole). Default: a bundle's own, off for a checkpoint.",
+    ),
 ) -> None:
     """Evaluate a checkpoint: COCO mAP, the DeepPCB protocol, operating point, plots and report.html.
 
@@ -351,6 +357,7 @@ def val(
         batch=batch,
         format=format,
         flip_views=flip_views,
+        repeat_check=repeat_check,
     )
     metrics = validate(checkpoint, data, settings, console=console)
     console.print(f"[green]report[/green]: {metrics['report']}")
@@ -389,6 +396,12 @@ def export(
         help="Test-time flips averaged inside the bundle: none | lr (2 passes) | lr+ud (4 passes). More "
         "accuracy for more latency: bench/results/flip_views_*.json.",
     ),
+    repeat_check: bool = typer.Option(
+        False,
+        "--repeat-check",
+        help="Models without templates: the bundle drops detections whose surroundings repeat unchanged "
+        "elsewhere in the image (a drill hole drawn on every pad is design, not a pin-hole).",
+    ),
 ) -> None:
     """Export a checkpoint to ONE self-describing .onnx bundle (EMA weights, BatchNorm folded, thresholds
     measured on the validation split, drift reference) that `predict`, `serve` and `Predictor` run without torch.
@@ -399,13 +412,14 @@ def export(
 
     result = export_bundle(
         checkpoint, out, data=data, split=split, formats=tuple(format), int8=int8, force=force,
-        calibration_images=calibration_images, flip_views=flip_views, console=console,
+        calibration_images=calibration_images, flip_views=flip_views, repeat_check=repeat_check,
+        console=console,
     )  # fmt: skip
     meta = result.metadata
     console.print(f"[green]bundle[/green]: {result.bundle} ({result.bundle.stat().st_size / 1024:.0f} KiB)")
     console.print(
         f"input {meta.input_size}x{meta.input_size}, {meta.channels} channel(s), template={meta.template}, "
-        f"flip views {meta.flip_views}; eager vs onnxruntime max |diff| {result.parity_max_abs_diff:.1e}"
+        f"flip views {meta.flip_views}, repeat check {'on' if meta.repeat_check else 'off'}; eager vs onnxruntime max |diff| {result.parity_max_abs_diff:.1e}"
     )
     recall = meta.thresholds.recall_threshold
     console.print(
@@ -460,6 +474,12 @@ def predict(
         help="Test-time flips (none|lr|lr+ud) written into the graph when MODEL is a checkpoint; a bundle "
         "must have been exported with them (default: the bundle's own, none for a checkpoint).",
     ),
+    repeat_check: bool | None = typer.Option(
+        None,
+        "--repeat-check/--no-repeat-check",
+        help="Models without templates: drop detections whose surroundings repeat unchanged elsewhere in the "
+        "image (a drill hole drawn on every pad is design, not a pin-hole). Default: the bundle's own, off for a checkpoint.",
+    ),
 ) -> None:
     """Predict a file, folder or glob: annotated images, predictions.jsonl and YOLO label files in --out.
     Unreadable files are listed and skipped; exit code 1 when any file failed.
@@ -478,6 +498,7 @@ def predict(
         save_images=save_images,
         threads=threads,
         tiles=tiles,
+        repeat_check=repeat_check,
     )
     console.print(
         f"{summary.images} images, {summary.defective} defective, {summary.detections} detections, "

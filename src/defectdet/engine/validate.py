@@ -53,9 +53,11 @@ def model_spec(
     imgsz: int | None = None,
     register_pairs: bool | None = None,
     tiles: bool | None = None,
+    repeat_check: bool | None = None,
 ) -> ModelSpec:
     """The model's settings as `val` runs it: the bundle's (`metadata`) or the checkpoint's (`state`), then the
-    caller's explicit `imgsz`, `register_pairs` and `tiles` (None: as the model was trained or exported)."""
+    caller's explicit `imgsz`, `register_pairs`, `tiles` and `repeat_check` (None: as the model was trained or
+    exported)."""
     if metadata is not None:
         spec = ModelSpec.from_bundle(metadata)
     else:
@@ -67,7 +69,7 @@ def model_spec(
         update["registration"] = spec.template and bool(register_pairs)
     if tiles is not None:
         update["tiles"] = bool(tiles)
-    return spec.model_copy(update=update)
+    return spec.model_copy(update=update).with_repeat_check(repeat_check, source)
 
 
 def write_registrations(records: Sequence[ImageRecord], path: Path) -> None:
@@ -97,6 +99,8 @@ class ValidateSettings(BaseModel):
       None: as the bundle or the training run chose).
     - `flip_views`: test-time flips averaged per anchor (`model.flip_average`; None: a bundle's own, none for
       a checkpoint). A bundle runs the views written into its graph; asking it for others is an error.
+    - `repeat_check`: drop detections whose surroundings repeat unchanged elsewhere in the image
+      (`runtime.repeat_check`; models without templates; None: a bundle's own, off for a checkpoint).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -114,6 +118,7 @@ class ValidateSettings(BaseModel):
     register_pairs: bool | None = None
     tiles: bool | None = None
     flip_views: str | None = None
+    repeat_check: bool | None = None
     seed: int = 0
     batch: int = DEFAULT_EVAL_BATCH
     format: str | None = None  # dataset format (None: detected)
@@ -241,6 +246,7 @@ class _ValidationRun:
             imgsz=settings.imgsz,
             register_pairs=settings.register_pairs,
             tiles=settings.tiles,
+            repeat_check=settings.repeat_check,
         )
         model, spec = _with_flip_views(
             model, spec, settings.flip_views, checkpoint, bundle, (state or {}).get("config")
@@ -304,6 +310,7 @@ def _score(
             "pair registration": spec.registration and spec.template,
             "tiles": spec.tiles,
             "flip views": spec.flip_views,
+            "repeat check": spec.repeat_check,
             "clean boards": _clean_note(settings.clean_templates, recapture, settings.seed),
             "skipped_images": len(skipped),
         },
@@ -319,6 +326,7 @@ def _score(
     metrics["registration"] = registration_summary(records)
     metrics["tiles"] = spec.tiles  # native-resolution tiles of large images joined the whole-image pass
     metrics["flip_views"] = spec.flip_views
+    metrics["repeat_check"] = spec.repeat_check
     if metrics["registration"] is not None:
         write_registrations(records, run.out_dir / "registration.csv")
     return metrics

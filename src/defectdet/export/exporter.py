@@ -208,6 +208,7 @@ def export_bundle(
     calibration_images: int = 64,
     target_recall: float = 0.99,
     flip_views: str = "none",
+    repeat_check: bool = False,
     console: Any = None,
 ) -> ExportResult:
     """Export ``checkpoint`` (EMA weights, BatchNorm folded) to a bundle at ``out`` (default: beside the
@@ -215,7 +216,8 @@ def export_bundle(
     ``split``, default its validation split) the bundle carries thresholds and metrics measured on it, and
     a drift reference from the same dataset's training split (the split itself when that is missing);
     without, the checkpoint's logged thresholds and no drift reference. `flip_views` (`model.flip_average`):
-    test-time flips averaged inside the graph, one more forward pass per view."""
+    test-time flips averaged inside the graph, one more forward pass per view. `repeat_check`
+    (`runtime.repeat_check`, models without a template): the bundle drops detections on repeated design."""
     from defectdet.engine.checkpoint import load_detector
     from defectdet.model.flip_average import with_flip_views
 
@@ -224,7 +226,9 @@ def export_bundle(
     detector, state = load_detector(checkpoint)
     trainable = encode_weights(detector)  # the unfolded float weights, for `train --from model.onnx`
     fold_batchnorm(detector)
-    metadata = base_metadata(detector, state).model_copy(update={"flip_views": flip_views})
+    metadata = base_metadata(detector, state)
+    check = ModelSpec.from_bundle(metadata).with_repeat_check(repeat_check, checkpoint).repeat_check
+    metadata = metadata.model_copy(update={"flip_views": flip_views, "repeat_check": check})
     detector = with_flip_views(detector, flip_views, state.get("config"), checkpoint)
     bundle = Path(out) if out else checkpoint.with_suffix(".onnx")
     if bundle.suffix.lower() != ".onnx":

@@ -75,6 +75,7 @@ class BundleMetadata(BaseModel):
     registration: bool = False
     tiles: bool = False  # also run native-resolution tiles of images >= 1.5x input_size (data.tiling)
     flip_views: str = "none"  # test-time flips averaged inside the graph (model.flip_average.FLIP_VIEWS)
+    repeat_check: bool = False  # drop detections on repeated design (runtime.repeat_check; no template only)
     precision: str = "fp32"
 
     @property

@@ -112,6 +112,7 @@ class ServedModel:
             "precision": meta.precision,
             "input_size": meta.input_size,
             "flip_views": meta.flip_views,  # test-time flips in the graph: they multiply the model's time
+            "repeat_check": meta.repeat_check,  # detections on repeated design dropped (runtime.repeat_check)
         }
 
 

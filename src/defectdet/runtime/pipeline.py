@@ -12,6 +12,8 @@ image pair gives the same input array and the same raw outputs give the same box
   (`data.planes`): `Prepared.inputs` is ``(1 + T, C, S, S)`` float32, the whole image first.
 - `finish`: score floor + class-aware NMS per pass (`defectdet.postprocess`), the whole image's boxes mapped back
   to original pixels and small tile detections merged in (`data.tiling.combine_passes`).
+  Template-free models with `repeat_check` then drop detections whose surroundings repeat unchanged elsewhere
+  in the image (`runtime.repeat_check`).
 - `verdict`: "defective" when any detection reaches the threshold.
 
 Lives in the runtime (torch-free, layer 3) rather than in `data` because it runs a model as `ModelSpec`
@@ -45,6 +47,7 @@ from defectdet.data.registration import register_pair
 from defectdet.data.tiling import TilePlan, combine_passes, plan_tiles, tile_canvases
 from defectdet.errors import InputError
 from defectdet.postprocess import PostprocessSettings, postprocess
+from defectdet.runtime.repeat_check import repeated_mask
 from defectdet.runtime.spec import ModelSpec
 
 ImageInput = str | os.PathLike | bytes | bytearray | memoryview | np.ndarray
@@ -68,6 +71,7 @@ class Prepared:
     registration: dict[str, Any] | None = None
     tile_plan: TilePlan | None = None  # with tiles on and a large image: where its tiles are
     tile_tensors: np.ndarray | None = None  # (T, C, S, S) float32, one per tile of `tile_plan`
+    repeat_check_image: np.ndarray | None = None  # the tested image, kept when the spec runs the repeat check
 
     @property
     def inputs(self) -> np.ndarray:
@@ -221,6 +225,7 @@ def prepare(
             registration,
             plan or None,
             tile_tensors,
+            image if spec.repeat_check and not spec.template else None,
         )
 
 
@@ -238,7 +243,8 @@ def _content(canvas: np.ndarray, transform: LetterboxTransform) -> np.ndarray:
 def finish(predictions: np.ndarray, prepared: Prepared, settings: PostprocessSettings) -> Found:
     """Raw outputs of `prepared.inputs` ``(1 + T, A, 4 + K)`` (boxes in input pixels) -> detections in original
     pixels: score floor and class-aware NMS per pass, then the whole image mapped back through the letterbox and
-    small tile detections merged in."""
+    small tile detections merged in; with the repeat check (`runtime.repeat_check`), detections on repeated
+    design dropped."""
     if len(predictions) != prepared.passes:
         raise ValueError(f"{len(predictions)} prediction rows for an image of {prepared.passes} passes")
     found = postprocess(
@@ -247,6 +253,9 @@ def finish(predictions: np.ndarray, prepared: Prepared, settings: PostprocessSet
     boxes, scores, classes = combine_passes(
         found, prepared.transform, prepared.tile_plan, settings.iou_threshold, settings.max_detections
     )
+    if prepared.repeat_check_image is not None:
+        keep = ~repeated_mask(prepared.repeat_check_image, boxes, scores)
+        boxes, scores, classes = boxes[keep], scores[keep], classes[keep]
     return Found(boxes, scores, classes)
 
 

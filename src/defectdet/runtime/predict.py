@@ -237,14 +237,16 @@ def predict_source(
     threads: int | None = None,
     progress: bool = True,
     tiles: bool | None = None,
+    repeat_check: bool | None = None,
 ) -> PredictSummary:
     """Predict every image of ``source`` with ``model`` (a bundle; `defectdet predict` exports a checkpoint first
     through `defectdet.export.resolve.resolve_bundle`);
-    ``tiles`` overrides the bundle's choice of native-resolution tiles for large images."""
+    ``tiles`` overrides the bundle's choice of native-resolution tiles for large images, ``repeat_check`` its
+    repeat check (`runtime.repeat_check`)."""
     from rich.progress import Progress
 
     out_dir = Path(out)
-    predictor = Predictor(_bundle_path(model), threads=threads, tiles=tiles)
+    predictor = Predictor(_bundle_path(model), threads=threads, tiles=tiles, repeat_check=repeat_check)
     images = list_sources(source)
     template_dir = Path(templates) if templates else None
     if template_dir is not None and not template_dir.is_dir():

@@ -157,9 +157,11 @@ class Predictor:
         threads: int | None = None,
         max_pixels: int = DEFAULT_MAX_PIXELS,
         tiles: bool | None = None,
+        repeat_check: bool | None = None,
     ):
         """`tiles`: also run native-resolution tiles of images >= 1.5x the input size (`data.tiling`);
-        None: as the bundle says (its training run chose from the data)."""
+        None: as the bundle says (its training run chose from the data). `repeat_check`: drop detections on
+        repeated design (`runtime.repeat_check`, models without templates); None: as the bundle was exported."""
         import onnxruntime
 
         self.path = Path(bundle)
@@ -176,7 +178,11 @@ class Predictor:
         self.threads = self.session.get_session_options().intra_op_num_threads
         self.max_pixels = max_pixels
         self.tiles = self.metadata.tiles if tiles is None else bool(tiles)
-        self.spec = ModelSpec.from_bundle(self.metadata).model_copy(update={"tiles": self.tiles})
+        self.spec = (
+            ModelSpec.from_bundle(self.metadata)
+            .model_copy(update={"tiles": self.tiles})
+            .with_repeat_check(repeat_check, self.path)
+        )
         outputs = [output.name for output in self.session.get_outputs()]
         if PREDICTIONS_OUTPUT not in outputs:
             raise CheckpointError(f"{self.path}: no {PREDICTIONS_OUTPUT!r} output; outputs are {outputs}")

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from defectdet.data.planes import INPUT_SCALE
-from defectdet.errors import CheckpointError
+from defectdet.errors import CheckpointError, ConfigError
 from defectdet.postprocess import (
     DEFAULT_MAX_DETECTIONS,
     DEFAULT_NMS_IOU,
@@ -47,6 +47,9 @@ class ModelSpec(BaseModel):
     flip_views: str = (
         "none"  # test-time flips averaged per anchor (model.flip_average; a bundle: in its graph)
     )
+    # drop detections whose surroundings repeat unchanged elsewhere in the image (runtime.repeat_check;
+    # template-free models only)
+    repeat_check: bool = False
     min_score: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)  # the score floor before NMS
     nms_iou: float = Field(DEFAULT_NMS_IOU, gt=0, le=1)
     max_detections: int = Field(DEFAULT_MAX_DETECTIONS, ge=1)
@@ -71,6 +74,17 @@ class ModelSpec(BaseModel):
                 "max_detections": settings.max_detections,
             }
         )
+
+    def with_repeat_check(self, repeat_check: bool | None, source: str | Path = "model") -> ModelSpec:
+        """This spec with the repeat check on or off (None: unchanged). ConfigError for a model that reads
+        templates: its template already tells design from defect."""
+        if repeat_check is None:
+            return self
+        if repeat_check and self.template:
+            raise ConfigError(
+                f"--repeat-check: {source} reads templates; the check is for models without them"
+            )
+        return self.model_copy(update={"repeat_check": bool(repeat_check)})
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Mapping[str, Any], source: str | Path = "checkpoint") -> ModelSpec:
@@ -126,6 +140,7 @@ class ModelSpec(BaseModel):
             registration=metadata.template and metadata.registration,
             tiles=metadata.tiles,
             flip_views=metadata.flip_views,
+            repeat_check=metadata.repeat_check,
             min_score=metadata.thresholds.min_score,
             nms_iou=metadata.thresholds.nms_iou,
             max_detections=metadata.thresholds.max_detections,
