@@ -2,6 +2,7 @@
 
     python bench/repeat_check.py RUN/last.pt --data DATA [--split val] [--format F] [--flip-views none,lr+ud]
         [--threads 2]
+    python bench/repeat_check.py --labels-only --data DATA [--split train] [--tag T]
 
 For every view set of `--flip-views` the checkpoint is exported to a bundle (`defectdet export --flip-views`),
 and the bundle is scored with `defectdet val` on `--split` twice, `--no-repeat-check` and `--repeat-check`
@@ -11,7 +12,9 @@ need no model: the share of the split's labelled defects the check would call re
 box checked as if it were a detection; it should be near 0), and, on pairs that carry a golden template
 (DeepPCB), how many of the detections the check dropped cover a change from the template (a true defect
 dropped) against how many sat on unchanged design (`bench/template_oracle.py`'s change mask). Give the run's
-`last.pt`. Writes `bench/results/repeat_check_<checkpoint's run folder>[_<tag>].json`.
+`last.pt`. Writes `bench/results/repeat_check_<checkpoint's run folder>[_<tag>].json`; `--labels-only` (no
+checkpoint) only the labelled-defect figure, for any dataset (other industries, gray or colour), to
+`bench/results/repeat_check_labels_<data folder>_<split>[_<tag>].json`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from common import limit_threads, print_table, write_result
@@ -75,6 +79,29 @@ def dropped_against_template(bundle: Path, samples: list[Sample], threads: int) 
     return {"dropped_on_change": on_change, "dropped_on_unchanged_design": on_design, "checked_kept": kept}
 
 
+def labels_only(dataset: Any, args: argparse.Namespace) -> int:
+    """The labelled-defect figure alone: no model, any dataset."""
+    labelled = labelled_boxes_called_repeated(dataset.samples, dataset.class_names)
+    print_table(
+        f"labelled defects the repeat check calls repeated design: {args.data} [{args.split}]",
+        ["class", "share"],
+        [["all", labelled["share_called_repeated"]], *labelled["by_class"].items()],
+    )
+    name = f"repeat_check_labels_{args.data.name}_{args.split}" + (f"_{args.tag}" if args.tag else "")
+    path = write_result(
+        name,
+        {
+            "command": " ".join(["python bench/repeat_check.py", *sys.argv[1:]]),
+            "data": str(args.data),
+            "split": args.split,
+            "images": len(dataset.samples),
+            "labelled_defects": labelled,
+        },
+    )
+    print(f"wrote {path}")
+    return 0
+
+
 def score(bundle: Path, args: argparse.Namespace, folder: Path, repeat_check: bool) -> dict:
     metrics = validate(
         bundle, args.data, split=args.split, format=args.format, protocol="coco", out=folder,
@@ -91,7 +118,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("checkpoint", type=Path, help="a template-free run's last.pt")
+    parser.add_argument("checkpoint", type=Path, nargs="?", help="a template-free run's last.pt")
+    parser.add_argument("--labels-only", action="store_true", help="only the labelled-defect figure")
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--split", default="val")
     parser.add_argument("--format", default=None, help="dataset format (default: detected)")
@@ -102,9 +130,11 @@ def main() -> int:
     parser.add_argument("--tag", default="", help="appended to the result file's name")
     args = parser.parse_args()
     limit_threads(args.threads)
-    if not args.checkpoint.is_file():
-        parser.error(f"no checkpoint at {args.checkpoint}")
     dataset = load_dataset(args.data, args.split, format=args.format)
+    if args.labels_only:
+        return labels_only(dataset, args)
+    if args.checkpoint is None or not args.checkpoint.is_file():
+        parser.error(f"no checkpoint at {args.checkpoint}")
     timed = dataset.samples[: args.timed]
     images = [sample.image_path for sample in timed]
     arms, rows = {}, []
