@@ -87,7 +87,8 @@ def labels_only(dataset: Any, args: argparse.Namespace) -> int:
         ["class", "share"],
         [["all", labelled["share_called_repeated"]], *labelled["by_class"].items()],
     )
-    name = f"repeat_check_labels_{args.data.name}_{args.split}" + (f"_{args.tag}" if args.tag else "")
+    folder = args.data.parent.name if args.data.is_file() else args.data.name  # data.yaml: its folder
+    name = f"repeat_check_labels_{folder}_{args.split}" + (f"_{args.tag}" if args.tag else "")
     path = write_result(
         name,
         {

@@ -123,3 +123,35 @@ def test_the_setting_travels_from_export_to_predictor_val_and_the_service(
     assert off["repeat_check"] is False
     on = validate(checkpoint, data, out=tmp_path / "v3", protocol="coco", repeat_check=True)
     assert on["repeat_check"] is True
+
+
+def test_the_bench_scores_both_ways_and_counts_labelled_defects(
+    plain_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import repeat_check as bench  # bench/repeat_check.py
+
+    written: dict[str, dict] = {}
+
+    def write_result(name: str, payload: dict, *args: object, **kwargs: object) -> Path:
+        written[name] = json.loads(json.dumps(payload, default=str))
+        return tmp_path / f"{name}.json"
+
+    monkeypatch.setattr(bench, "write_result", write_result)
+    checkpoint, data = plain_run
+    argv = [str(checkpoint), "--data", str(data), "--timed", "2", "--warmup", "0", "--threads", "1"]
+    monkeypatch.setattr(sys, "argv", ["repeat_check.py", *argv])
+    assert bench.main() == 0
+    (result,) = written.values()
+    arm = result["arms"]["none"]
+    assert arm["plain"]["mAP50"] is not None and arm["repeat_check"]["latency_ms"]["calls"] == 2
+    assert arm["dropped"] is None  # the synthetic set carries no templates here
+    assert result["labelled_defects"]["boxes"] > 0
+    written.clear()
+    monkeypatch.setattr(sys, "argv", ["repeat_check.py", "--labels-only", "--data", str(data), "--tag", "t"])
+    assert bench.main() == 0
+    (name,) = written
+    assert name.startswith("repeat_check_labels_") and name.endswith("_val_t")
