@@ -30,6 +30,11 @@ MIN_CHANGED_PIXELS = 6  # changed pixels (after a 3x3 opening) inside the box, g
 SEARCH_RADIUS = (
     640  # copies are sought within this many pixels of the patch (bounds the cost on large images)
 )
+COARSE_PATCH_SIDE = (
+    12  # a larger patch is first sought on the image shrunk to bring it to about this side ...
+)
+MAX_SHRINK = 4  # ... by at most this factor
+CANDIDATES = 3  # the best coarse copies refined at full resolution
 CHECK_FLOOR = 0.02  # detections scoring lower are kept unchecked (they barely move AP and would cost time)
 
 
@@ -69,27 +74,103 @@ def _standardised(patch: np.ndarray) -> np.ndarray:
     return (patch - patch.mean()) / (patch.std() + 1e-6)
 
 
-def repeat_evidence(gray: np.ndarray, box: np.ndarray) -> RepeatEvidence:
+def _coarse(gray: np.ndarray, factor: int, cache: dict[int, np.ndarray]) -> np.ndarray:
+    """`gray` shrunk `factor` times (area averaging), made once per image and factor."""
+    if factor not in cache:
+        height, width = gray.shape
+        size = (max(1, width // factor), max(1, height // factor))
+        cache[factor] = cv2.resize(gray, size, interpolation=cv2.INTER_AREA)
+    return cache[factor]
+
+
+def _exclude_overlap(
+    scores: np.ndarray, top: int, left: int, origin: tuple[int, int], size: tuple[int, int]
+) -> None:
+    """Set to -1 the copies (top-left offsets into `scores`, whose [0, 0] is image pixel (`top`, `left`)) that
+    overlap the patch at `origin` (y, x) of `size` (h, w): the patch itself, shifted, is not a repeat."""
+    (oy, ox), (patch_h, patch_w) = origin, size
+    rows = slice(max(0, oy - patch_h + 1 - top), max(0, oy + patch_h - top))
+    cols = slice(max(0, ox - patch_w + 1 - left), max(0, ox + patch_w - left))
+    scores[rows, cols] = -1.0
+
+
+def _candidate_windows(
+    gray: np.ndarray, origin: tuple[int, int], size: tuple[int, int], cache: dict[int, np.ndarray]
+) -> list[tuple[int, int, int, int]]:
+    """Where to look for the best copy at full resolution (y0, x0, y1, x1): the whole search window for a small
+    patch; for a larger one, the neighbourhoods of the best `CANDIDATES` copies found on a shrunk image (one
+    correlation at full resolution over the window costs 5-50 ms, shrunk to a ~12 px patch under 1 ms)."""
+    height, width = gray.shape
+    (py0, px0), (patch_h, patch_w) = origin, size
+    sy0, sx0 = max(0, py0 - SEARCH_RADIUS), max(0, px0 - SEARCH_RADIUS)
+    sy1, sx1 = min(height, py0 + patch_h + SEARCH_RADIUS), min(width, px0 + patch_w + SEARCH_RADIUS)
+    factor = int(np.clip(min(patch_h, patch_w) // COARSE_PATCH_SIDE, 1, MAX_SHRINK))
+    if factor == 1:
+        return [(sy0, sx0, sy1, sx1)]
+    small = _coarse(gray, factor, cache)
+    cy0, cx0, cy1, cx1 = sy0 // factor, sx0 // factor, sy1 // factor, sx1 // factor
+    small_patch = small[py0 // factor : (py0 + patch_h) // factor, px0 // factor : (px0 + patch_w) // factor]
+    window = small[cy0:cy1, cx0:cx1]
+    small_h, small_w = small_patch.shape
+    if small_h < 2 or small_w < 2 or window.shape[0] < small_h or window.shape[1] < small_w:
+        return [(sy0, sx0, sy1, sx1)]
+    scores = np.nan_to_num(cv2.matchTemplate(window, small_patch, cv2.TM_CCOEFF_NORMED), nan=-1.0)
+    grown = (small_h + 1, small_w + 1)  # one coarse pixel more: rounding must not let the patch find itself
+    _exclude_overlap(scores, cy0, cx0, (py0 // factor, px0 // factor), grown)
+    windows = []
+    for _ in range(CANDIDATES):
+        row, col = np.unravel_index(int(np.argmax(scores)), scores.shape)
+        if scores[row, col] <= -1.0:
+            break
+        scores[max(0, row - 1) : row + 2, max(0, col - 1) : col + 2] = -1.0
+        y, x = (cy0 + int(row)) * factor, (cx0 + int(col)) * factor
+        windows.append(
+            (
+                max(0, y - factor),
+                max(0, x - factor),
+                min(height, y + factor + patch_h),
+                min(width, x + factor + patch_w),
+            )
+        )
+    return windows
+
+
+def _best_copy(
+    gray: np.ndarray, origin: tuple[int, int], size: tuple[int, int], cache: dict[int, np.ndarray]
+) -> tuple[float, int, int]:
+    """(correlation, y, x) of the best copy of the patch at `origin` of `size` that does not overlap it."""
+    (py0, px0), (patch_h, patch_w) = origin, size
+    patch = gray[py0 : py0 + patch_h, px0 : px0 + patch_w]
+    best = (-1.0, 0, 0)
+    for wy0, wx0, wy1, wx1 in _candidate_windows(gray, origin, size, cache):
+        if wy1 - wy0 < patch_h or wx1 - wx0 < patch_w:
+            continue
+        scores = np.nan_to_num(
+            cv2.matchTemplate(gray[wy0:wy1, wx0:wx1], patch, cv2.TM_CCOEFF_NORMED), nan=-1.0
+        )
+        _exclude_overlap(scores, wy0, wx0, origin, size)
+        row, col = np.unravel_index(int(np.argmax(scores)), scores.shape)
+        if scores[row, col] > best[0]:
+            best = (float(scores[row, col]), wy0 + int(row), wx0 + int(col))
+    return best
+
+
+def repeat_evidence(
+    gray: np.ndarray, box: np.ndarray, cache: dict[int, np.ndarray] | None = None
+) -> RepeatEvidence:
     """Correlation of the box's surroundings with their best copy elsewhere in `gray` (HxW float32) and the
-    changed pixels between the two inside the box. A flat patch or one with no room for a copy: match 0."""
+    changed pixels between the two inside the box. A flat patch or one with no room for a copy: match 0.
+    `cache`: shrunk copies of `gray`, shared by the boxes of one image."""
     height, width = gray.shape
     px0, py0, px1, py1 = _bounds(box, width, height)
     patch = gray[py0:py1, px0:px1]
     patch_h, patch_w = patch.shape
     if patch_h < 3 or patch_w < 3 or float(patch.std()) < 1e-3:
         return RepeatEvidence(0.0, -1)
-    sx0, sy0 = max(0, px0 - SEARCH_RADIUS), max(0, py0 - SEARCH_RADIUS)
-    sx1, sy1 = min(width, px1 + SEARCH_RADIUS), min(height, py1 + SEARCH_RADIUS)
-    window = gray[sy0:sy1, sx0:sx1]
-    scores = np.nan_to_num(cv2.matchTemplate(window, patch, cv2.TM_CCOEFF_NORMED), nan=-1.0)
-    # copies that overlap the patch itself are the patch, shifted: not a repeat
-    ox, oy = px0 - sx0, py0 - sy0
-    scores[max(0, oy - patch_h + 1) : oy + patch_h, max(0, ox - patch_w + 1) : ox + patch_w] = -1.0
-    row, col = np.unravel_index(int(np.argmax(scores)), scores.shape)
-    match = float(scores[row, col])
+    match, row, col = _best_copy(gray, (py0, px0), (patch_h, patch_w), {} if cache is None else cache)
     if match < MIN_MATCH:
         return RepeatEvidence(match, -1)
-    copy = window[row : row + patch_h, col : col + patch_w]
+    copy = gray[row : row + patch_h, col : col + patch_w]
     changed = (np.abs(_standardised(patch) - _standardised(copy)) > DIFF_SIGMA).astype(np.uint8)
     changed = cv2.morphologyEx(changed, cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
     x0, y0, x1, y1 = (float(value) for value in box[:4])
@@ -105,7 +186,7 @@ def repeated_mask(image: np.ndarray, boxes: np.ndarray, scores: np.ndarray) -> n
     checked = np.flatnonzero(np.asarray(scores) >= CHECK_FLOOR)
     if len(checked) == 0:
         return repeated
-    gray = as_gray(image)
+    gray, cache = as_gray(image), {}
     for index in checked:
-        repeated[index] = repeat_evidence(gray, boxes[index]).repeated
+        repeated[index] = repeat_evidence(gray, boxes[index], cache).repeated
     return repeated
