@@ -47,6 +47,20 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
     _setup_logging(verbose)
 
 
+_REPEAT_CHECK_HELP = (
+    "Models without templates: drop detections whose surroundings repeat unchanged elsewhere in the image (a drill "
+    "hole drawn on every pad is design, not a pin-hole; runtime.repeat_check)."
+)
+REPEAT_CHECK_OVERRIDE = typer.Option(
+    None,
+    "--repeat-check/--no-repeat-check",
+    help=_REPEAT_CHECK_HELP + " Default: a bundle's own, off for a checkpoint.",
+)
+REPEAT_CHECK_EXPORT = typer.Option(
+    False, "--repeat-check", help=_REPEAT_CHECK_HELP + " Written into the bundle."
+)
+
+
 @app.command()
 def synth(
     out: Path = typer.Argument(..., help="Folder to write the YOLO-format dataset into."),
@@ -327,12 +341,7 @@ def val(
     flip_views: str | None = typer.Option(
         None, help="Test-time flips: none | lr | lr+ud (a bundle: its own)."
     ),
-    repeat_check: bool | None = typer.Option(
-        None,
-        "--repeat-check/--no-repeat-check",
-        help="Models without templates: drop detections whose surroundings repeat unchanged elsewhere in the "
-        "image (a drill hole drawn on every pad is design, not a pin-hole). Default: a bundle's own, off for a checkpoint.",
-    ),
+    repeat_check: bool | None = REPEAT_CHECK_OVERRIDE,
 ) -> None:
     """Evaluate a checkpoint: COCO mAP, the DeepPCB protocol, operating point, plots and report.html.
 
@@ -396,12 +405,7 @@ def export(
         help="Test-time flips averaged inside the bundle: none | lr (2 passes) | lr+ud (4 passes). More "
         "accuracy for more latency: bench/results/flip_views_*.json.",
     ),
-    repeat_check: bool = typer.Option(
-        False,
-        "--repeat-check",
-        help="Models without templates: the bundle drops detections whose surroundings repeat unchanged "
-        "elsewhere in the image (a drill hole drawn on every pad is design, not a pin-hole).",
-    ),
+    repeat_check: bool = REPEAT_CHECK_EXPORT,
 ) -> None:
     """Export a checkpoint to ONE self-describing .onnx bundle (EMA weights, BatchNorm folded, thresholds
     measured on the validation split, drift reference) that `predict`, `serve` and `Predictor` run without torch.
@@ -474,12 +478,7 @@ def predict(
         help="Test-time flips (none|lr|lr+ud) written into the graph when MODEL is a checkpoint; a bundle "
         "must have been exported with them (default: the bundle's own, none for a checkpoint).",
     ),
-    repeat_check: bool | None = typer.Option(
-        None,
-        "--repeat-check/--no-repeat-check",
-        help="Models without templates: drop detections whose surroundings repeat unchanged elsewhere in the "
-        "image (a drill hole drawn on every pad is design, not a pin-hole). Default: the bundle's own, off for a checkpoint.",
-    ),
+    repeat_check: bool | None = REPEAT_CHECK_OVERRIDE,
 ) -> None:
     """Predict a file, folder or glob: annotated images, predictions.jsonl and YOLO label files in --out.
     Unreadable files are listed and skipped; exit code 1 when any file failed.

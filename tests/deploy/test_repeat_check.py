@@ -155,3 +155,24 @@ def test_the_bench_scores_both_ways_and_counts_labelled_defects(
     assert bench.main() == 0
     (name,) = written
     assert name.startswith("repeat_check_labels_") and name.endswith("_val_t")
+
+
+def test_the_cli_writes_the_check_into_the_bundle_and_predict_can_turn_it_off(
+    plain_run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from defectdet.cli import app
+    from defectdet.runtime.bundle import read_metadata
+
+    checkpoint, data = plain_run
+    bundle = tmp_path / "checked.onnx"
+    exported = CliRunner().invoke(app, ["export", str(checkpoint), "--out", str(bundle), "--repeat-check"])
+    assert exported.exit_code == 0, exported.output
+    assert read_metadata(bundle).repeat_check is True and "repeat check on" in exported.output
+    image = next((data.parent / "images" / "val").iterdir())
+    out = tmp_path / "predicted"
+    args = ["predict", str(bundle), str(image), "--out", str(out), "--no-repeat-check", "--no-save-images"]
+    predicted = CliRunner().invoke(app, args)
+    assert predicted.exit_code == 0, predicted.output
+    assert (out / "predictions.jsonl").is_file()

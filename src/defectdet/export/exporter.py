@@ -182,6 +182,14 @@ def parity(detector: nn.Module, bundle: Path, images: np.ndarray) -> float:
     )
 
 
+def _with_test_time_options(
+    metadata: BundleMetadata, flip_views: str, repeat_check: bool, source: Path
+) -> BundleMetadata:
+    """`metadata` saying the bundle's flip views and repeat check (refused for a template model)."""
+    check = ModelSpec.from_bundle(metadata).with_repeat_check(repeat_check, source).repeat_check
+    return metadata.model_copy(update={"flip_views": flip_views, "repeat_check": check})
+
+
 def _checked_options(formats: tuple[str, ...], flip_views: str) -> set[str]:
     """The formats to write (onnx always); ConfigError naming the option for an unknown format or view set."""
     from defectdet.model.flip_average import check_views
@@ -216,8 +224,7 @@ def export_bundle(
     ``split``, default its validation split) the bundle carries thresholds and metrics measured on it, and
     a drift reference from the same dataset's training split (the split itself when that is missing);
     without, the checkpoint's logged thresholds and no drift reference. `flip_views` (`model.flip_average`):
-    test-time flips averaged inside the graph, one more forward pass per view. `repeat_check`
-    (`runtime.repeat_check`, models without a template): the bundle drops detections on repeated design."""
+    test-time flips averaged inside the graph, one more forward pass per view. `repeat_check`: `runtime.repeat_check`."""
     from defectdet.engine.checkpoint import load_detector
     from defectdet.model.flip_average import with_flip_views
 
@@ -226,9 +233,7 @@ def export_bundle(
     detector, state = load_detector(checkpoint)
     trainable = encode_weights(detector)  # the unfolded float weights, for `train --from model.onnx`
     fold_batchnorm(detector)
-    metadata = base_metadata(detector, state)
-    check = ModelSpec.from_bundle(metadata).with_repeat_check(repeat_check, checkpoint).repeat_check
-    metadata = metadata.model_copy(update={"flip_views": flip_views, "repeat_check": check})
+    metadata = _with_test_time_options(base_metadata(detector, state), flip_views, repeat_check, checkpoint)
     detector = with_flip_views(detector, flip_views, state.get("config"), checkpoint)
     bundle = Path(out) if out else checkpoint.with_suffix(".onnx")
     if bundle.suffix.lower() != ".onnx":

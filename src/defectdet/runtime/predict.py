@@ -240,9 +240,7 @@ def predict_source(
     repeat_check: bool | None = None,
 ) -> PredictSummary:
     """Predict every image of ``source`` with ``model`` (a bundle; `defectdet predict` exports a checkpoint first
-    through `defectdet.export.resolve.resolve_bundle`);
-    ``tiles`` overrides the bundle's choice of native-resolution tiles for large images, ``repeat_check`` its
-    repeat check (`runtime.repeat_check`)."""
+    through `defectdet.export.resolve.resolve_bundle`); ``tiles`` and ``repeat_check`` override the bundle's."""
     from rich.progress import Progress
 
     out_dir = Path(out)
