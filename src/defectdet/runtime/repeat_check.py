@@ -28,12 +28,8 @@ MIN_GROW_PIXELS = 8  # ... and by at least this many pixels, so a tiny box bring
 MIN_MATCH = 0.7  # normalised cross-correlation of the patch with its best copy for the copy to count
 DIFF_SIGMA = 1.0  # a pixel changed: no copy pixel within 1 px comes within this many stds (each standardised)
 MIN_CHANGED_PIXELS = 6  # changed pixels inside the box, grown by 2 px, that keep it
-SEARCH_RADIUS = (
-    640  # copies are sought within this many pixels of the patch (bounds the cost on large images)
-)
-COARSE_PATCH_SIDE = (
-    12  # a larger patch is first sought on the image shrunk to bring it to about this side ...
-)
+SEARCH_RADIUS = 640  # copies are sought this close to the patch (bounds the cost on large images)
+COARSE_PATCH_SIDE = 12  # a larger patch is first sought on the image shrunk to about this side ...
 MAX_SHRINK = 4  # ... by at most this factor
 CANDIDATES = 3  # the best coarse copies refined at full resolution
 CHECK_FLOOR = 0.02  # detections scoring lower are kept unchecked (they barely move AP and would cost time)
@@ -119,8 +115,8 @@ def _candidate_windows(
     gray: np.ndarray, origin: tuple[int, int], size: tuple[int, int], cache: dict[int, np.ndarray]
 ) -> list[tuple[int, int, int, int]]:
     """Where to look for the best copy at full resolution (y0, x0, y1, x1): the whole search window for a small
-    patch; for a larger one, the neighbourhoods of the best `CANDIDATES` copies found on a shrunk image (one
-    correlation at full resolution over the window costs 5-50 ms, shrunk to a ~12 px patch under 1 ms)."""
+    patch; for a larger one, the neighbourhoods of the best `CANDIDATES` copies found on a shrunk image (a
+    full-resolution correlation over the window costs many times the shrunk one)."""
     height, width = gray.shape
     (py0, px0), (patch_h, patch_w) = origin, size
     sy0, sx0 = max(0, py0 - SEARCH_RADIUS), max(0, px0 - SEARCH_RADIUS)
