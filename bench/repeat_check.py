@@ -45,8 +45,9 @@ def labelled_boxes_called_repeated(samples: list[Sample], class_names: list[str]
     called: dict[str, list[bool]] = {name: [] for name in class_names}
     for sample in samples:
         gray = as_gray(read_image(sample.image_path))
+        shrunk: dict = {}  # the image's shrunk copies, shared by its boxes as `repeated_mask` shares them
         for box, class_id in zip(sample.boxes, sample.classes, strict=True):
-            called[class_names[int(class_id)]].append(repeat_evidence(gray, box).repeated)
+            called[class_names[int(class_id)]].append(repeat_evidence(gray, box, shrunk).repeated)
     everything = [flag for flags in called.values() for flag in flags]
     return {
         "boxes": len(everything),
