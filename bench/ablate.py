@@ -4,6 +4,10 @@
     python bench/ablate.py --rung surface:nano:10 --set seed=1      # the rung again, another seed
     python bench/ablate.py --rung deeppcb_plain:tiny:20 --set synthetic_boards=400 --threads 2   # both cores: *_threads-2.json
     python bench/ablate.py --rung deeppcb_plain:tiny:20 --set synthetic_boards=0 --tag stop38   # a same-commit control
+    python bench/ablate.py --rung deeppcb_plain:tiny:20 --set val_every=null   # the product's validation cadence
+
+DeepPCB rungs validate on the held-out groups every 2 epochs (the curves between budget points), which takes
+training time from a time-budgeted run; `val_every=null` validates as `train` does by default (about ten times).
 
 Runs `bench/pretrained.run_arm` (defaults + a time budget, the held-out split) with the TrainConfig fields
 given by `--set` (YAML values), and writes `bench/results/ablate_<dataset>_<preset>_<minutes>min_<k>-<v>.json`

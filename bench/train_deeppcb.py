@@ -51,20 +51,20 @@ def train_and_summarize(
     """Train `preset` on DeepPCB's train split for `minutes`, validating on the held-out groups; returns
     {config (with the settings the run chose from the data), result, wall_seconds, time_to, final, curve}
     (bench/peers.py calls this too). `overrides`: other TrainConfig fields (bench/ablate.py)."""
-    config = TrainConfig(
-        data=data,
-        train_split="train",
-        val_split="val",
-        preset=preset,
-        time_minutes=minutes,
-        val_every=val_every,
-        out=out,
-        seed=seed,
-        template=template,
-        pretrained=pretrained,
-        progress=sys.stdout.isatty(),
-        **(overrides or {}),
-    )
+    fields = {
+        "data": data,
+        "train_split": "train",
+        "val_split": "val",
+        "preset": preset,
+        "time_minutes": minutes,
+        "val_every": val_every,
+        "out": out,
+        "seed": seed,
+        "template": template,
+        "pretrained": pretrained,
+        "progress": sys.stdout.isatty(),
+    }
+    config = TrainConfig(**{**fields, **(overrides or {})})  # an override may replace val_every too
     started = time.perf_counter()
     result = train(config)
     wall_seconds = time.perf_counter() - started
