@@ -1,6 +1,10 @@
 """Does bf16 autocast speed up a training step on this CPU? (It decides `amp` on CPU: off unless it helps.)
 
-    python bench/amp_cpu.py [--preset nano] [--batch 16] [--crop 320] [--steps 20]
+    python bench/amp_cpu.py [--preset nano] [--batch 16] [--crop 320] [--steps 20] [--tag xeon]
+
+The answer depends on the CPU: bf16 needs AVX512-BF16 or AMX to be fast (the JSON records the CPU model and
+whether torch sees AMX); `--tag` writes bench/results/amp_cpu_<tag>.json so one CPU's answer does not replace
+another's.
 
 Times forward + backward + AdamW step on random template-stacked crops, fp32 vs bf16 autocast, same
 seed; prints ms/step and the ratio, writes bench/results/amp_cpu.json.
@@ -53,6 +57,7 @@ def main() -> None:
     parser.add_argument("--crop", type=int, default=320)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tag", default="", help="appended to the file name (another CPU)")
     args = parser.parse_args()
     fp32 = time_steps(args.preset, args.batch, args.crop, args.steps, args.threads, None)
     bf16 = time_steps(args.preset, args.batch, args.crop, args.steps, args.threads, torch.bfloat16)
@@ -63,8 +68,13 @@ def main() -> None:
         rows,
     )
     write_result(
-        "amp_cpu",
-        {"settings": vars(args), "ms_per_step": {"fp32": fp32, "bf16": bf16}, "bf16_speedup": fp32 / bf16},
+        f"amp_cpu_{args.tag}" if args.tag else "amp_cpu",
+        {
+            "settings": vars(args),
+            "cpu_has_amx": bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()),
+            "ms_per_step": {"fp32": fp32, "bf16": bf16},
+            "bf16_speedup": fp32 / bf16,
+        },
     )
 
 

@@ -487,6 +487,12 @@ class Trainer:
 
     def setup(self) -> None:
         config, context = self.config, self.context
+        if self.device.type == "cpu":
+            from defectdet.engine.host_memory import keep_freed_memory
+
+            kept = keep_freed_memory()  # fewer page faults per step; results unchanged
+            if kept:
+                self.log.info("%s", kept)
         self.run_dir = resolve_run_dir(config)
         barrier(context)
         if context.is_main:

@@ -30,7 +30,8 @@ class ConvBnAct(nn.Module):
             in_channels, out_channels, kernel_size, stride, padding, groups=groups, bias=False
         )
         self.norm = nn.BatchNorm2d(out_channels, eps=1e-3, momentum=0.03)
-        self.act = nn.SiLU(inplace=True) if activation else nn.Identity()
+        # not in place: under autograd an in-place SiLU copies its input for the backward pass
+        self.act = nn.SiLU() if activation else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.act(self.norm(self.conv(x)))
