@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's"
 )
 
-# Five training steps of the tiny model on 8 crops of 320 px (channels-last, as the trainer runs it), after four
+# Five training steps of the tiny model on 8 crops of 320 px (channels-last, as the trainer runs it), after eight
 # warm-up steps, counting minor page faults: the memory pattern a CPU training step has.
 PROBE = """
 import json, resource, sys
@@ -32,7 +32,7 @@ def step():
     loss = model(images, targets)["loss"]
     loss.backward()
     return loss
-for _ in range(4):
+for _ in range(8):
     step()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(5):
