@@ -5,7 +5,7 @@
 Times forward + backward + AdamW steps the way the trainer runs them (channels-last, batch 16 crops of
 320 px, fp32) for the default no-template layout (tiny, gray) and the template layout (nano, gray pairs), each
 in a fresh process with glibc's default malloc and with `keep_freed_memory()`, the two arms alternating
-`--repeats` times. Prints median ms/step, minor page faults and kernel CPU seconds per step, and writes
+`--repeats` times. Prints median ms/step, minor page faults and kernel CPU time per step and the peak RSS, and writes
 bench/results/host_memory[_<tag>].json.
 """
 
@@ -56,6 +56,7 @@ print(json.dumps({
     "ms_per_step": 1e3 * seconds / n,
     "page_faults_per_step": (after.ru_minflt - usage.ru_minflt) / n,
     "kernel_ms_per_step": 1e3 * (after.ru_stime - usage.ru_stime) / n,
+    "peak_rss_mb": after.ru_maxrss / 1024,
 }))
 """
 
@@ -96,12 +97,19 @@ def main() -> None:
         for arm in ARMS:
             m = medians[arm]
             rows.append(
-                [name, arm, m["ms_per_step"], m["page_faults_per_step"], m["kernel_ms_per_step"]]
+                [
+                    name,
+                    arm,
+                    m["ms_per_step"],
+                    m["page_faults_per_step"],
+                    m["kernel_ms_per_step"],
+                    m["peak_rss_mb"],
+                ]
                 + [speedup if arm == ARMS[1] else 1.0]
             )
     print_table(
         f"train step, batch 16 x 320 px, channels-last, {args.threads} threads (median of {args.repeats})",
-        ["layout", "malloc", "ms/step", "page faults/step", "kernel ms/step", "speed"],
+        ["layout", "malloc", "ms/step", "page faults/step", "kernel ms/step", "peak RSS MB", "speed"],
         rows,
     )
     write_result(
