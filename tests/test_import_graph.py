@@ -4,7 +4,7 @@ Every import counts: module-level, function-local (lazy) and `TYPE_CHECKING` one
 `import defectdet.x`, `from defectdet.x import y`, `from defectdet import x` and relative imports. Each is mapped
 to its package, the first component under `defectdet` (`defectdet.engine.trainer` -> `engine`, the top-level
 module `defectdet/cli.py` -> `cli`, the package root `defectdet/__init__.py` -> `defectdet`). A package may
-import only packages of a strictly lower layer. docs/architecture.md draws the same table.
+import only packages of a strictly lower layer. docs/design/architecture.md draws the same table.
 
 Not counted: the string paths that `_lazy.lazy_exports` resolves on first attribute access (the package root
 and `diagnostics` re-export names that way); they run no import until a caller asks for the name.
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 PACKAGE = "defectdet"
 
-# package -> layer; an import must go to a strictly lower layer. The same table is in docs/architecture.md.
+# package -> layer; an import must go to a strictly lower layer. The same table is in docs/design/architecture.md.
 LAYERS: dict[str, int] = {
     # leaf modules: import nothing from defectdet (postprocess: NumPy + OpenCV NMS, shared by data, runtime, ...)
     "_lazy": 0,
@@ -142,7 +142,7 @@ def find_cycle(edges: dict[tuple[str, str], list[str]]) -> list[str] | None:
 
 
 def layer_table_markdown(layers: dict[str, int]) -> list[str]:
-    """The rows of the table docs/architecture.md draws."""
+    """The rows of the table docs/design/architecture.md draws."""
     by_layer: dict[int, list[str]] = defaultdict(list)
     for name, layer in layers.items():
         by_layer[layer].append(name)
@@ -174,9 +174,9 @@ def test_the_checker_sees_the_known_edges() -> None:
 
 
 def test_architecture_doc_draws_the_same_table() -> None:
-    text = (ROOT / "docs" / "architecture.md").read_text()
+    text = (ROOT / "docs" / "design" / "architecture.md").read_text()
     missing = [row for row in layer_table_markdown(LAYERS) if row not in text]
-    assert not missing, f"docs/architecture.md lacks these layer rows: {missing}"
+    assert not missing, f"docs/design/architecture.md lacks these layer rows: {missing}"
 
 
 def _plant(root: Path, files: dict[str, str]) -> Path:

@@ -2,5 +2,5 @@
 quantization (`export.quantize`) and `export.resolve.resolve_bundle` (what `defectdet predict` runs on).
 
 Sits above the engine (it validates the bundle it writes with `engine.validate`) and the torch-free
-`defectdet.runtime` (which reads and runs bundles); see docs/architecture.md.
+`defectdet.runtime` (which reads and runs bundles); see docs/design/architecture.md.
 """
