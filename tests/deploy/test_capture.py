@@ -7,6 +7,7 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from server_fakes import FakePredictor, board, encode
@@ -266,3 +267,26 @@ print("ok")
     assert done.stdout.split()[-1] == "ok"
     (sidecar,) = (kept / "predictions").iterdir()
     assert json.loads(sidecar.read_text())["bundle"] == bundle_path.name
+
+
+@pytest.mark.parametrize("keep_client", [(("all",), 0.9)], indirect=True)
+def test_every_image_format_the_service_keeps_is_listed_for_review_and_by_predict(
+    keep_client: TestClient, tmp_path: Path
+) -> None:
+    from defectdet.data.imageio import IMAGE_SUFFIXES
+    from defectdet.runtime.predict import list_sources
+
+    assert set(capture_module.EXTENSIONS.values()) <= IMAGE_SUFFIXES
+    gray = board(4)
+    for ext in (".pgm", ".pbm", ".png"):  # PGM and PBM bytes are kept as .pnm
+        image = encode(np.where(gray > 128, 255, 0).astype(np.uint8) if ext == ".pbm" else gray, ext)
+        response = keep_client.post("/v1/detect", files={"image": image})
+        assert response.status_code == 200 and response.json()["kept"] is True, response.text
+    keep_client.app.state.service.capture.drain()
+    on_disk = sorted(path.name for path in (tmp_path / "kept" / "images").iterdir())
+    listed = sorted(item["name"] for item in keep_client.get("/v1/review/items").json()["items"])
+    assert listed == on_disk and sum(name.endswith(".pnm") for name in listed) == 2, (listed, on_disk)
+    extra = tmp_path / "kept" / "images" / "hand.pbm"
+    extra.write_bytes(encode(np.where(gray > 128, 255, 0).astype(np.uint8), ".pbm"))
+    assert "hand.pbm" in [item["name"] for item in keep_client.get("/v1/review/items").json()["items"]]
+    assert len(list_sources(tmp_path / "kept" / "images")) == 4

@@ -45,6 +45,11 @@ ACCEPTED_FORMATS: dict[str, str] = {
     "WebP": "WEBP",
     "PNM": "PPM",  # PBM/PGM/PPM, P1..P6
 }
+# The file name suffixes of those formats: what a folder listing (predict, review, the keep folder) takes
+# as an image. Decoding still goes by the magic bytes.
+IMAGE_SUFFIXES = frozenset(
+    {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".pnm", ".pbm", ".pgm", ".ppm"}
+)
 _HEAD_BYTES = 1 << 16  # read_image_size reads this much first, more only if the header needs it
 _MAX_HEAD_BYTES = 1 << 24
 _TIFF_TILE_ALLOWANCE = 4096 * 4096  # a tile may exceed a small max_pixels, never this

@@ -16,12 +16,12 @@ import cv2
 import numpy as np
 
 from defectdet.data.formats.yolo import label_line
+from defectdet.data.imageio import IMAGE_SUFFIXES
 from defectdet.errors import InputError, describe_failure
 from defectdet.runtime.predictor import Detection, PredictionResult, Predictor
 
 logger = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".pgm", ".ppm"})
 _PALETTE = [(230, 25, 75), (60, 180, 75), (255, 160, 0), (0, 130, 200), (145, 30, 180), (70, 240, 240),
             (240, 50, 230), (210, 245, 60), (0, 128, 128), (170, 110, 40)]  # fmt: skip
 

@@ -32,10 +32,9 @@ import cv2
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, Response
 
-from defectdet.data.formats import IMAGE_EXTENSIONS
 from defectdet.data.formats.interchange import CocoImage, coco_document
 from defectdet.data.formats.yolo import label_line
-from defectdet.data.imageio import read_image, read_image_size, read_text_file
+from defectdet.data.imageio import IMAGE_SUFFIXES, read_image, read_image_size, read_text_file
 from defectdet.errors import DefectDetError
 from defectdet.runtime.capture import atomic_write
 from defectdet.runtime.upload import UploadError
@@ -125,7 +124,7 @@ class ReviewFolder:
         return sorted(
             path
             for path in self.image_dir.iterdir()
-            if path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file() and not path.name.startswith(".")
+            if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() and not path.name.startswith(".")
         )
 
     def image_path(self, name: str) -> Path:
@@ -133,7 +132,7 @@ class ReviewFolder:
         if "/" in name or "\\" in name or name.startswith("."):
             raise UploadError(404, f"no image {name[:80]!r} in this folder")
         path = self.image_dir / name
-        if path.suffix.lower() not in IMAGE_EXTENSIONS or not path.is_file():
+        if path.suffix.lower() not in IMAGE_SUFFIXES or not path.is_file():
             raise UploadError(404, f"no image {name[:80]!r} in this folder")
         return path
 
@@ -160,7 +159,7 @@ class ReviewFolder:
         folder = self.root / "templates"
         if folder.is_dir():
             for candidate in sorted(folder.glob(f"{image.stem}.*")):
-                if candidate.suffix.lower() in IMAGE_EXTENSIONS:
+                if candidate.suffix.lower() in IMAGE_SUFFIXES:
                     return candidate
         return None
 
