@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: install test demo bench bench-peers bench-pretrained bench-scaling pretrain lint lock check-lock clean
+.PHONY: install test docs demo bench bench-peers bench-pretrained bench-scaling pretrain lint lock check-lock clean
 
 install: $(STAMP)
 
@@ -29,6 +29,10 @@ check-lock: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# The documentation site (mkdocs.yml): --strict fails on a broken link, a missing anchor or a page not in the nav.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 demo: $(STAMP)
 	$(BIN)/defectdet demo --out runs/demo
