@@ -468,3 +468,38 @@ def test_two_workers_share_one_metrics_view(bundle_path: Path, tmp_path: Path) -
     flat = " ".join(output.lower().split())
     assert "drift state" in flat and "per worker" in flat, output[-3000:]
     assert not [path for path in tmp_path.iterdir() if path.name.startswith("defectdet-metrics")]
+
+
+# ------------------------------------------------------------------ JSON bodies: size and nesting
+def test_json_depth_counts_brackets_outside_strings_only() -> None:
+    from defectdet.runtime.json_body import json_depth
+
+    assert json_depth(b"3") == 0 and json_depth(b'{"a": [1, {"b": []}]}') == 4
+    assert json_depth(b'{"a": "[[[[\\"[[[", "b": ["]]]"]}') == 2
+    assert json_depth(b"[" * 5000) == 5000  # unterminated: still counted, never parsed
+
+
+def test_deeply_nested_or_huge_json_is_a_4xx_on_every_json_route(tmp_path: Path) -> None:
+    from defectdet.runtime.review_app import create_review_app
+
+    (tmp_path / "images").mkdir()
+    cv2.imwrite(str(tmp_path / "images" / "a.png"), board(1))
+    headers = {"X-Defectdet-Request": "1", "Content-Type": "application/json"}
+    nested = b'{"image": "a.png", "action": "accept", "boxes": ' + b"[" * 20000 + b"]" * 20000 + b"}"
+    service_app = _ready_app(keep_dir=str(tmp_path))
+    for app in (service_app, create_review_app(tmp_path)):
+        client = _client(app)
+        routes = ["/v1/review/decide", "/v1/review/export"]
+        routes += ["/v1/models/promote", "/v1/models/shadow", "/v1/drift/reset"] if app is service_app else []
+        for route in routes:
+            _json_error(client.post(route, content=nested, headers=headers), 400, "nests 20001 levels")
+            huge = b'{"by": "' + b"x" * (2 << 20) + b'"}'
+            _json_error(client.post(route, content=huge, headers=headers), 413, "at most")
+        fine = {
+            "image": "a.png",
+            "action": "edit",
+            "operator": "op",
+            "boxes": [{"class_id": 0, "box": [1, 2, 30, 40]}],
+        }
+        answer = client.post("/v1/review/decide", json=fine, headers={"X-Defectdet-Request": "1"})
+        assert answer.status_code == 200, answer.text

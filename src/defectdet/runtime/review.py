@@ -484,6 +484,8 @@ async def _json_body(request: Request) -> dict[str, Any]:
         value = json.loads(bytes(body) or b"{}")
     except ValueError as error:
         raise UploadError(400, f"the body is not JSON ({error})") from None
+    except RecursionError:
+        raise UploadError(400, "the JSON body nests too deep") from None
     if not isinstance(value, dict):
         raise UploadError(422, "the body must be a JSON object")
     return value

@@ -16,6 +16,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from defectdet.errors import DefectDetError
+from defectdet.runtime.json_body import JSONBodyLimit
 from defectdet.runtime.review import ReviewFolder, review_router
 from defectdet.runtime.server import (
     STATIC_DIR,
@@ -38,6 +39,7 @@ def create_review_app(folder: ReviewFolder | str | Path, settings: ServeSettings
         title="defectdet review", docs_url=None, redoc_url=None, description="Review kept images into labels."
     )
     app.state.review = review
+    app.add_middleware(JSONBodyLimit)
     app.add_middleware(_Guard, settings=settings)
     app.add_middleware(_JSONErrors)
 

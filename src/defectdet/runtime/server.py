@@ -49,6 +49,7 @@ from defectdet.data.imageio import decode_image, decode_pair
 from defectdet.errors import DefectDetError, ImageReadError, ImageTooLargeError
 from defectdet.runtime.capture import Capture, KeptItem, keep_reasons, parse_keep
 from defectdet.runtime.deployment import Deployment, ServedModel
+from defectdet.runtime.json_body import JSONBodyLimit
 from defectdet.runtime.metrics import ServiceMetrics
 from defectdet.runtime.model_routes import models_router
 from defectdet.runtime.predictor import PredictionResult, Predictor
@@ -625,6 +626,8 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
     )
     app.state.service = service
     # outermost last: errors (any exception -> JSON 500) > metrics (counts every answer) > guard (access)
+    # > JSON body limits (size and nesting, before any route parses a body)
+    app.add_middleware(JSONBodyLimit)
     app.add_middleware(_Guard, settings=settings)
     app.add_middleware(_MetricsMiddleware, metrics=service.metrics)
     app.add_middleware(_JSONErrors)
