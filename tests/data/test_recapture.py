@@ -78,3 +78,13 @@ def test_make_clean_boards_writes_reproducible_boards(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="no template"):
         make_clean_boards(no_templates, tmp_path / "c", RecaptureConfig())
+
+
+def test_clean_boards_of_ids_with_a_subfolder_are_written_inside_the_folder(tmp_path: Path) -> None:
+    """A reviewed folder's ids are `images/NAME`: the clean board goes to `images/NAME_clean.png` below out."""
+    template = tmp_path / "t.png"
+    cv2.imwrite(str(template), textured(96))
+    sample = Sample(tmp_path / "t.png", np.zeros((0, 4)), np.zeros(0), template, image_id="images/t")
+    split = DatasetSplit([sample], ["defect"], "yolo", "val", tmp_path, [])
+    (board,) = make_clean_boards(split, tmp_path / "clean", RecaptureConfig(), seed=1)
+    assert board.image_path == tmp_path / "clean" / "images" / "t_clean.png" and board.image_path.is_file()

@@ -85,6 +85,37 @@ def test_deeppcb_result_files_round_trip(tmp_path):
     assert read_deeppcb_results(tmp_path / "x.txt")[0][5] == "scratch"
 
 
+def test_result_files_of_a_reviewed_folder_keep_its_images_subfolder(tmp_path):
+    """The review lists `./images/NAME` in reviewed.txt: those ids carry a sub-folder, which the writer creates;
+    an id that climbs out (`../../x`) still lands inside the output folder."""
+    import cv2
+
+    from defectdet.data.formats import load_dataset
+    from defectdet.runtime.review import ReviewFolder
+
+    kept = tmp_path / "kept"
+    (kept / "images").mkdir(parents=True)
+    for name in ("a.png", "b.png"):
+        cv2.imwrite(str(kept / "images" / name), np.full((32, 40), 128, np.uint8))
+    folder = ReviewFolder(kept, class_names=list(NAMES), operator="olga")
+    folder.decide("a.png", "accept", [{"class_id": 1, "box": [2, 3, 12, 14]}])
+    folder.decide("b.png", "clean")
+    samples = load_dataset(kept / "data.yaml", "val").samples
+    assert sorted(sample.image_id for sample in samples) == ["images/a", "images/b"]
+    records = [ImageRecord(sample.image_id, 40, 32) for sample in samples]
+    records.append(
+        ImageRecord("../../x", 40, 32, det_boxes=[[1, 1, 5, 5]], det_scores=[0.5], det_classes=[0])
+    )
+    out = tmp_path / "results"
+    paths = write_deeppcb_results(records, out, NAMES)
+    assert sorted(path.relative_to(out).as_posix() for path in paths) == [
+        "images/a.txt",
+        "images/b.txt",
+        "x.txt",
+    ]
+    assert read_deeppcb_results(out / "x.txt")[0][:4] == (1, 1, 5, 5)
+
+
 def test_plots_are_written_as_png(tmp_path):
     records = synthetic_records()
     operating = operating_points(records, NAMES)

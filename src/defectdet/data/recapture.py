@@ -27,7 +27,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from defectdet.data.registration import motion_matrix, warp_to
-from defectdet.data.sample import DatasetSplit, Sample
+from defectdet.data.sample import DatasetSplit, Sample, id_path
 from defectdet.errors import ConfigError
 
 
@@ -160,7 +160,8 @@ def make_clean_boards(
         template = read_image(sample.template_path, channels=channels)
         image, params = recapture(template, config, rng)
         image_id = f"{sample.image_id}_clean"
-        path = folder / f"{image_id}.png"
+        path = folder / id_path(image_id, ".png")
+        path.parent.mkdir(parents=True, exist_ok=True)
         bgr = cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if image.ndim == 3 else image
         if not cv2.imwrite(str(path), bgr):
             raise ConfigError(f"{path}: cannot write the clean board (is the folder writable?)")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 import numpy as np
@@ -39,6 +39,15 @@ class Sample:
             )
         if not self.image_id:
             self.image_id = self.image_path.stem
+
+
+def id_path(image_id: str, suffix: str) -> PurePosixPath:
+    """A file path for one image's output below an output folder: the image id's sub-folders kept
+    (`images/a` -> `images/a.txt`), roots, `.` and `..` dropped so that it stays inside the folder."""
+    parts = [
+        part for part in PurePosixPath(str(image_id).replace("\\", "/")).parts if part not in ("/", ".", "..")
+    ]
+    return PurePosixPath(*(parts or ["image"])).with_name(f"{(parts or ['image'])[-1]}{suffix}")
 
 
 Severity = Literal["error", "warning"]

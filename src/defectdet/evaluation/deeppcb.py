@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from defectdet.data.sample import id_path
 from defectdet.evaluation.operating_point import (
     class_pr_curves,
     match_detections,
@@ -97,7 +98,7 @@ def deeppcb_type_name(class_name: str) -> str:
 def write_deeppcb_results(
     records: Sequence[ImageRecord], out_dir: str | Path, class_names: Sequence[str]
 ) -> list[Path]:
-    """Write one `ID.txt` per image with lines `x1,y1,x2,y2,confidence,type` (no spaces).
+    """Write one `ID.txt` per image (an id with sub-folders, `images/a`, in those sub-folders) with lines `x1,y1,x2,y2,confidence,type` (no spaces).
 
     Coordinates are rounded to integers (the DeepPCB/ICDAR script parses integers), clipped to the
     image, confidence has 6 decimals. Images without detections still get an (empty) file, which
@@ -118,7 +119,8 @@ def write_deeppcb_results(
             lines.append(
                 f"{x1},{y1},{x2},{y2},{float(record.det_scores[index]):.6f},{deeppcb_type_name(name)}"
             )
-        path = out_dir / f"{record.image_id}.txt"
+        path = out_dir / id_path(record.image_id, ".txt")
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
         written.append(path)
     return written
