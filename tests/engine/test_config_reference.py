@@ -1,4 +1,4 @@
-"""The README's configuration reference is the typed config's, row for row."""
+"""The configuration reference page (docs/reference/configuration.md) is the typed config's, row for row."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from defectdet.data.augment import AugmentConfig
 from defectdet.engine.config import TrainConfig
 from defectdet.engine.config_reference import END_MARKER, START_MARKER, config_reference, field_comments
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "configuration.md"
 
 
-def test_readme_config_reference_matches_the_typed_config() -> None:
-    text = README.read_text(encoding="utf-8")
+def test_config_reference_page_matches_the_typed_config() -> None:
+    text = PAGE.read_text(encoding="utf-8")
     block = text[text.index(START_MARKER) + len(START_MARKER) : text.index(END_MARKER)].strip()
     assert block == config_reference(), (
-        "README's configuration reference is stale: run `python -m defectdet.engine.config_reference --write README.md`"
+        "docs/reference/configuration.md is stale: run `python scripts/gen_reference.py`"
     )
 
 

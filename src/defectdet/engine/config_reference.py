@@ -1,10 +1,11 @@
-"""The README's configuration reference, generated from the typed config so it cannot drift.
+"""The configuration reference (docs/reference/configuration.md), generated from the typed config so it cannot drift.
 
 Each field of `TrainConfig` (and `augment.*` of `AugmentConfig`) becomes a table row: name, type, default and
 the comment written beside (or on the comment lines just above) its declaration in the source.
 
     python -m defectdet.engine.config_reference            # print the markdown
-    python -m defectdet.engine.config_reference --write README.md   # replace the block between the markers
+    python -m defectdet.engine.config_reference --write docs/reference/configuration.md   # replace the marked block
+    python scripts/gen_reference.py   # writes the whole page (and the other generated reference pages)
 """
 
 from __future__ import annotations
