@@ -211,7 +211,7 @@ def test_without_keep_the_answer_has_no_kept_field() -> None:
         (["--keep", "flaged"], "unknown policy 'flaged'"),
         (["--keep", "all"], "--keep-dir"),
         (["--keep", "all", "--keep-dir", "k", "--workers", "2"], "--workers 1"),
-        (["--keep", "all", "--keep-dir", "k", "--keep-max-mb", "0"], "keep_max_mb"),
+        (["--keep", "all", "--keep-dir", "k", "--keep-max-mb", "-1"], "keep_max_mb"),
     ],
 )
 def test_serve_refuses_bad_keep_options_before_loading_anything(
@@ -290,3 +290,37 @@ def test_every_image_format_the_service_keeps_is_listed_for_review_and_by_predic
     extra.write_bytes(encode(np.where(gray > 128, 255, 0).astype(np.uint8), ".pbm"))
     assert "hand.pbm" in [item["name"] for item in keep_client.get("/v1/review/items").json()["items"]]
     assert len(list_sources(tmp_path / "kept" / "images")) == 4
+
+
+def test_keep_has_a_default_cap_and_the_cap_warns_when_it_deletes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = ServeSettings(keep=("all",), keep_dir=str(tmp_path / "kept"))
+    assert settings.keep_max_mb == capture_module.DEFAULT_KEEP_MAX_MB > 0
+    service = create_app(FakePredictor(), settings).state.service
+    assert service.capture.max_bytes == int(capture_module.DEFAULT_KEEP_MAX_MB * 2**20)
+    unlimited = ServeSettings(keep=("all",), keep_dir=str(tmp_path / "kept"), keep_max_mb=0)
+    assert create_app(FakePredictor(), unlimited).state.service.capture.max_bytes is None
+    capture = Capture(tmp_path / "small", max_bytes=3000)
+    with caplog.at_level(logging.WARNING, logger="defectdet.runtime.capture"):
+        for _ in range(6):
+            assert capture.write(_item(1000)) is not None
+    warnings = [record.getMessage() for record in caplog.records if "cap" in record.getMessage()]
+    assert capture.counts["evicted"] >= 3 and len(warnings) == 1, warnings  # once a minute, not per item
+    assert "deleted 1 unreviewed item" in warnings[0] and "--keep-max-mb" in warnings[0]
+
+
+def test_serve_warns_at_start_when_keep_has_no_cap(
+    bundle_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from defectdet.cli import app
+    from defectdet.runtime import server
+
+    monkeypatch.setattr(server, "_run_uvicorn", lambda app, config: None)
+    keep = ["serve", str(bundle_path), "--keep", "flagged", "--keep-dir", str(tmp_path / "k")]
+    capped = CliRunner().invoke(app, keep)
+    assert capped.exit_code == 0 and "no disk cap" not in capped.output, capped.output
+    unlimited = CliRunner().invoke(app, [*keep, "--keep-max-mb", "0"])
+    assert unlimited.exit_code == 0 and "no disk cap" in unlimited.output, unlimited.output

@@ -11,15 +11,18 @@ to a temporary file and moved into place with `os.replace`, the sidecar last. NA
 so names sort oldest first. Writing runs in one background thread fed by a bounded queue: a request never
 waits for the disk, and capture never fails a request (a disk error is logged and counted).
 
-Disk cap (`max_bytes`): the kept images, templates and sidecars never exceed it. When a new item would pass it,
-the oldest items not yet reviewed (no `labels/NAME.txt`) are deleted first; reviewed items are training data
-and are never deleted, so when only they are left the new item is not kept (counted as `cap`).
+Disk cap (`max_bytes`; `serve` keeps at most `DEFAULT_KEEP_MAX_MB` unless told otherwise): the kept images,
+templates and sidecars never exceed it. When a new item would pass it, the oldest items not yet reviewed (no
+`labels/NAME.txt`) are deleted first, with a warning in the log (at most one a minute, with the count);
+reviewed items are training data and are never deleted, so when only they are left the new item is not kept
+(counted as `cap`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import queue
 import threading
@@ -42,6 +45,8 @@ KEEP_POLICIES = ("none", "all", "flagged", "uncertain", "drift")
 FOLDERS = ("images", "templates", "predictions")
 EXTENSIONS = {"PNG": ".png", "JPEG": ".jpg", "BMP": ".bmp", "TIFF": ".tif", "WebP": ".webp", "PNM": ".pnm"}
 DRIFT_LEVELS = ("warn", "alert")
+DEFAULT_KEEP_MAX_MB = 2000.0  # serve --keep-max-mb: the keep folder's cap unless one is given (0: none)
+EVICTION_WARNING_S = 60.0
 
 
 def parse_keep(values: list[str] | tuple[str, ...] | str) -> tuple[str, ...]:
@@ -115,6 +120,8 @@ class Capture:
         self.items: OrderedDict[str, list[Path]] = OrderedDict()  # name -> its files, oldest first
         self.bytes = 0
         self.counts: dict[str, int] = {}  # kept by reason, errors, dropped: for tests and the log
+        self._evicted_unreported = 0
+        self._eviction_warned = -math.inf
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         for name in FOLDERS:
@@ -254,8 +261,23 @@ class Capture:
                 self.bytes -= _size(path)
                 path.unlink(missing_ok=True)
             self._count("evicted")
+            self._evicted_unreported += 1
         self._set_bytes()
+        self._warn_eviction()
         return self.bytes + size <= self.max_bytes
+
+    def _warn_eviction(self) -> None:
+        """Log the unreviewed items the cap deleted: the first time at once, then at most once a minute."""
+        now = time.monotonic()
+        if not self._evicted_unreported or now - self._eviction_warned < EVICTION_WARNING_S:
+            return
+        logger.warning(
+            "keep folder %s reached its cap of %.0f MB: deleted %d unreviewed item(s), oldest first; review "
+            "them sooner or raise --keep-max-mb",
+            self.folder, self.max_bytes / 2**20 if self.max_bytes else 0, self._evicted_unreported,
+        )  # fmt: skip
+        self._evicted_unreported = 0
+        self._eviction_warned = now
 
 
 def atomic_write(path: Path, data: bytes) -> None:

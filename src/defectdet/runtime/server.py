@@ -47,7 +47,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from defectdet.data.imageio import decode_image, decode_pair
 from defectdet.errors import DefectDetError, ImageReadError, ImageTooLargeError
-from defectdet.runtime.capture import Capture, KeptItem, keep_reasons, parse_keep
+from defectdet.runtime.capture import DEFAULT_KEEP_MAX_MB, Capture, KeptItem, keep_reasons, parse_keep
 from defectdet.runtime.deployment import Deployment, ServedModel
 from defectdet.runtime.json_body import JSONBodyLimit
 from defectdet.runtime.metrics import ServiceMetrics
@@ -123,7 +123,7 @@ class ServeSettings:
     keep: tuple[str, ...] = ()  # capture policies (runtime.capture); () keeps nothing
     keep_dir: str | None = None  # kept items, and the folder /review works on
     keep_margin: float = 0.1
-    keep_max_mb: float | None = None
+    keep_max_mb: float | None = DEFAULT_KEEP_MAX_MB  # None: the default; 0: no cap (serve warns)
     models_dir: str | None = None  # candidate bundles for shadow / promote; previous/ and promotions.jsonl
     shadow: str | None = None  # a bundle in models_dir to run in shadow from the start
 
@@ -135,8 +135,10 @@ class ServeSettings:
             raise ValueError("--keep needs --keep-dir DIR (where the kept images go)")
         if not 0.0 <= self.keep_margin <= 1.0:
             raise ValueError(f"keep_margin must be in [0, 1], got {self.keep_margin}")
-        if self.keep_max_mb is not None and not self.keep_max_mb > 0:
-            raise ValueError(f"keep_max_mb must be > 0, got {self.keep_max_mb}")
+        if self.keep_max_mb is None:
+            object.__setattr__(self, "keep_max_mb", DEFAULT_KEEP_MAX_MB)
+        if not (math.isfinite(self.keep_max_mb) and self.keep_max_mb >= 0):
+            raise ValueError(f"keep_max_mb must be >= 0 (0: no cap), got {self.keep_max_mb}")
         for name in ("max_concurrency", "max_bytes", "max_pixels", "history"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -184,7 +186,7 @@ class Service:
         self.capture: Capture | None = None
         self.review: ReviewFolder | None = None
         if settings.keep_dir:
-            cap = None if settings.keep_max_mb is None else int(settings.keep_max_mb * 2**20)
+            cap = int(settings.keep_max_mb * 2**20) if settings.keep_max_mb else None
             if settings.keep:
                 self.capture = Capture(settings.keep_dir, cap, self.metrics)
             self.review = ReviewFolder(Path(settings.keep_dir), list(self.metadata.class_names))
@@ -1080,6 +1082,11 @@ def serve(
             "the drift charts; pass --token-file (or set %s), and put TLS in front (README: Security)",
             host, TOKEN_ENV,
         )  # fmt: skip
+    if settings.keep and not settings.keep_max_mb:
+        logger.warning(
+            "--keep-max-mb 0: the keep folder %s has no disk cap and grows until the disk is full",
+            settings.keep_dir,
+        )
     logger.info(
         "serving %s on http://%s:%d: %d process(es) x %d inference worker(s) x %d thread(s), queue %d, "
         "token %s, hosts %s",
