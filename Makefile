@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: install test docs demo bench bench-peers bench-pretrained bench-scaling pretrain lint lock check-lock clean
+.PHONY: install test docs demo bench bench-peers bench-pretrained bench-scaling pretrain lint lint-deploy lock check-lock clean
 
 install: $(STAMP)
 
@@ -105,6 +105,13 @@ bench-scaling: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
+
+# The container image and Kubernetes files: hadolint on the Containerfile, the kustomize base rendered and
+# validated against the Kubernetes schemas, the dashboard's metric names (make test runs the same checks).
+lint-deploy: $(STAMP)
+	$(BIN)/hadolint Containerfile
+	rendered=$$(kubectl kustomize deploy/k8s/base) && printf '%s\n' "$$rendered" | $(BIN)/kubernetes-validate --strict --quiet -
+	$(BIN)/python -m pytest -q tests/deploy/test_manifests.py
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info .pytest_cache
