@@ -157,6 +157,10 @@ def command_of(result: Result) -> tuple[str, bool]:
 # ---------------------------------------------------------------- formatting
 
 
+def threads_text(threads: str) -> str:
+    return f"{threads} thread" + ("" if threads == "1" else "s")
+
+
 def f3(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
@@ -335,7 +339,7 @@ def _recipe_groups(page: Page) -> dict[str, list[Result]]:
     groups: dict[str, list[Result]] = {}
     for name, _ in PLAIN_RECIPE_RUNS:
         result = page.results[name]
-        groups.setdefault(f"{result.cpu}, {result.threads} thread(s)", []).append(result)
+        groups.setdefault(f"{result.cpu}, {threads_text(result.threads)}", []).append(result)
     return groups
 
 
@@ -352,10 +356,9 @@ def section_plain_recipe(page: Page) -> None:
     )
     rows = []
     for group, results in _recipe_groups(page).items():
-        rows.append(
-            [group, spread([r.map50 for r in results]), ", ".join(page.cite(r.name) for r in results)]
-        )
-    page.table(("machine", "held-out mAP@0.5", "files"), rows)
+        steps = [r.steps for r in results if r.steps]
+        rows.append([group, f"{count(min(steps))}-{count(max(steps))}", spread([r.map50 for r in results])])
+    page.table(("machine", "steps", "held-out mAP@0.5 (every run in the next table)"), rows)
     rows = []
     for name, note in PLAIN_RECIPE_RUNS:
         result = page.r(name)
@@ -550,7 +553,7 @@ def section_design_bound(page: Page) -> None:
         rows.append(
             [
                 f"{source.preset}, {source.minutes:g} min" if source else name,
-                f"{source.cpu}, {source.threads} thread(s)" if source else "-",
+                f"{source.cpu}, {threads_text(source.threads)}" if source else "-",
                 f3(result.doc["as_is"]["mAP50"]),
                 f3(result.doc["template_oracle"]["mAP50"]),
                 f"{f3(result.doc['as_is']['class_AP50']['pin-hole'])} → "
@@ -741,7 +744,7 @@ def plot_ladder(results: dict[str, Result]) -> None:
     for data, preset, start, names in LADDER:
         axis = axes[0] if data.startswith("DeepPCB") else axes[1]
         points = sorted((results[n].minutes, results[n].map50) for n in names)
-        label = f"{preset}" + ("" if data in ("surfaces", "DeepPCB without templates") else f", {data[7:]}")
+        label = f"{preset}, {data.removeprefix('DeepPCB ')}" if data.startswith("DeepPCB") else preset
         if start == "random":
             label += " (random start)"
         axis.plot(*zip(*points, strict=True), marker="o", label=label)
@@ -1136,7 +1139,8 @@ def plot_peers(results: dict[str, Result]) -> None:
             )
         for name in peers:
             doc = results[name].doc
-            key = f"{doc['model']} {doc['imgsz']} px" + (", template channel" if "template" in name else "")
+            model = {"yolo11n": "YOLO11n", "yolov8n": "YOLOv8n"}[doc["model"]]
+            key = f"{model} {doc['imgsz']} px" + (", template channel" if "template" in name else "")
             series.setdefault(key, []).append((doc["minutes"], doc["final_ours_evaluator"]["mAP50"]))
         for key, points in series.items():
             style = "o-" if key.startswith("defectdet") else "s--"
@@ -1144,6 +1148,7 @@ def plot_peers(results: dict[str, Result]) -> None:
         axis.set_title(label)
         axis.set_xlabel("minutes of training (one core)")
         axis.set_ylabel("held-out mAP@0.5")
+        axis.set_xlim(0, 65)
         axis.set_ylim(0, 1)
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
@@ -1515,7 +1520,7 @@ def section_loop_shift(page: Page) -> None:
         "with the old data, and `compare` decides. The control fine-tunes the same steps on line A's images only.",
         f"On the shifted line the fine-tuned model goes from mAP@0.5 {f3(shifted['old']['mAP50'])} to",
         f"{f3(shifted['new']['mAP50'])} and `compare` says {figures['loop_on_shifted']['verdict']}; the control",
-        f"does not fix the shift ({result.machine}, {result.threads} thread(s); {page.cite('loop_shift')}).",
+        f"does not fix the shift ({result.machine}, {threads_text(result.threads)}; {page.cite('loop_shift')}).",
     )
     rows = []
     for key, label in (
@@ -1818,7 +1823,7 @@ def page_manifest(results: dict[str, Result], cited: dict[str, list[str]]) -> Pa
                 f"`{result.file}`",
                 f"`{command}`" + ("" if recorded else " (derived)"),
                 f"`{result.commit}`",
-                f"{result.cpu}, {result.threads} thread(s)",
+                f"{result.cpu}, {threads_text(result.threads)}",
                 result.date,
                 pages or "-",
                 status_of(result, cited.get(name, []), results),
