@@ -1,41 +1,52 @@
-"""README figures must come from the result file they name: a figure no named file holds fails here.
+"""Figures come from bench/results/, through the generated benchmark pages.
 
-Checked: every number with a decimal point in a README table row or in **bold** text. Each must name the
-result file(s) it came from (`bench/results/<name>.json`), and only those files are searched:
-- a table row: the files named in that row; when the row names none, the files named in the table's header
-  row (e.g. `| fault (`bench/results/drift.json`) | ... |`), which then hold for every row of that table;
-- bold text outside tables: the files named in the same paragraph (the run of non-blank lines around it).
-A figure whose row, table header or paragraph names no result file fails, and so does a named file that
-does not exist. A figure is held when some number in the file, rounded to the figure's decimals, equals it:
-as stored, seconds shown as minutes (/60), or a fraction shown as a percentage (x100). Numbers are taken
-from JSON values, keys (`time_to_mAP50_0.95_s`) and strings. Skipped: fenced code blocks, code spans
-(commands), metric names (`mAP@0.5:0.95`), and numbers after a comparison (`IoU>0.33`, `<= 15.0`: targets).
+1. docs/benchmarks/*.md are exactly what `python bench/pages.py` writes from the result files: a page edited by
+   hand, or a result file changed without regenerating, fails here.
+2. Every number with a decimal point in README.md (outside fenced code and code spans; metric names such as
+   `mAP@0.5` and comparison targets such as `<= 15.0` skipped) sits in a table row, or a paragraph, that links to
+   a benchmark page (`docs/benchmarks/<page>.md`; for a table row, the row or its table's header row), and that
+   page shows the figure: some number on the page, rounded to the figure's decimals, equals it.
+3. Every result file a page names exists, and so does the bench script that wrote it.
 """
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PAGES_DIR = ROOT / "docs" / "benchmarks"
 RESULTS = ROOT / "bench" / "results"
 
 _DECIMAL = re.compile(r"\d+\.\d+(?!\.?\d)")
-_ANY_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _CODE_SPAN = re.compile(r"`[^`]*`")
-_BOLD = re.compile(r"\*\*(.+?)\*\*")
-_RESULT_FILE = re.compile(r"bench/results/([\w.-]+\.json)")
+_LINK_TARGET = re.compile(r"\]\([^)]*\)")
+_PAGE_LINK = re.compile(r"benchmarks/([\w-]+)(?:\.md|/)")
 _NOT_A_FIGURE_AFTER = ("@", ":", "<", ">", "=", "≤", "≥", "~")
 
 
+def _pages_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_pages", ROOT / "bench" / "pages.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+pages = _pages_module()
+
+
 def figures_in(text: str) -> list[str]:
-    """Decimal figures in `text` (code spans, metric names and comparison targets skipped)."""
-    text = _CODE_SPAN.sub(" ", text)
+    """Decimal figures in `text` (code spans, link targets, metric names and comparison targets skipped)."""
+    text = _LINK_TARGET.sub("]", _CODE_SPAN.sub(" ", text))
     found = []
     for match in _DECIMAL.finditer(text):
         before = text[: match.start()]
@@ -50,170 +61,172 @@ class Claim:
     line_number: int  # 1-based, in the README
     line: str
     figures: list[str]
-    named: list[str]  # result files the figures must come from
+    pages: list[str]  # benchmark pages the figures must be on
 
 
-def _table_claims(rows: list[tuple[int, str]]) -> Iterator[Claim]:
-    header_files = _RESULT_FILE.findall(rows[0][1])
-    for number, row in rows:
-        if set(row) <= set("|-: "):
-            continue  # the header separator
-        named = _RESULT_FILE.findall(row) or header_files
-        yield Claim(number, row, figures_in(row), named)
-
-
-def claims(readme: str) -> Iterator[Claim]:
-    """Every table row, and every line with bold text, with its figures and the result files they must
-    come from (the row's, else its table header's; for bold text, its paragraph's)."""
-    blocks: list[list[tuple[int, str]]] = []  # tables and paragraphs, outside fenced code
+def _blocks(readme: str) -> Iterator[list[tuple[int, str]]]:
+    """Tables and paragraphs (runs of non-blank lines; a heading stands alone), outside fenced code."""
+    block: list[tuple[int, str]] = []
     fenced = False
     for number, line in enumerate(readme.splitlines(), start=1):
         stripped = line.strip()
+        starts_other_kind = block and block[-1][1].startswith("|") != stripped.startswith("|")
+        if (
+            stripped.startswith("```")
+            or fenced
+            or not stripped
+            or stripped.startswith("#")
+            or starts_other_kind
+        ):
+            if block:
+                yield block
+            block = []
         if stripped.startswith("```"):
             fenced = not fenced
-            blocks.append([])
             continue
         if fenced or not stripped:
-            blocks.append([])
             continue
-        is_row = stripped.startswith("|")
-        if blocks and blocks[-1] and blocks[-1][-1][1].startswith("|") == is_row:
-            blocks[-1].append((number, stripped))
-        else:
-            blocks.append([(number, stripped)])
-    for block in filter(None, blocks):
+        if stripped.startswith("#"):
+            yield [(number, stripped)]
+            continue
+        block.append((number, stripped))
+    if block:
+        yield block
+
+
+def claims(readme: str) -> Iterator[Claim]:
+    """Every line with a decimal figure, with the benchmark pages it must be on."""
+    for block in _blocks(readme):
         if block[0][1].startswith("|"):
-            yield from _table_claims(block)
+            header_pages = _PAGE_LINK.findall(block[0][1])
+            for number, row in block:
+                yield Claim(number, row, figures_in(row), _PAGE_LINK.findall(row) or header_pages)
             continue
-        paragraph_files = _RESULT_FILE.findall(" ".join(line for _, line in block))
+        paragraph_pages = _PAGE_LINK.findall(" ".join(line for _, line in block))
         for number, line in block:
-            bold = " ".join(_BOLD.findall(_CODE_SPAN.sub(" ", line)))
-            if bold:
-                yield Claim(number, line, figures_in(bold), paragraph_files)
+            yield Claim(number, line, figures_in(line), paragraph_pages)
 
 
-def numbers_in(document: object) -> Iterator[float]:
-    """Every number in a parsed JSON document: values, and numbers inside keys and strings."""
-    if isinstance(document, bool) or document is None:
-        return
-    if isinstance(document, int | float):
-        yield float(document)
-    elif isinstance(document, str):
-        yield from (float(number) for number in _ANY_NUMBER.findall(document))
-    elif isinstance(document, dict):
-        for key, value in document.items():
-            yield from numbers_in(str(key))
-            yield from numbers_in(value)
-    elif isinstance(document, list):
-        for value in document:
-            yield from numbers_in(value)
+def page_numbers(markdown: str) -> set[float]:
+    """Every decimal number a page shows outside code spans."""
+    return {float(found) for found in _DECIMAL.findall(_CODE_SPAN.sub(" ", markdown))}
 
 
 def holds(figure: str, numbers: set[float]) -> bool:
     decimals = len(figure.split(".")[1])
     target = float(figure)
-    tolerance = 0.5 * 10**-decimals * 1e-3
-    for number in numbers:
-        for shown in (number, number / 60.0, number * 100.0):
-            if abs(round(shown, decimals) - target) <= tolerance:
-                return True
-    return False
+    return any(abs(round(number, decimals) - target) <= 0.5 * 10**-decimals * 1e-3 for number in numbers)
 
 
-def unheld_figures(readme: str, results: dict[str, set[float]]) -> list[str]:
-    """Messages for figures that name no result file or that the named file does not hold; empty when clean."""
+def unheld_figures(readme: str, shown: dict[str, set[float]]) -> list[str]:
+    """Messages for README figures that link no benchmark page, or that the linked pages do not show."""
     problems = []
     for claim in claims(readme):
         if not claim.figures:
             continue
         where = f"README line {claim.line_number}"
-        if not claim.named:
+        if not claim.pages:
             problems.append(
-                f"{where}: {', '.join(claim.figures)} name(s) no result file (name `bench/results/<file>.json` in "
-                f"the row, the table's header row or the bold text's paragraph): {claim.line}"
+                f"{where}: {', '.join(claim.figures)} link(s) no benchmark page (link docs/benchmarks/<page>.md "
+                f"in the row, the table's header row or the paragraph): {claim.line}"
             )
             continue
-        missing_files = [name for name in claim.named if name not in results]
-        if missing_files:
-            problems.append(f"{where}: names missing result file(s) {missing_files}: {claim.line}")
+        missing = [page for page in claim.pages if page not in shown]
+        if missing:
+            problems.append(f"{where}: links missing benchmark page(s) {missing}: {claim.line}")
             continue
-        pool = set().union(*(results[name] for name in claim.named))
+        pool = set().union(*(shown[page] for page in claim.pages))
         problems += [
-            f"{where}: {figure} is not in {', '.join(claim.named)}: {claim.line}"
+            f"{where}: {figure} is not on {', '.join(claim.pages)}.md: {claim.line}"
             for figure in claim.figures
             if not holds(figure, pool)
         ]
     return problems
 
 
-def load_results(folder: Path) -> dict[str, set[float]]:
-    return {
-        path.name: set(numbers_in(json.loads(path.read_text(encoding="utf-8"))))
-        for path in sorted(folder.glob("*.json"))
-    }
+@pytest.fixture(scope="module")
+def built() -> dict[str, str]:
+    if not RESULTS.is_dir():
+        pytest.skip("bench/results/ is absent")
+    generated, _plots = pages.build()
+    return generated
 
 
-def test_every_readme_figure_is_in_a_result_file() -> None:
+def test_benchmark_pages_are_generated_from_the_result_files(built: dict[str, str]) -> None:
+    stale = [
+        name
+        for name, text in built.items()
+        if not (PAGES_DIR / name).is_file() or (PAGES_DIR / name).read_text(encoding="utf-8") != text
+    ]
+    assert not stale, (
+        f"stale benchmark page(s) {stale}: run `.venv/bin/python bench/pages.py` and commit them"
+    )
+    for name, text in built.items():
+        for image in re.findall(r"\]\(img/([\w.-]+\.png)\)", text):
+            assert (PAGES_DIR / "img" / image).is_file(), f"{name} shows img/{image}, which is missing"
+
+
+def test_every_readme_figure_is_on_the_benchmark_page_it_links(built: dict[str, str]) -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    results = load_results(RESULTS)
-    assert results, f"no result files in {RESULTS}"
-    checked = sum(len(claim.figures) for claim in claims(readme))
-    assert checked >= 5, "the README results table seems to have moved; update this test"
-    problems = unheld_figures(readme, results)
+    shown = {name.removesuffix(".md"): page_numbers(text) for name, text in built.items()}
+    problems = unheld_figures(readme, shown)
     assert not problems, "\n".join(problems)
 
 
-_TABLE_WITH_HEADER_SOURCE = """\
-| phase (`bench/results/run.json`) | mAP@0.5 |
-| --- | --- |
-| steady | 0.962 |
-| steady | {figure} |
-"""
+def test_every_cited_result_file_and_its_script_exist(built: dict[str, str]) -> None:
+    results = pages.load_results()
+    for name, text in built.items():
+        for file in pages.cited_files(text):
+            assert (RESULTS / file).is_file(), f"docs/benchmarks/{name} names {file}, not in bench/results/"
+            script = pages.script_of(results[file.removesuffix(".json")])
+            if script is not None:
+                assert (ROOT / script).is_file(), (
+                    f"{file} (named on {name}) was written by {script}, now missing"
+                )
+
+
+def test_a_result_made_from_uncommitted_code_cannot_be_cited() -> None:
+    dirty = pages.Result("run", {"environment": {"uncommitted_code": ["src/defectdet/x.py"]}})
+    output_only = pages.Result("weights", {"environment": {"uncommitted_code": ["src/defectdet/model/w.pt"]}})
+    page = pages.Page("accuracy", "Accuracy", {"run": dirty, "weights": output_only})
+    with pytest.raises(SystemExit, match="uncommitted code"):
+        page.cite("run")
+    assert page.cite("weights") == "`weights.json`"
+    with pytest.raises(SystemExit, match="not in"):
+        page.cite("absent")
+
+
+_SHOWN = {"accuracy": {0.962, 0.8861}, "inference": {8.52}}
 
 
 @pytest.mark.parametrize(
     ("readme", "expected"),
     [
-        ("| nano | mAP@0.5 **0.962** after 7.5 min | `bench/results/run.json` |", []),
-        ("| nano | mAP@0.5 **0.971** | `bench/results/run.json` |", ["line 1: 0.971 is not in run.json"]),
+        ("| tiny | 20 min | **0.962** | [accuracy](docs/benchmarks/accuracy.md) |", []),
+        ("| tiny | 20 min | 0.89 | [accuracy](docs/benchmarks/accuracy.md) |", []),  # 0.8861 rounded
         (
-            "| nano | 6.29 ms | `bench/results/run.json` |",
-            ["6.29 is not in run.json"],
-        ),  # in latency.json only
-        ("| nano | 6.3 ms | `bench/results/latency.json` |", []),
-        ("| nano | 6.3 ms |  |", ["line 1: 6.3 name(s) no result file"]),  # held by latency.json, but unnamed
-        ("| nano | 0.962, 12.5 % escape | `bench/results/run.json` |", []),  # 0.125 shown as a percentage
-        ("| target | mAP@0.5 >= 0.986, <= 15.0 ms | `python bench/x.py --time 0.5` |", []),
-        ("| nano | 0.962 | `bench/results/other.json` |", ["missing result file"]),
-        (_TABLE_WITH_HEADER_SOURCE.format(figure="0.96"), []),  # rows take the header row's file
-        (_TABLE_WITH_HEADER_SOURCE.format(figure="0.97"), ["line 4: 0.97 is not in run.json"]),
-        # no file in the row nor in the header row
-        ("| nano | 0.962 |\n| --- | --- |\n| tiny | 0.962 |", ["line 1:", "line 3:"]),
-        ("Reaches **0.970** on held-out boards.", ["line 1: 0.970 name(s) no result file"]),
-        ("Reaches **0.962**\non held-out boards (`bench/results/run.json`).", []),  # named in its paragraph
-        ("Reaches **0.971**\non held-out boards (`bench/results/run.json`).", ["line 1: 0.971 is not in"]),
-        ("Named here: `bench/results/run.json`.\n\nReaches **0.962**.", ["line 3: 0.962 name(s) no result"]),
-        # code blocks, code spans and plain prose hold no checked figures
-        ("```\n| nano | 0.971 |\n```\nplain text 0.971, `**0.971**`", []),
+            "| tiny | 20 min | 0.971 | [accuracy](docs/benchmarks/accuracy.md) |",
+            ["0.971 is not on accuracy.md"],
+        ),
+        ("| nano | 8.52 ms | [accuracy](docs/benchmarks/accuracy.md) |", ["8.52 is not on accuracy.md"]),
+        ("| nano | 8.52 ms | [latency](docs/benchmarks/inference.md) |", []),
+        ("| nano | 8.52 ms | |", ["line 1: 8.52 link(s) no benchmark page"]),
+        ("| nano | 0.962 | [x](docs/benchmarks/nowhere.md) |", ["missing benchmark page(s) ['nowhere']"]),
+        # rows take the header row's page
+        ("| what ([pages](docs/benchmarks/accuracy.md)) | mAP |\n| --- | --- |\n| tiny | 0.962 |", []),
+        ("| what | mAP |\n| --- | --- |\n| tiny | 0.962 |", ["line 3: 0.962 link(s) no benchmark page"]),
+        # a paragraph's link holds for each of its lines; plain prose is checked too
+        ("Reaches 0.962\non held-out boards ([accuracy](docs/benchmarks/accuracy.md)).", []),
+        (
+            "Reaches 0.962 on held-out boards.\n\nSee [accuracy](docs/benchmarks/accuracy.md).",
+            ["line 1: 0.962"],
+        ),
+        # code, metric names, targets and link targets hold no figures
+        ("```\n| nano | 0.971 |\n```\n`0.971`, mAP@0.5:0.95, at most <= 15.0, [v](https://x.org/1.2)", []),
     ],
 )
 def test_checker_catches_unheld_figures(readme: str, expected: list[str]) -> None:
-    results = {
-        "run.json": set(numbers_in({"mAP50": 0.96229, "time_to_mAP50_0.9_s": 452.08, "escape": 0.125})),
-        "latency.json": set(numbers_in({"ort_p50_ms": 6.29})),
-    }
-    problems = unheld_figures(readme, results)
+    problems = unheld_figures(readme, _SHOWN)
     assert len(problems) == len(expected), problems
     for problem, needle in zip(problems, expected, strict=True):
         assert needle in problem
-
-
-def test_a_wrong_figure_in_the_readme_fails() -> None:
-    """The real README with one figure changed (0.771 -> 0.717 in the side-by-side's first row) no longer passes."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    row = next(line for line in readme.splitlines() if line.startswith("| surface family (600 images"))
-    assert "| **0.771** |" in row
-    problems = unheld_figures(
-        readme.replace(row, row.replace("| **0.771** |", "| **0.717** |", 1)), load_results(RESULTS)
-    )
-    assert len(problems) == 1 and "0.717 is not in scaling_surface_nano_10min.json" in problems[0]
