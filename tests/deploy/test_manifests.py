@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 DASHBOARD = ROOT / "deploy" / "grafana" / "defectdet-dashboard.json"
 CONTAINERFILE = ROOT / "Containerfile"
+GUIDE = ROOT / "docs" / "guides" / "several-lines.md"
 # the oldest Kubernetes minor still commonly run, and the newest schemas the validator ships
 KUBERNETES_VERSIONS = ("1.29.0", None)
 
@@ -154,6 +155,31 @@ def test_containerfile_lints_clean_and_runs_serve_as_non_root() -> None:
     assert_serve_options(json.loads(cmd.replace("\\\n", "")))
     install = re.search(r"pip install (.*)", text).group(1)  # the serve extra only: no torch in the image
     assert "[serve]" in install and not re.search(r"\[(train|all|dev)|torch", install), install
+
+
+def guide_blocks(language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", GUIDE.read_text(), flags=re.M | re.S)
+
+
+def test_guide_examples_validate_and_lint(tmp_path: Path) -> None:
+    """The training Job and Service in the guide validate; its training image lints clean."""
+    documents = [
+        doc
+        for block in guide_blocks("yaml")
+        for doc in yaml.safe_load_all(block)
+        if doc and "apiVersion" in doc
+    ]
+    assert {doc["kind"] for doc in documents} == {"Service", "Job"}
+    validate(documents)
+    (containerfile,) = guide_blocks("dockerfile")
+    (tmp_path / "Containerfile").write_text(containerfile)
+    completed = subprocess.run(
+        [tool("hadolint"), "--no-color", str(tmp_path / "Containerfile")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
 
 
 def test_ignore_files_hold_the_same_lines() -> None:
