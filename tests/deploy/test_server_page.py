@@ -58,10 +58,13 @@ PAGE_TOKEN = "line-7-secret"
 
 
 def _serve(settings: ServeSettings) -> Iterator[str]:
+    yield from _serve_app(create_app(FakePredictor(), settings))
+
+
+def _serve_app(app) -> Iterator[str]:  # noqa: ANN001
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    app = create_app(FakePredictor(), settings)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -141,3 +144,47 @@ def test_with_a_token_the_page_asks_for_it_once_and_then_inspects(token_url: str
         assert len(prompts) == 1 and "token" in prompts[0]
         assert any(status == 401 for _, status in statuses)  # refused until the token was given
         assert any(url.endswith("/v1/detect") and status == 200 for url, status in statuses)
+
+
+def _weak_predictor() -> FakePredictor:
+    predictor = FakePredictor()
+    predictor.metadata = predictor.metadata.model_copy(update={"metrics": {"mAP50": 0.0003, "split": "val"}})
+    return predictor
+
+
+def test_a_model_with_a_near_zero_validation_map_is_flagged_everywhere(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fastapi.testclient import TestClient
+
+    with caplog.at_level("WARNING", logger="defectdet.runtime.server"):
+        app = create_app(_weak_predictor(), ServeSettings(models_dir=str(tmp_path)))
+    assert "validation mAP50 0.0003 on its val split is near zero" in caplog.text
+    with TestClient(app, base_url="http://localhost") as client:
+        quality = client.get("/v1/model").json()["quality"]
+        assert (
+            quality["near_zero"] is True
+            and quality["value"] == 0.0003
+            and "do not put it" in quality["warning"]
+        )
+        assert client.get("/v1/models").json()["live"]["quality"]["near_zero"] is True
+    good = FakePredictor()
+    good.metadata = good.metadata.model_copy(update={"metrics": {"mAP50": 0.91, "split": "val"}})
+    with TestClient(create_app(good), base_url="http://localhost") as client:
+        assert client.get("/v1/model").json()["quality"] == {
+            "metric": "mAP50", "value": 0.91, "split": "val", "near_zero": False, "warning": None
+        }  # fmt: skip
+    served = _serve_app(create_app(_weak_predictor(), ServeSettings(models_dir=str(tmp_path))))
+    url = next(served)
+    try:
+        with _page(tmp_path / "board.png", 13) as page:
+            page.goto(url + "/")
+            page.wait_for_selector("#model-warning:not([hidden])", timeout=15_000)
+            assert "near zero" in page.text_content("#model-warning")
+            page.wait_for_selector("#models-panel:not([hidden])", timeout=15_000)
+            page.wait_for_function(
+                "() => document.querySelector('#models tbody').textContent.includes('near zero')",
+                timeout=15_000,
+            )
+    finally:
+        next(served, None)

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from defectdet.errors import DefectDetError
+from defectdet.runtime.model_quality import validation_quality
 from defectdet.runtime.monitor import DriftMonitor
 from defectdet.runtime.upload import UploadError
 
@@ -113,6 +114,7 @@ class ServedModel:
             "input_size": meta.input_size,
             "flip_views": meta.flip_views,  # test-time flips in the graph: they multiply the model's time
             "repeat_check": meta.repeat_check,  # detections on repeated design dropped (runtime.repeat_check)
+            "quality": validation_quality(meta),  # near-zero validation mAP flagged
         }
 
 

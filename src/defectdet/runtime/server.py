@@ -51,6 +51,7 @@ from defectdet.runtime.capture import DEFAULT_KEEP_MAX_MB, Capture, KeptItem, ke
 from defectdet.runtime.deployment import Deployment, ServedModel
 from defectdet.runtime.json_body import JSONBodyLimit
 from defectdet.runtime.metrics import ServiceMetrics
+from defectdet.runtime.model_quality import validation_quality
 from defectdet.runtime.model_routes import models_router
 from defectdet.runtime.predictor import PredictionResult, Predictor
 from defectdet.runtime.review import PAGE_HEADERS, ReviewFolder, review_router
@@ -215,6 +216,7 @@ class Service:
     def _swapped(self, model: ServedModel) -> None:
         """Another model went live: the drift gauges follow its charts, the review page offers its classes."""
         self.metrics.set_drift_charts(model.monitor)
+        _warn_quality(model.name, model.metadata)
         if self.review is not None:
             self.review.class_names = list(model.metadata.class_names)
 
@@ -603,6 +605,7 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
     )
     live_path = Path(bundle) if isinstance(bundle, (str, Path)) else None
     service = Service(predictor, settings, live_path)
+    _warn_quality(service.live.name, service.metadata)
     if settings.shadow:
         service.deployment.start_shadow(settings.shadow)  # a bad name stops serve here, with the reason
 
@@ -642,6 +645,13 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app
+
+
+def _warn_quality(name: str, metadata: Any) -> None:
+    """Log a loud warning when the served model's validation mAP is near zero."""
+    warning = validation_quality(metadata)["warning"]
+    if warning:
+        logger.warning("MODEL %s: %s", name, warning)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -698,6 +708,7 @@ def _add_inspection_routes(app: FastAPI, service: Service, settings: ServeSettin
         return {
             "model_version": service.version,
             "metadata": _redact_paths(service.metadata.model_dump(mode="json")),
+            "quality": validation_quality(service.metadata),
             "settings": {
                 "max_concurrency": settings.max_concurrency,
                 "max_queue": settings.max_queue,

@@ -39,6 +39,9 @@ async function getJson(url, options) {
 async function loadModel() {
   const { ok, body } = await getJson("/v1/model");
   if (!ok) { $("model").textContent = "model: " + (body.error || "unavailable"); return; }
+  const warning = body.quality && body.quality.warning;  // a model with a near-zero validation mAP
+  $("model-warning").hidden = !warning;
+  $("model-warning").textContent = warning ? "Warning: " + warning : "";
   const meta = body.metadata;
   $("model").textContent = `model ${body.model_version} · ${meta.preset || "?"} · ${meta.input_size}px · ` +
     `classes: ${meta.class_names.join(", ")} · threshold ${meta.thresholds.score.toFixed(3)}`;
@@ -185,7 +188,9 @@ async function refreshModels() {
   $("models-panel").hidden = false;
   if (liveVersion !== null && liveVersion !== body.live.model_version) loadModel();  // promoted or rolled back
   liveVersion = body.live.model_version;
-  const row = (role, m) => m ? `<tr><td>${role}</td><td>${escapeHtml(m.name)}</td><td>${escapeHtml(m.model_version || "")}</td>` +
+  const flag = (m) => m.quality && m.quality.near_zero ?
+    ` <span class="badge alert" title="${escapeHtml(m.quality.warning)}">validation ${escapeHtml(m.quality.metric)} ${m.quality.value.toFixed(4)}: near zero</span>` : "";
+  const row = (role, m) => m ? `<tr><td>${role}</td><td>${escapeHtml(m.name)}${flag(m)}</td><td>${escapeHtml(m.model_version || "")}</td>` +
     `<td>${escapeHtml(m.since || m.file || "")}</td><td>${m.threshold === undefined ? "" : m.threshold.toFixed(3)}</td></tr>` : "";
   $("models").querySelector("tbody").innerHTML = row("live", body.live) + row("shadow", body.shadow) + row("previous", body.previous);
   const shadow = body.shadow;
