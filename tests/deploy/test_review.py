@@ -171,11 +171,6 @@ def test_a_bad_label_file_is_not_rewritten_until_the_operator_decides(
             422,
             "4 finite",
         ),
-        (
-            {"image": "a.png", "action": "accept", "boxes": [{"class_id": 0, "box": [5, 5, 5, 9]}]},
-            422,
-            "empty",
-        ),
         ({"image": "a.png", "action": "burn"}, 422, "action must be one of"),
         ({"image": "../decisions.jsonl", "action": "skip"}, 404, "no image"),
         ({"image": "zz.png", "action": "skip"}, 404, "no image"),
@@ -189,6 +184,37 @@ def test_bad_decisions_get_a_4xx_with_the_reason(
     assert response.status_code == status, response.text
     assert words in response.json()["error"]
     assert not (folder / "decisions.jsonl").exists() and not (folder / "labels" / "a.txt").exists()
+
+
+def test_an_empty_box_is_dropped_with_a_note_and_the_other_boxes_are_saved(
+    client: TestClient, folder: Path
+) -> None:
+    boxes = [
+        {"class_id": 0, "box": [10, 10, 60, 50]},
+        {"class_id": 1, "box": [5, 5, 5, 9]},  # zero width
+        {"class_id": 2, "box": [20, 30, 40, 30.4]},  # under a pixel high
+    ]
+    response = _decide(client, "a.png", "edit", boxes)
+    assert response.status_code == 200, response.text
+    assert response.json()["dropped"] == [
+        "boxes[1]: dropped, the box is empty inside the 200x100 image",
+        "boxes[2]: dropped, the box is empty inside the 200x100 image",
+    ]
+    assert (folder / "labels" / "a.txt").read_text() == "0 0.175000 0.300000 0.250000 0.400000\n"
+    assert len(_log(folder)[-1]["dropped"]) == 2
+
+
+def test_an_empty_proposal_is_never_served(client: TestClient, folder: Path) -> None:
+    sidecar = json.loads((folder / "predictions" / "a.json").read_text())
+    sidecar["threshold"] = 0.5
+    sidecar["detections"] += [
+        {"class_id": 0, "score": 0.4, "box": [10, 20, 10, 40]},
+        {"class_id": 0, "score": 0.3, "box": [10, 20, 30, 20]},
+    ]
+    (folder / "predictions" / "a.json").write_text(json.dumps(sidecar))
+    item = next(i for i in client.get("/v1/review/items").json()["items"] if i["name"] == "a.png")
+    assert [box["box"] for box in item["predictions"]] == [[50, 40, 90, 70]]
+    assert item["threshold"] == 0.5 and item["has_labels"] is False
 
 
 def test_a_decision_needs_an_operator(client: TestClient) -> None:

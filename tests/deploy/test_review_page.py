@@ -1,5 +1,7 @@
-"""The review page in headless Chromium (Debian's `chromium` through playwright): shortcuts, drawing a box with
-the mouse, assigning a class, the saved YOLO label file; a broken image shown as an error and skipped.
+"""The review page in headless Chromium (Debian's `chromium` through playwright), driven with the real mouse and
+keyboard at 1366x768: the class keys set the class of the next box (a drawn box is not re-classed), move, undo,
+zoom, the score slider hides near misses and `a` never accepts a hidden proposal, the saved YOLO label file,
+the browser download of the labels; a bad label file and a broken image shown as errors; no sideways scroll.
 
 Skipped with the reason when playwright or a Chromium binary is missing.
 """
@@ -11,12 +13,14 @@ import os
 import socket
 import threading
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import uvicorn
-from test_review import BAD_LABEL, make_folder
+from server_fakes import board, encode
+from test_review import BAD_LABEL, CLASSES, make_folder
 from test_server_page import BROWSER_ARGS, CHROMIUM
 
 from defectdet.runtime.review import ReviewFolder
@@ -28,11 +32,15 @@ sync_api = pytest.importorskip(
 )
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (apt-get install chromium)")
 TOKEN = "review-secret"
+SCREEN = {"width": 1366, "height": 768}
+THRESHOLD = 0.5
+DETECTION = {"class_id": 1, "score": 0.9, "box": [150, 10, 190, 40]}
+NEAR_SHOWN = {"class_id": 0, "score": 0.45, "box": [150, 60, 190, 95]}  # shown once the slider is at 0.4
+NEAR_HIDDEN = {"class_id": 2, "score": 0.3, "box": [110, 60, 140, 95]}  # hidden at 0.4 too
+EMPTY = {"class_id": 0, "score": 0.7, "box": [120, 10, 120, 50]}  # zero width: never shown
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    folder = make_folder(tmp_path / "kept")
+def _serve(folder: Path) -> Iterator[str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -44,9 +52,41 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     while not server.started:
         assert time.monotonic() < deadline, "the review app did not start"
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", folder
+    yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(10)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    folder = make_folder(tmp_path / "kept")
+    for url in _serve(folder):
+        yield url, folder
+
+
+def proposals_folder(root: Path) -> Path:
+    """images/a.png (200x100) kept as 'uncertain' with a detection, two near misses and an empty proposal at a
+    threshold of 0.5; images/b.png with no proposals."""
+    for sub in ("images", "predictions"):
+        (root / sub).mkdir(parents=True)
+    (root / "images" / "a.png").write_bytes(encode(board(1, size=200)[:100]))
+    (root / "images" / "b.png").write_bytes(encode(board(2, size=120)))
+    sidecar = {
+        "reasons": ["uncertain"],
+        "verdict": "defective",
+        "class_names": CLASSES,
+        "threshold": THRESHOLD,
+        "detections": [DETECTION, NEAR_SHOWN, NEAR_HIDDEN, EMPTY],
+    }
+    (root / "predictions" / "a.json").write_text(json.dumps(sidecar))
+    return root
+
+
+@pytest.fixture
+def proposals(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    folder = proposals_folder(tmp_path / "kept")
+    for url in _serve(folder):
+        yield url, folder
 
 
 def _saved(page, count: int) -> None:
@@ -59,52 +99,144 @@ def _saved(page, count: int) -> None:
         ) from None
 
 
-def test_shortcuts_and_a_box_drawn_with_the_mouse_become_yolo_labels(
+def _canvas(page, name: str) -> str:
+    return page.get_attribute("#canvas", f"data-{name}") or ""
+
+
+def _point(page, x: float, y: float) -> tuple[float, float]:
+    """Image pixel (x, y) -> page coordinates, through the page's current zoom and pan."""
+    view = json.loads(_canvas(page, "view"))
+    rect = page.locator("#canvas").bounding_box()
+    return rect["x"] + x * view["s"] + view["tx"], rect["y"] + y * view["s"] + view["ty"]
+
+
+def _drag(page, start: tuple[float, float], end: tuple[float, float]) -> None:
+    """Press at image pixel `start`, move in steps, release at image pixel `end`."""
+    page.mouse.move(*_point(page, *start))
+    page.mouse.down()
+    page.mouse.move(*_point(page, *end), steps=6)
+    page.mouse.up()
+
+
+def _labels(path: Path) -> list[tuple[int, list[float]]]:
+    """The YOLO label file as (class, [x1, y1, x2, y2] in pixels of the 200x100 image)."""
+    rows = []
+    for line in path.read_text().splitlines():
+        class_id, cx, cy, w, h = (float(v) for v in line.split())
+        box = [(cx - w / 2) * 200, (cy - h / 2) * 100, (cx + w / 2) * 200, (cy + h / 2) * 100]
+        rows.append((int(class_id), box))
+    return rows
+
+
+def _close(box: list[float], expected: list[float], tolerance: float = 1.0) -> bool:
+    return all(abs(a - b) <= tolerance for a, b in zip(box, expected, strict=True))
+
+
+def _open(browser, url: str, first: str):
+    page = browser.new_page(viewport=SCREEN, accept_downloads=True)
+    page.on("dialog", lambda dialog: dialog.accept(TOKEN))
+    page.goto(url + "/review")
+    page.wait_for_function(
+        f"() => document.getElementById('item-name').textContent === {first!r}"
+        " && document.getElementById('canvas').dataset.view !== undefined",
+        timeout=15_000,
+    )
+    return page
+
+
+def test_class_keys_move_undo_slider_accept_and_download(proposals: tuple[str, Path], tmp_path: Path) -> None:
+    url, folder = proposals
+    label = folder / "labels" / "a.txt"
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        try:
+            page = _open(browser, url, "a.png")
+            assert page.evaluate("document.scrollingElement.scrollWidth") <= SCREEN["width"]
+            # below the threshold: hidden; the empty proposal is never shown
+            assert (_canvas(page, "boxes"), _canvas(page, "hidden")) == ("1", "2")
+            assert "0.500" in page.text_content("#threshold-note")
+            assert "Esc" in page.text_content("#shortcuts") and "next box" in page.text_content("#class-rule")
+            page.fill("#operator", "anna")
+            page.keyboard.press("Enter")  # leaves the name field: the keys are shortcuts again
+            # class first, then draw: '3' is the class of the next box; the drawn box is not selected, so '2'
+            # sets the class of the box after it and leaves the first one alone
+            page.keyboard.press("3")
+            _drag(page, (10, 10), (40, 40))
+            _saved(page, 1)
+            page.keyboard.press("2")
+            page.mouse.wheel(0, -300)  # zoom in around the cursor: drawing still lands on the image pixels
+            assert json.loads(_canvas(page, "view"))["s"] > 4
+            _drag(page, (60, 50), (90, 80))
+            _saved(page, 2)
+            assert [row[0] for row in _labels(label)] == [2, 1]
+            page.keyboard.press("0")  # fit again
+            # move the first box: click selects it, dragging its body moves it 20 px right
+            page.mouse.click(*_point(page, 25, 25))
+            page.wait_for_function("() => document.querySelector('#boxes tr.selected') !== null")
+            _drag(page, (25, 25), (45, 25))
+            _saved(page, 3)
+            assert _close(_labels(label)[0][1], [30, 10, 60, 40])
+            page.keyboard.press("Escape")
+            page.keyboard.press("Control+z")  # undo the move
+            _saved(page, 4)
+            first, second = _labels(label)
+            assert first[0] == 2 and _close(first[1], [10, 10, 40, 40])
+            assert second[0] == 1 and _close(second[1], [60, 50, 90, 80])
+            # the slider reveals the near misses above it and hides them again
+            page.fill("#min-score", "0.4")
+            assert (_canvas(page, "boxes"), _canvas(page, "hidden")) == ("4", "1")
+            page.fill("#min-score", "0.5")
+            assert (_canvas(page, "boxes"), _canvas(page, "hidden")) == ("3", "2")
+            page.fill("#min-score", "0.4")
+            page.locator("#canvas").focus()
+            page.keyboard.press("a")  # accept: the two labels + the proposals shown, never the hidden one
+            _saved(page, 5)
+            page.wait_for_function("() => document.getElementById('item-name').textContent === 'b.png'")
+            saved = sorted((class_id, [round(v) for v in box]) for class_id, box in _labels(label))
+            expected = [(2, [10, 10, 40, 40]), (1, [60, 50, 90, 80]), DETECTION, NEAR_SHOWN]
+            assert saved == sorted(
+                row if isinstance(row, tuple) else (row["class_id"], row["box"]) for row in expected
+            )
+            assert (
+                _canvas(page, "hidden") == "0"
+            )  # b.png: the slider is back at the threshold, nothing hidden
+            with page.expect_download() as downloading:
+                page.click("#export")
+            archive = tmp_path / downloading.value.suggested_filename
+            downloading.value.save_as(archive)
+            page.wait_for_function(
+                "() => document.getElementById('status').textContent.startsWith('downloaded')"
+            )
+            assert page.evaluate("document.scrollingElement.scrollWidth") <= SCREEN["width"]
+        finally:
+            browser.close()
+    assert archive.name == "kept-labels.zip"
+    with zipfile.ZipFile(archive) as opened:
+        names = set(opened.namelist())
+        assert {"data.yaml", "reviewed.txt", "images/a.png", "labels/a.txt", "annotations.coco.json"} <= names
+        assert opened.read("labels/a.txt") == label.read_bytes()
+        assert "images/b.png" not in names  # not reviewed
+    log = [json.loads(line) for line in (folder / "decisions.jsonl").read_text().splitlines()]
+    assert [entry["action"] for entry in log] == ["edit"] * 4 + ["accept"]
+
+
+def test_a_bad_label_file_and_a_broken_image_are_shown_and_the_rest_is_decided(
     served: tuple[str, Path], tmp_path: Path
 ) -> None:
     url, folder = served
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("dialog", lambda dialog: dialog.accept(TOKEN))
+            page = _open(browser, url, "a.png")
             requests: list[str] = []
             page.on("request", lambda request: requests.append(request.url))
-            page.goto(url + "/review")
-            # a.png opens first (pending) with the model's box
-            page.wait_for_function(
-                "() => document.getElementById('item-name').textContent === 'a.png'", timeout=15_000
-            )
-            page.wait_for_function(
-                "() => document.getElementById('canvas').dataset.boxes === '1'", timeout=15_000
-            )
-            assert "a accept" in page.text_content("#shortcuts").replace("\n", " ")
+            assert _canvas(page, "boxes") == "1"  # no threshold recorded: the model's box is shown
             page.fill("#operator", "anna")
-            # draw a second box with the mouse on the 200x100 image, then make it class 3. The page enlarges a
-            # small image (here 3.8x, to its 760 px display side) so boxes can be drawn on it.
-            canvas = page.locator("#canvas").bounding_box()
-            scale = canvas["width"] / 200
-            assert round(scale, 2) == 3.8 and round(canvas["height"]) == round(100 * scale)
-            page.mouse.move(canvas["x"] + 10 * scale, canvas["y"] + 20 * scale)
-            page.mouse.down()
-            page.mouse.move(canvas["x"] + 30 * scale, canvas["y"] + 40 * scale, steps=5)
-            page.mouse.move(canvas["x"] + 50 * scale, canvas["y"] + 60 * scale, steps=5)
-            page.mouse.up()
-            _saved(page, 1)
-            page.wait_for_function("() => document.getElementById('canvas').dataset.boxes === '2'")
-            page.keyboard.press("3")  # the drawn box is selected: it becomes 'mousebite'
-            _saved(page, 2)
-            lines = (folder / "labels" / "a.txt").read_text().splitlines()
-            assert lines[0] == "1 0.350000 0.550000 0.200000 0.300000"  # the model's box, kept
-            class_id, cx, cy, w, h = lines[1].split()
-            assert class_id == "2"
-            assert abs(float(cx) - 0.15) < 0.02 and abs(float(cy) - 0.4) < 0.04
-            assert abs(float(w) - 0.2) < 0.02 and abs(float(h) - 0.4) < 0.04
+            page.keyboard.press("Enter")
             page.keyboard.press("a")  # accept -> next usable image: b.png with its bad label file
-            _saved(page, 3)
+            _saved(page, 1)
             page.wait_for_function("() => document.getElementById('item-name').textContent === 'b.png'")
             assert "labels/b.txt line 2" in page.text_content("#label-error")
-            assert (folder / "labels" / "b.txt").read_text() == BAD_LABEL
             page.keyboard.press("n")  # c.png is truncated: shown as an error entry, counted, skipped
             page.wait_for_function(
                 "() => document.getElementById('counts').dataset.broken === '2'", timeout=15_000
@@ -113,19 +245,26 @@ def test_shortcuts_and_a_box_drawn_with_the_mouse_become_yolo_labels(
             page.keyboard.press("n")
             page.wait_for_function("() => document.getElementById('item-name').textContent === 'd.png'")
             page.keyboard.press("c")  # clean
-            _saved(page, 4)
+            _saved(page, 2)
+            # the list filters by status: two decided, the broken ones under their own status
+            page.select_option("#filter-status", "accept")
+            assert page.locator("#items li[data-status='accept']").count() == 1
+            page.select_option("#filter-status", "error")
+            assert page.locator("#items li[data-status='error']").count() == 2
+            page.select_option("#filter-status", "")
+            page.select_option("#filter-reason", "flagged")
+            assert page.locator("#items li").count() in (1, 2)  # a.png, and the current item stays listed
             screenshot = Path(os.environ.get("DEFECTDET_REVIEW_SCREENSHOT", tmp_path / "review.png"))
-            page.screenshot(path=str(screenshot), full_page=True)
+            page.screenshot(path=str(screenshot))
             assert screenshot.stat().st_size > 10_000
             assert all(url_.startswith(url) for url_ in requests), requests
         finally:
             browser.close()
+    assert (folder / "labels" / "a.txt").read_text() == "1 0.350000 0.550000 0.200000 0.300000\n"
     assert (folder / "labels" / "d.txt").read_text() == ""
     assert (folder / "labels" / "b.txt").read_text() == BAD_LABEL  # never decided on: untouched
     log = [json.loads(line) for line in (folder / "decisions.jsonl").read_text().splitlines()]
     assert [(entry["image"], entry["action"]) for entry in log] == [
-        ("images/a.png", "edit"),
-        ("images/a.png", "edit"),
         ("images/a.png", "accept"),
         ("images/d.png", "clean"),
     ]

@@ -11,8 +11,11 @@ Layout of FOLDER: images in `FOLDER/images/` (or FOLDER itself), YOLO labels in 
 
 Every decision is written at once (label file through a temporary file and `os.replace`) and appended to
 `FOLDER/decisions.jsonl` with the operator and the time; `FOLDER/reviewed.txt` (a YOLO image list) names the
-images decided and not skipped, and `FOLDER/data.yaml` makes them a dataset for `train --from`. A label file with a bad line is shown with the file and line and is never
-rewritten until the operator decides on that image. `export_coco` writes the decided labels as COCO json.
+images decided and not skipped, and `FOLDER/data.yaml` makes them a dataset for `train --from`. A label file
+with a bad line is shown with the file and line and is never rewritten until the operator decides on that image.
+A box that is empty inside its image is dropped with a note (`dropped` in the answer and the log) instead of
+refusing the decision; the listing never serves an empty proposal. `GET /v1/review/download` is the reviewed
+dataset as one zip. `export_coco` writes the decided labels as COCO json.
 The HTTP routes (`review_router`) are served by `defectdet serve --keep-dir` and `defectdet review`.
 No torch import.
 """
@@ -31,12 +34,14 @@ from typing import Any
 import cv2
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, Response
+from starlette.background import BackgroundTask
 
 from defectdet.data.formats.interchange import CocoImage, coco_document
 from defectdet.data.formats.yolo import label_line
 from defectdet.data.imageio import IMAGE_SUFFIXES, read_image, read_image_size, read_text_file
 from defectdet.errors import DefectDetError
 from defectdet.runtime.capture import atomic_write
+from defectdet.runtime.review_download import write_dataset_zip
 from defectdet.runtime.upload import UploadError
 
 ACTIONS = ("accept", "edit", "clean", "skip")
@@ -236,15 +241,16 @@ class ReviewFolder:
         boxes = []
         for detection in sidecar.get("detections", []) or []:
             try:
-                boxes.append(
-                    Box(
-                        int(detection["class_id"]),
-                        tuple(float(v) for v in detection["box"][:4]),
-                        detection.get("score"),
-                    )
+                box = Box(
+                    int(detection["class_id"]),
+                    tuple(float(v) for v in detection["box"][:4]),
+                    detection.get("score"),
                 )
+                x1, y1, x2, y2 = box.box
             except (KeyError, TypeError, ValueError):
                 continue
+            if x2 - x1 >= 1 and y2 - y1 >= 1:  # an empty proposal is never shown
+                boxes.append(box)
         return boxes
 
     def item(self, image: Path) -> dict[str, Any]:
@@ -257,6 +263,7 @@ class ReviewFolder:
         sidecar = self.sidecar(image) or {}
         entry["reasons"] = sidecar.get("reasons", [])
         entry["verdict"] = sidecar.get("verdict")
+        entry["threshold"] = sidecar.get("threshold", sidecar.get("stored_threshold"))
         entry["template"] = self.template_path(image) is not None
         entry["predictions"] = [box.to_dict(names) for box in self.predictions(image)]
         if image.name in self.broken:
@@ -281,6 +288,7 @@ class ReviewFolder:
             labels = None
         if labels is not None and decision is None:
             entry["status"] = "labelled"
+        entry["has_labels"] = labels is not None
         entry["boxes"] = (
             [box.to_dict(names) for box in labels] if labels is not None else entry["predictions"]
         )
@@ -327,12 +335,13 @@ class ReviewFolder:
         who = " ".join(str(operator or self.operator or "").split())[:80]
         if not who:
             raise UploadError(422, "name the operator: the page's name field or review --operator NAME")
+        parsed: list[Box] = []
+        dropped: list[str] = []
         if image.name in self.broken:
             if action != "skip":
                 raise UploadError(
                     422, f"{image.name} cannot be decoded ({self.broken[image.name]}): only skip"
                 )
-            parsed: list[Box] = []
         else:
             try:
                 size = self.image_size(image)
@@ -340,7 +349,8 @@ class ReviewFolder:
                 if action != "skip":
                     raise UploadError(422, f"{image.name}: {error}") from None
                 size = (1, 1)
-            parsed = self._parse_boxes(boxes, size) if action in ("accept", "edit") else []
+            if action in ("accept", "edit"):
+                parsed, dropped = self._parse_boxes(boxes, size)
         label = self.label_path(image)
         with self._lock:
             if action in LABELLED:
@@ -361,19 +371,24 @@ class ReviewFolder:
                 "boxes": [box.to_dict(self.class_names or []) for box in parsed],
                 "labels": str(label.relative_to(self.root)) if action in LABELLED else None,
             }
+            if dropped:
+                entry["dropped"] = dropped
             _append_line(self.root / DECISIONS, json.dumps(entry))
             self.decisions[image.name] = Decision(action, who, stamp)
             self._write_reviewed()
-        return self.item(image)
+        answer = self.item(image)
+        answer["dropped"] = dropped
+        return answer
 
-    def _parse_boxes(self, boxes: Any, size: tuple[int, int]) -> list[Box]:
+    def _parse_boxes(self, boxes: Any, size: tuple[int, int]) -> tuple[list[Box], list[str]]:
+        """The boxes, and a note for each empty one dropped (an empty box never blocks the others)."""
         if not isinstance(boxes, list):
             raise UploadError(422, "boxes must be a list of {class_id, box: [x1, y1, x2, y2]}")
         if len(boxes) > MAX_BOXES:
             raise UploadError(422, f"at most {MAX_BOXES} boxes per image, got {len(boxes)}")
         width, height = size
         classes = len(self.class_names or [])
-        parsed = []
+        parsed, dropped = [], []
         for index, value in enumerate(boxes):
             where = f"boxes[{index}]"
             if not isinstance(value, dict):
@@ -397,9 +412,10 @@ class ReviewFolder:
             x1, x2 = sorted((min(max(x1, 0.0), width), min(max(x2, 0.0), width)))
             y1, y2 = sorted((min(max(y1, 0.0), height), min(max(y2, 0.0), height)))
             if x2 - x1 < 1 or y2 - y1 < 1:
-                raise UploadError(422, f"{where}: the box is empty inside the {width}x{height} image")
+                dropped.append(f"{where}: dropped, the box is empty inside the {width}x{height} image")
+                continue
             parsed.append(Box(class_id, (x1, y1, x2, y2)))
-        return parsed
+        return parsed, dropped
 
     def _write_reviewed(self) -> None:
         lines = [
@@ -527,6 +543,15 @@ def review_router(folder: ReviewFolder, export_name: str = "annotations.coco.jso
         await _json_body(request)
         summary = folder.export_coco(folder.root / export_name)
         summary["path"] = export_name
+        summary["download"] = "/v1/review/download"
         return summary
+
+    @router.get("/v1/review/download", summary="The reviewed dataset as a zip (data.yaml, images, labels)")
+    def download() -> FileResponse:
+        path, _ = write_dataset_zip(folder)
+        name = f"{folder.root.name or 'review'}-labels.zip"
+        return FileResponse(
+            path, media_type="application/zip", filename=name, background=BackgroundTask(path.unlink)
+        )
 
     return router

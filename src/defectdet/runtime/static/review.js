@@ -1,19 +1,28 @@
 // defectdet review page: plain JS, no build step, no network beyond this service.
 // Every decision is POSTed at once (with the token, X-Defectdet-Request and a JSON body) and saved as labels.
+//
+// The boxes of an image are of two sources: "label" (the operator's, or a proposal the operator touched) and
+// "model" (a proposal of the model, with its score). Proposals scoring under the slider are hidden; the slider
+// starts at the model's threshold on every image. Saving an edit writes the operator's labels only; accept
+// writes them plus the proposals shown at that moment, never hidden ones.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 const COLORS = ["#e53935", "#1e88e5", "#43a047", "#fb8c00", "#8e24aa", "#00acc1", "#6d4c41", "#c0ca33", "#ec407a"];
-const MAX_SIDE = 760;
-// Small images (200 px steel strips, tile crops) are enlarged up to this factor so boxes can be drawn on them.
-const MAX_ENLARGE = 4;
+const MAX_ENLARGE = 8;        // a small image is enlarged to fit the stage, at most this much
+const ZOOM_RANGE = [0.5, 40]; // zoom relative to the fitted view
+const HANDLE = 7;             // corner handle half-size, screen pixels
+const MIN_DRAG = 4;           // screen pixels before a press becomes a drag
+const FINAL = new Set(["accept", "clean", "skip"]);
+const STATUS_NAMES = { pending: "unreviewed", edit: "edited", accept: "accepted", clean: "clean", skip: "skipped", labelled: "labelled" };
 const TOKEN_KEY = "defectdet-token";
 const OPERATOR_KEY = "defectdet-operator";
 let tokenAsked = false;
 
 const state = {
-  items: [], classNames: [], index: -1, boxes: [], selected: -1, currentClass: 0,
-  image: null, scale: 1, drag: null, saved: 0, broken: new Set(),
+  items: [], classNames: [], index: -1, boxes: [], selected: -1, nextClass: 0,
+  threshold: null, minScore: 0, image: null, view: { s: 1, tx: 0, ty: 0 }, fitted: 1,
+  drag: null, space: false, undo: [], memory: new Map(), saved: 0, broken: new Set(), saving: Promise.resolve(),
 };
 
 function escapeHtml(text) {
@@ -62,6 +71,59 @@ function setStatus(text, isError) {
   $("status").className = isError ? "error" : "muted";
 }
 
+// ------------------------------------------------------------------ boxes
+function kind(b) {
+  if (b.source === "label") return "label";
+  return state.threshold != null && b.score != null && b.score < state.threshold ? "near" : "detection";
+}
+
+function shown(b) {
+  return b.source === "label" || b.score == null || b.score >= state.minScore;
+}
+
+function iou(a, b) {
+  const w = Math.min(a[2], b[2]) - Math.max(a[0], b[0]);
+  const h = Math.min(a[3], b[3]) - Math.max(a[1], b[1]);
+  if (w <= 0 || h <= 0) return 0;
+  const inter = w * h;
+  return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter);
+}
+
+function clip(box, size) {
+  const [w, h] = size;
+  const xs = [box[0], box[2]].map((v) => Math.min(Math.max(v, 0), w)).sort((p, q) => p - q);
+  const ys = [box[1], box[3]].map((v) => Math.min(Math.max(v, 0), h)).sort((p, q) => p - q);
+  return [xs[0], ys[0], xs[1], ys[1]];
+}
+
+function imageSize() {
+  return state.image ? [state.image.width, state.image.height] : [Infinity, Infinity];
+}
+
+// the page's boxes of an item: its label file's boxes, and (until a final decision) the model's proposals that
+// no label already covers; empty proposals are dropped
+function boxesOf(item) {
+  const labels = item.has_labels ? item.boxes : [];
+  const boxes = labels.map((b) => ({ class_id: b.class_id, box: b.box.slice(), score: null, source: "label" }));
+  if (!FINAL.has(item.status)) {
+    for (const p of item.predictions || []) {
+      if (p.box[2] - p.box[0] < 1 || p.box[3] - p.box[1] < 1) continue;
+      if (labels.some((l) => l.class_id === p.class_id && iou(l.box, p.box) >= 0.9)) continue;
+      boxes.push({ class_id: p.class_id, box: p.box.slice(), score: p.score == null ? null : p.score, source: "model" });
+    }
+  }
+  return boxes;
+}
+
+function labelBoxes() {
+  return state.boxes.filter((b) => b.source === "label");
+}
+
+function snapshot() {
+  state.undo.push({ boxes: state.boxes.map((b) => ({ ...b, box: b.box.slice() })), labels: JSON.stringify(labelBoxes()) });
+  if (state.undo.length > 200) state.undo.shift();
+}
+
 // ------------------------------------------------------------------ the list
 async function loadFolder() {
   const { ok, body } = await getJson("/v1/review/items");
@@ -71,6 +133,10 @@ async function loadFolder() {
   $("folder").textContent = "folder " + body.folder;
   if (!$("operator").value) $("operator").value = localStorage.getItem(OPERATOR_KEY) || body.operator || "";
   for (const item of state.items) if (item.error) state.broken.add(item.name);
+  const reasons = [...new Set(state.items.flatMap((item) => item.reasons || []))].sort();
+  $("filter-reason").innerHTML = `<option value="">any reason</option>` +
+    reasons.map((r) => `<option value="${escapeHtml(r)}">${escapeHtml(r)}</option>`).join("") +
+    `<option value="-">none (not kept by serve)</option>`;
   renderClasses();
   renderList();
   const first = state.items.findIndex((item) => !item.error && (item.status === "pending" || item.status === "labelled"));
@@ -78,36 +144,58 @@ async function loadFolder() {
   if (!state.items.length) setStatus("no images in this folder");
 }
 
+function statusOf(item) {
+  return state.broken.has(item.name) ? "error" : item.status;
+}
+
+function matches(item) {
+  const wanted = $("filter-status").value;
+  const reason = $("filter-reason").value;
+  if (wanted && statusOf(item) !== wanted) return false;
+  if (reason === "-") return !(item.reasons && item.reasons.length);
+  return !reason || (item.reasons || []).includes(reason);
+}
+
 function renderCounts() {
   const counts = {};
   for (const item of state.items) {
     if (!state.broken.has(item.name)) counts[item.status] = (counts[item.status] || 0) + 1;
   }
-  const parts = Object.entries(counts).map(([k, v]) => `${v} ${k}`);
-  $("counts").textContent = `${state.items.length} images · ${parts.join(" · ")} · broken: ${state.broken.size}`;
+  const parts = Object.entries(counts).map(([k, v]) => `${v} ${STATUS_NAMES[k] || k}`);
+  $("counts").textContent = `${state.items.length} images · ${parts.join(" · ")} · cannot be shown: ${state.broken.size}`;
   $("counts").dataset.broken = String(state.broken.size);
 }
 
 function renderList() {
+  let listed = 0;
   $("items").innerHTML = state.items.map((item, i) => {
+    if (!matches(item) && i !== state.index) return "";
+    listed += 1;
     const broken = state.broken.has(item.name);
-    const label = broken ? "error" : item.status;
-    return `<li data-index="${i}" class="${i === state.index ? "current" : ""} ${broken ? "error" : ""}" ` +
-      `title="${escapeHtml(item.error || item.label_error || "")}"><span>${escapeHtml(item.name)}</span>` +
-      `<span class="state">${escapeHtml(label)}</span></li>`;
+    const label = broken ? "error" : STATUS_NAMES[item.status] || item.status;
+    const reasons = (item.reasons || []).join(", ");
+    return `<li data-index="${i}" data-status="${escapeHtml(statusOf(item))}" class="${i === state.index ? "current" : ""} ${broken ? "error" : ""}" ` +
+      `title="${escapeHtml(item.error || item.label_error || item.name)}"><span class="name">${escapeHtml(item.name)}</span>` +
+      `<span class="state">${escapeHtml(label)}${reasons ? " · kept: " + escapeHtml(reasons) : ""}</span></li>`;
   }).join("");
+  $("list-count").textContent = `${listed} of ${state.items.length} listed`;
   renderCounts();
 }
 
 function renderClasses() {
+  const selected = state.selected >= 0 ? state.boxes[state.selected] : null;
   $("classes").innerHTML = state.classNames.map((name, i) =>
-    `<button type="button" data-class="${i}" class="${i === state.currentClass ? "current" : ""}">` +
+    `<button type="button" data-class="${i}" class="${i === state.nextClass ? "current" : ""} ${selected && selected.class_id === i ? "selected-class" : ""}">` +
     `${i < 9 ? i + 1 + " " : ""}${escapeHtml(name)}</button>`).join("");
+  $("next-class").textContent = state.classNames[state.nextClass] || "";
+  $("selected-rule").textContent = selected
+    ? `Box ${state.selected + 1} (${state.classNames[selected.class_id] || selected.class_id}) is selected: the keys re-class it; Esc deselects.`
+    : "A new box is not selected after drawing; click a box to select it, then the keys re-class it.";
 }
 
 function nextUsable(from, step) {
   for (let i = from + step; i >= 0 && i < state.items.length; i += step) {
-    if (!state.broken.has(state.items[i].name)) return i;
+    if (!state.broken.has(state.items[i].name) && matches(state.items[i])) return i;
   }
   return -1;
 }
@@ -127,14 +215,14 @@ async function fetchImage(url) {
   }
 }
 
-async function show(index) {
-  if (index < 0 || index >= state.items.length) return;
-  state.index = index;
-  const item = state.items[index];
-  state.boxes = item.boxes.map((b) => ({ class_id: b.class_id, box: b.box.slice(), score: b.score }));
-  state.selected = -1;
+function rememberCurrent() {
+  const item = state.items[state.index];
+  if (item && state.image) state.memory.set(item.name, { status: item.status, boxes: state.boxes });
+}
+
+function renderItemHead(item) {
   $("item-name").textContent = item.name;
-  $("item-status").textContent = item.status;
+  $("item-status").textContent = STATUS_NAMES[item.status] || item.status;
   $("item-status").className = "badge " + item.status;
   const info = [];
   if (item.verdict) info.push("model: " + item.verdict);
@@ -144,6 +232,33 @@ async function show(index) {
   $("label-error").hidden = !item.label_error;
   $("label-error").textContent = item.label_error
     ? item.label_error + " — the file is kept as it is until you decide (showing the model's boxes)" : "";
+}
+
+function setThreshold(threshold) {
+  state.threshold = typeof threshold === "number" && isFinite(threshold) ? threshold : null;
+  state.minScore = state.threshold == null ? 0 : state.threshold;
+  $("min-score").value = String(state.minScore);
+  $("min-score-value").textContent = state.minScore.toFixed(3);
+  $("threshold-note").textContent = state.threshold == null
+    ? "(no model threshold recorded: all proposals shown)"
+    : `(model threshold ${state.threshold.toFixed(3)})`;
+}
+
+async function show(index) {
+  if (index < 0 || index >= state.items.length) return;
+  rememberCurrent();
+  state.index = index;
+  state.image = null;
+  const item = state.items[index];
+  const remembered = state.memory.get(item.name);
+  state.boxes = remembered && remembered.status === item.status ? remembered.boxes : boxesOf(item);
+  const empty = (item.predictions || []).length - (item.predictions || []).filter((p) => p.box[2] - p.box[0] >= 1 && p.box[3] - p.box[1] >= 1).length;
+  state.selected = -1;
+  state.undo = [];
+  state.drag = null;
+  setThreshold(item.threshold);
+  renderItemHead(item);
+  renderClasses();
   renderList();
   const loaded = item.error ? { image: null, error: item.error } : await fetchImage("/v1/review/image/" + encodeURIComponent(item.name));
   if (state.index !== index) return;  // the operator moved on meanwhile
@@ -153,145 +268,348 @@ async function show(index) {
   }
   $("item-error").hidden = true;
   state.image = loaded.image;
-  draw();
+  state.boxes = state.boxes.map((b) => ({ ...b, box: clip(b.box, imageSize()) }));
+  fitView();
+  render();
+  showTemplate(item, index);
+  setStatus(`${index + 1} / ${state.items.length}` + (empty ? ` · ${empty} empty proposal${empty === 1 ? "" : "s"} dropped` : ""));
+}
+
+async function showTemplate(item, index) {
+  $("template-box").hidden = true;
+  if (!item.template) return;
+  const t = await fetchImage("/v1/review/template/" + encodeURIComponent(item.name));
+  if (!t.image || state.index !== index) return;
   const template = $("template");
-  template.hidden = true;
-  if (item.template) {
-    const t = await fetchImage("/v1/review/template/" + encodeURIComponent(item.name));
-    if (t.image && state.index === index) {
-      template.width = Math.round(t.image.width * state.scale);
-      template.height = Math.round(t.image.height * state.scale);
-      const templateContext = template.getContext("2d");
-      templateContext.imageSmoothingEnabled = state.scale < 1;
-      templateContext.drawImage(t.image, 0, 0, template.width, template.height);
-      template.hidden = false;
-    }
-  }
-  setStatus(`${index + 1} / ${state.items.length}`);
+  const scale = Math.min(220 / t.image.width, 200 / t.image.height, MAX_ENLARGE);
+  template.width = Math.max(1, Math.round(t.image.width * scale));
+  template.height = Math.max(1, Math.round(t.image.height * scale));
+  const context = template.getContext("2d");
+  context.imageSmoothingEnabled = scale < 1;
+  context.drawImage(t.image, 0, 0, template.width, template.height);
+  $("template-box").hidden = false;
 }
 
 function markBroken(item, reason) {
   state.broken.add(item.name);
   item.error = reason;
   state.image = null;
+  state.boxes = [];
   $("item-error").hidden = false;
   $("item-error").textContent = `${item.name}: ${reason} (skipped)`;
   const canvas = $("canvas");
   canvas.dataset.boxes = "0";
   canvas.getContext("2d").clearRect(0, 0, canvas.width, canvas.height);
   renderList();
+  renderTable();
   setStatus(`${item.name} cannot be shown: skipped`, true);
+}
+
+// ------------------------------------------------------------------ view: zoom and pan
+function sizeCanvas() {
+  const canvas = $("canvas");
+  const stage = $("stage");
+  canvas.width = Math.max(1, stage.clientWidth);
+  canvas.height = Math.max(1, stage.clientHeight);
+}
+
+function fitView() {
+  sizeCanvas();
+  if (!state.image) return;
+  const canvas = $("canvas");
+  const s = Math.min(MAX_ENLARGE, canvas.width / state.image.width, canvas.height / state.image.height);
+  state.fitted = s;
+  state.view = { s, tx: (canvas.width - state.image.width * s) / 2, ty: (canvas.height - state.image.height * s) / 2 };
+}
+
+function toScreen(x, y) {
+  return [x * state.view.s + state.view.tx, y * state.view.s + state.view.ty];
+}
+
+function toImage(x, y) {
+  return [(x - state.view.tx) / state.view.s, (y - state.view.ty) / state.view.s];
+}
+
+function zoomAt(factor, sx, sy) {
+  const s = Math.min(Math.max(state.view.s * factor, state.fitted * ZOOM_RANGE[0]), state.fitted * ZOOM_RANGE[1]);
+  const [ix, iy] = toImage(sx, sy);
+  state.view = { s, tx: sx - ix * s, ty: sy - iy * s };
+  draw();
+}
+
+// ------------------------------------------------------------------ drawing
+function render() {
+  draw();
+  renderTable();
+  renderClasses();
+}
+
+function drawBox(context, b, i) {
+  const [x1, y1] = toScreen(b.box[0], b.box[1]);
+  const [x2, y2] = toScreen(b.box[2], b.box[3]);
+  const color = COLORS[b.class_id % COLORS.length];
+  const k = kind(b);
+  const name = state.classNames[b.class_id] || b.class_id;
+  context.save();
+  context.strokeStyle = color;
+  context.fillStyle = color;
+  if (k === "label") {
+    context.lineWidth = 3;
+    context.strokeRect(x1, y1, x2 - x1, y2 - y1);
+    const text = `${i + 1} ${name}`;
+    const width = context.measureText(text).width + 6;
+    context.fillRect(x1 - 1.5, Math.max(0, y1 - 16), width, 15);
+    context.fillStyle = "#fff";
+    context.fillText(text, x1 + 2, Math.max(11, y1 - 4));
+  } else {
+    if (k === "near") { context.globalAlpha = 0.55; context.setLineDash([5, 4]); }
+    context.lineWidth = 1.5;
+    context.strokeRect(x1, y1, x2 - x1, y2 - y1);
+    if (k === "detection") { context.globalAlpha = 0.13; context.fillRect(x1, y1, x2 - x1, y2 - y1); context.globalAlpha = 1; }
+    context.setLineDash([]);
+    context.fillStyle = color;
+    context.fillText(`${i + 1} ${name} ${b.score == null ? "" : Number(b.score).toFixed(2)}`, x1 + 2, Math.max(11, y1 - 4));
+  }
+  context.restore();
+}
+
+function drawSelection(context, b) {
+  const [x1, y1] = toScreen(b.box[0], b.box[1]);
+  const [x2, y2] = toScreen(b.box[2], b.box[3]);
+  context.save();
+  context.strokeStyle = "#ffeb3b";
+  context.lineWidth = 2;
+  context.setLineDash([6, 3]);
+  context.strokeRect(x1 - 3, y1 - 3, x2 - x1 + 6, y2 - y1 + 6);
+  context.setLineDash([]);
+  context.fillStyle = "#ffeb3b";
+  context.strokeStyle = "#1d2330";
+  context.lineWidth = 1;
+  for (const [x, y] of [[x1, y1], [x2, y1], [x1, y2], [x2, y2]]) {
+    context.fillRect(x - HANDLE + 2, y - HANDLE + 2, 2 * HANDLE - 4, 2 * HANDLE - 4);
+    context.strokeRect(x - HANDLE + 2, y - HANDLE + 2, 2 * HANDLE - 4, 2 * HANDLE - 4);
+  }
+  context.restore();
 }
 
 function draw() {
   const canvas = $("canvas");
-  const image = state.image;
-  if (!image) return;
-  state.scale = Math.min(MAX_ENLARGE, MAX_SIDE / image.width, MAX_SIDE / image.height);
-  canvas.width = Math.max(1, Math.round(image.width * state.scale));
-  canvas.height = Math.max(1, Math.round(image.height * state.scale));
   const context = canvas.getContext("2d");
-  context.imageSmoothingEnabled = state.scale < 1; // enlarged pixels stay sharp: a thin scratch is not blurred
-  context.drawImage(image, 0, 0, canvas.width, canvas.height);
+  context.fillStyle = "#222";
+  context.fillRect(0, 0, canvas.width, canvas.height);
+  if (!state.image) return;
+  context.imageSmoothingEnabled = state.view.s < 1; // enlarged pixels stay sharp: a thin scratch is not blurred
+  const [ox, oy] = toScreen(0, 0);
+  context.drawImage(state.image, ox, oy, state.image.width * state.view.s, state.image.height * state.view.s);
   context.font = "12px system-ui, sans-serif";
-  state.boxes.forEach((b, i) => {
-    const [x1, y1, x2, y2] = b.box.map((v) => v * state.scale);
-    context.strokeStyle = COLORS[b.class_id % COLORS.length];
-    context.lineWidth = i === state.selected ? 4 : 2;
-    context.setLineDash(i === state.selected ? [6, 3] : []);
-    context.strokeRect(x1, y1, x2 - x1, y2 - y1);
-    context.setLineDash([]);
-    context.fillStyle = context.strokeStyle;
-    context.fillText(`${i + 1} ${state.classNames[b.class_id] || b.class_id}`, x1 + 2, Math.max(11, y1 - 3));
-  });
-  if (state.drag && state.drag.moved) {
-    const d = state.drag;
+  let visible = 0, hidden = 0;
+  // near misses first, operator labels last (on top)
+  const order = state.boxes.map((b, i) => i).sort((p, q) => ["near", "detection", "label"].indexOf(kind(state.boxes[p])) -
+    ["near", "detection", "label"].indexOf(kind(state.boxes[q])));
+  for (const i of order) {
+    const b = state.boxes[i];
+    if (!shown(b)) { hidden += 1; continue; }
+    visible += 1;
+    drawBox(context, b, i);
+  }
+  if (state.selected >= 0 && state.boxes[state.selected]) drawSelection(context, state.boxes[state.selected]);
+  const d = state.drag;
+  if (d && d.mode === "draw" && d.moved) {
     context.strokeStyle = "#ffeb3b";
     context.lineWidth = 2;
-    context.strokeRect(Math.min(d.x0, d.x1), Math.min(d.y0, d.y1), Math.abs(d.x1 - d.x0), Math.abs(d.y1 - d.y0));
+    context.strokeRect(Math.min(d.sx0, d.sx), Math.min(d.sy0, d.sy), Math.abs(d.sx - d.sx0), Math.abs(d.sy - d.sy0));
   }
-  canvas.dataset.boxes = String(state.boxes.length);
-  $("boxes").querySelector("tbody").innerHTML = state.boxes.map((b, i) =>
-    `<tr class="${i === state.selected ? "selected" : ""}"><td>${i + 1}</td>` +
-    `<td>${escapeHtml(state.classNames[b.class_id] || b.class_id)}</td>` +
-    `<td>${b.score == null ? "operator" : Number(b.score).toFixed(3)}</td>` +
-    `<td>${b.box.map((v) => Math.round(v)).join(", ")}</td></tr>`).join("");
+  canvas.dataset.boxes = String(visible);
+  canvas.dataset.hidden = String(hidden);
+  canvas.dataset.labels = String(labelBoxes().length);
+  canvas.dataset.view = JSON.stringify(state.view);
+  canvas.dataset.size = JSON.stringify([state.image.width, state.image.height]);
+  const proposals = state.boxes.length - labelBoxes().length;
+  $("proposal-count").textContent = `${proposals - hidden} of ${proposals} proposals shown` + (hidden ? ` · ${hidden} under the slider hidden` : "");
+}
+
+function renderTable() {
+  const names = { label: "yours", detection: "model", near: "near miss" };
+  $("boxes").querySelector("tbody").innerHTML = state.boxes.map((b, i) => {
+    if (!shown(b)) return "";
+    const k = kind(b);
+    const source = names[k] + (b.score == null ? "" : " " + Number(b.score).toFixed(2));
+    return `<tr data-index="${i}" data-source="${k}" data-class="${b.class_id}" class="${i === state.selected ? "selected" : ""} ${k}"><td>${i + 1}</td>` +
+      `<td>${escapeHtml(state.classNames[b.class_id] || b.class_id)}</td><td>${source}</td>` +
+      `<td>${b.box.map((v) => Math.round(v)).join(",")}</td></tr>`;
+  }).join("");
 }
 
 // ------------------------------------------------------------------ decisions
-async function decide(action) {
+function payloadBoxes(action) {
+  const chosen = action === "accept" ? state.boxes.filter(shown) : labelBoxes();
+  return chosen.map((b) => ({ class_id: b.class_id, box: b.box.map((v) => Math.round(v * 100) / 100) }));
+}
+
+// decisions are sent one after the other, in the order made
+function decide(action) {
+  const run = state.saving.then(() => send(action));
+  state.saving = run.catch(() => false);
+  return run;
+}
+
+async function send(action) {
   const item = state.items[state.index];
   if (!item) return false;
-  if (state.broken.has(item.name) && action !== "skip") { setStatus("a broken image can only be skipped", true); return false; }
+  if (state.broken.has(item.name) && action !== "skip") { setStatus("an image that cannot be shown can only be skipped", true); return false; }
   const operator = $("operator").value.trim();
   if (!operator) { setStatus("type your name in the Operator field first", true); $("operator").focus(); return false; }
   localStorage.setItem(OPERATOR_KEY, operator);
-  const boxes = state.boxes.map((b) => ({ class_id: b.class_id, box: b.box }));
+  const boxes = FINAL.has(action) && action !== "accept" ? [] : payloadBoxes(action);
   const { ok, body } = await postJson("/v1/review/decide", { image: item.name, action, boxes, operator });
   if (!ok) { setStatus(`not saved: ${body.error || "error"}`, true); return false; }
   const index = state.items.indexOf(item);
   if (index >= 0) state.items[index] = body;
   state.saved += 1;
   document.body.dataset.saved = String(state.saved);
-  setStatus(`saved: ${item.name} ${action} (${boxes.length} box${boxes.length === 1 ? "" : "es"})`);
+  const dropped = (body.dropped || []).length ? ` · ${body.dropped.length} empty box(es) dropped` : "";
+  setStatus(`saved: ${item.name} ${action} (${boxes.length} box${boxes.length === 1 ? "" : "es"})${dropped}`);
+  if (state.items[state.index] === body) {
+    renderItemHead(body);
+    if (FINAL.has(action)) state.memory.delete(body.name);
+  }
   renderList();
-  $("item-status").textContent = body.status;
-  $("item-status").className = "badge " + body.status;
   return true;
 }
 
 async function decideAndNext(action) {
   if (await decide(action)) {
     const next = nextUsable(state.index, 1);
-    if (next >= 0) await show(next); else setStatus("saved; that was the last image", false);
+    if (next >= 0) await show(next); else { renderList(); setStatus("saved; that was the last image in the list", false); }
   }
+}
+
+// a change of the operator's labels: saved as an edit
+function changed() {
+  render();
+  decide("edit");
 }
 
 function setClass(classId) {
   if (classId >= state.classNames.length) return;
-  state.currentClass = classId;
-  renderClasses();
   if (state.selected >= 0) {
-    state.boxes[state.selected].class_id = classId;
-    state.boxes[state.selected].score = null;
-    draw();
-    decide("edit");
+    snapshot();
+    const b = state.boxes[state.selected];
+    b.class_id = classId;
+    b.source = "label";
+    b.score = null;
+    changed();
+  } else {
+    state.nextClass = classId;
+    renderClasses();
   }
 }
 
 function deleteSelected() {
   if (state.selected < 0) return;
+  snapshot();
+  const wasLabel = state.boxes[state.selected].source === "label";
   state.boxes.splice(state.selected, 1);
   state.selected = -1;
-  draw();
-  decide("edit");
+  if (wasLabel) changed(); else render();
+}
+
+function undo() {
+  const last = state.undo.pop();
+  if (!last) { setStatus("nothing to undo on this image"); return; }
+  const labelsBefore = JSON.stringify(labelBoxes());
+  state.boxes = last.boxes;
+  state.selected = -1;
+  if (JSON.stringify(labelBoxes()) !== labelsBefore) changed(); else render();
+  setStatus("undone");
+}
+
+function clearProposals() {
+  if (!state.boxes.some((b) => b.source !== "label")) return;
+  snapshot();
+  state.boxes = state.boxes.filter((b) => b.source === "label");
+  state.selected = -1;
+  render();
+  setStatus("proposals cleared on this image (Undo brings them back)");
 }
 
 // ------------------------------------------------------------------ mouse
 function canvasPoint(event) {
-  const rect = $("canvas").getBoundingClientRect();
   const canvas = $("canvas");
-  return {
-    x: (event.clientX - rect.left) * (canvas.width / rect.width),
-    y: (event.clientY - rect.top) * (canvas.height / rect.height),
-  };
+  const rect = canvas.getBoundingClientRect();
+  return [(event.clientX - rect.left) * (canvas.width / rect.width), (event.clientY - rect.top) * (canvas.height / rect.height)];
+}
+
+// what a press at screen point (x, y) grabs: a corner or the body of the selected box
+function grab(x, y) {
+  const b = state.boxes[state.selected];
+  if (!b) return null;
+  const [x1, y1] = toScreen(b.box[0], b.box[1]);
+  const [x2, y2] = toScreen(b.box[2], b.box[3]);
+  const corners = [[x1, y1, "nw"], [x2, y1, "ne"], [x1, y2, "sw"], [x2, y2, "se"]];
+  for (const [cx, cy, name] of corners) if (Math.abs(x - cx) <= HANDLE && Math.abs(y - cy) <= HANDLE) return name;
+  return x >= x1 && x <= x2 && y >= y1 && y <= y2 ? "move" : null;
+}
+
+function boxAt(x, y) {
+  let best = -1, bestArea = Infinity;
+  state.boxes.forEach((b, i) => {
+    if (!shown(b)) return;
+    const [x1, y1] = toScreen(b.box[0], b.box[1]);
+    const [x2, y2] = toScreen(b.box[2], b.box[3]);
+    const area = (x2 - x1) * (y2 - y1);
+    if (x >= x1 - 2 && x <= x2 + 2 && y >= y1 - 2 && y <= y2 + 2 && area < bestArea) { best = i; bestArea = area; }
+  });
+  return best;
 }
 
 $("canvas").addEventListener("mousedown", (event) => {
-  if (!state.image || event.button !== 0) return;
-  const p = canvasPoint(event);
-  state.drag = { x0: p.x, y0: p.y, x1: p.x, y1: p.y, moved: false };
+  if (!state.image) return;
+  const [x, y] = canvasPoint(event);
   event.preventDefault();  // no text selection while dragging; leave the name field so shortcuts work
   if (document.activeElement && document.activeElement !== document.body) document.activeElement.blur();
+  if (event.button === 1 || (event.button === 0 && state.space)) {
+    state.drag = { mode: "pan", sx0: x, sy0: y, sx: x, sy: y, view: { ...state.view }, moved: false };
+    return;
+  }
+  if (event.button !== 0) return;
+  const part = grab(x, y);
+  const b = state.boxes[state.selected];
+  state.drag = { mode: part ? part : "draw", sx0: x, sy0: y, sx: x, sy: y, moved: false, start: b ? b.box.slice() : null };
 });
 
+function dragTo(d) {
+  const dx = (d.sx - d.sx0) / state.view.s;
+  const dy = (d.sy - d.sy0) / state.view.s;
+  const b = state.boxes[state.selected];
+  const [w, h] = imageSize();
+  if (d.mode === "move") {
+    const bw = d.start[2] - d.start[0], bh = d.start[3] - d.start[1];
+    const x1 = Math.min(Math.max(d.start[0] + dx, 0), w - bw);
+    const y1 = Math.min(Math.max(d.start[1] + dy, 0), h - bh);
+    b.box = [x1, y1, x1 + bw, y1 + bh];
+  } else {
+    const box = d.start.slice();
+    if (d.mode.includes("w")) box[0] += dx; else box[2] += dx;
+    if (d.mode.includes("n")) box[1] += dy; else box[3] += dy;
+    b.box = clip(box, [w, h]);
+  }
+}
+
 window.addEventListener("mousemove", (event) => {
-  if (!state.drag) return;
-  const p = canvasPoint(event);
-  const canvas = $("canvas");
-  state.drag.x1 = Math.min(Math.max(p.x, 0), canvas.width);
-  state.drag.y1 = Math.min(Math.max(p.y, 0), canvas.height);
-  if (Math.abs(state.drag.x1 - state.drag.x0) > 3 || Math.abs(state.drag.y1 - state.drag.y0) > 3) state.drag.moved = true;
+  const d = state.drag;
+  if (!d) return;
+  [d.sx, d.sy] = canvasPoint(event);
+  if (!d.moved && Math.max(Math.abs(d.sx - d.sx0), Math.abs(d.sy - d.sy0)) < MIN_DRAG) return;
+  if (!d.moved && d.mode !== "draw" && d.mode !== "pan") {
+    snapshot();  // the box before the move
+    const b = state.boxes[state.selected];
+    b.source = "label";
+    b.score = null;
+  }
+  d.moved = true;
+  if (d.mode === "pan") state.view = { ...d.view, tx: d.view.tx + d.sx - d.sx0, ty: d.view.ty + d.sy - d.sy0 };
+  else if (d.mode !== "draw") dragTo(d);
   draw();
 });
 
@@ -299,31 +617,39 @@ window.addEventListener("mouseup", () => {
   const d = state.drag;
   if (!d) return;
   state.drag = null;
-  const s = state.scale;
+  if (d.mode === "pan") { draw(); return; }
+  if (d.moved && d.mode !== "draw") { changed(); return; }  // moved or resized: the box is the operator's now
   if (d.moved) {
-    const box = [Math.min(d.x0, d.x1) / s, Math.min(d.y0, d.y1) / s, Math.max(d.x0, d.x1) / s, Math.max(d.y0, d.y1) / s];
-    state.boxes.push({ class_id: state.currentClass, box, score: null });
-    state.selected = state.boxes.length - 1;
-    draw();
-    decide("edit");
-    return;
+    const [ax, ay] = toImage(Math.min(d.sx0, d.sx), Math.min(d.sy0, d.sy));
+    const [bx, by] = toImage(Math.max(d.sx0, d.sx), Math.max(d.sy0, d.sy));
+    const box = clip([ax, ay, bx, by], imageSize());
+    if (box[2] - box[0] >= 1 && box[3] - box[1] >= 1) {
+      snapshot();
+      state.boxes.push({ class_id: state.nextClass, box, score: null, source: "label" });
+      state.selected = -1;  // one rule: the class keys are for the next box until a box is clicked
+      changed();
+      return;
+    }
   }
-  // a click: select the smallest box under the point
-  let best = -1, bestArea = Infinity;
-  state.boxes.forEach((b, i) => {
-    const [x1, y1, x2, y2] = b.box.map((v) => v * s);
-    const area = (x2 - x1) * (y2 - y1);
-    if (d.x0 >= x1 && d.x0 <= x2 && d.y0 >= y1 && d.y0 <= y2 && area < bestArea) { best = i; bestArea = area; }
-  });
-  state.selected = best;
-  draw();
+  state.selected = boxAt(d.sx0, d.sy0);  // a click: the smallest shown box under the point, or none
+  render();
 });
 
+$("canvas").addEventListener("wheel", (event) => {
+  if (!state.image) return;
+  event.preventDefault();
+  const [x, y] = canvasPoint(event);
+  zoomAt(Math.exp(-event.deltaY * 0.0015), x, y);
+}, { passive: false });
+
+$("canvas").addEventListener("auxclick", (event) => event.preventDefault());
+window.addEventListener("resize", () => { fitView(); draw(); });
+
 // ------------------------------------------------------------------ keys and buttons
-document.addEventListener("keydown", (event) => {
-  const tag = (event.target && event.target.tagName) || "";
-  if (tag === "INPUT" || tag === "TEXTAREA" || event.ctrlKey || event.metaKey || event.altKey) return;
+function onKey(event) {
   const key = event.key;
+  if ((event.ctrlKey || event.metaKey) && !event.altKey && (key === "z" || key === "Z")) { undo(); return true; }
+  if (event.ctrlKey || event.metaKey || event.altKey) return false;
   if (key === "a") decideAndNext("accept");
   else if (key === "c") decideAndNext("clean");
   else if (key === "s") decideAndNext("skip");
@@ -331,9 +657,21 @@ document.addEventListener("keydown", (event) => {
   else if (key === "p") { const i = nextUsable(state.index, -1); if (i >= 0) show(i); }
   else if (/^[1-9]$/.test(key)) setClass(Number(key) - 1);
   else if (key === "Delete" || key === "Backspace") deleteSelected();
-  else if (key === "Escape") { state.selected = -1; draw(); }
-  else return;
-  event.preventDefault();
+  else if (key === "Escape") { state.selected = -1; render(); }
+  else if (key === "0") { fitView(); draw(); }
+  else if (key === " ") { state.space = true; $("canvas").classList.add("panning"); }
+  else return false;
+  return true;
+}
+
+document.addEventListener("keydown", (event) => {
+  const tag = (event.target && event.target.tagName) || "";
+  if (tag === "INPUT" && event.target.type !== "range" || tag === "TEXTAREA" || tag === "SELECT") return;
+  if (onKey(event)) event.preventDefault();
+});
+
+document.addEventListener("keyup", (event) => {
+  if (event.key === " ") { state.space = false; $("canvas").classList.remove("panning"); }
 });
 
 $("classes").addEventListener("click", (event) => {
@@ -346,14 +684,55 @@ $("items").addEventListener("click", (event) => {
   if (li) show(Number(li.dataset.index));
 });
 
+$("boxes").addEventListener("click", (event) => {
+  const row = event.target.closest("tr[data-index]");
+  if (row) { state.selected = Number(row.dataset.index); render(); }
+});
+
+$("min-score").addEventListener("input", () => {
+  state.minScore = Number($("min-score").value);
+  $("min-score-value").textContent = state.minScore.toFixed(3);
+  if (state.selected >= 0 && !shown(state.boxes[state.selected])) state.selected = -1;
+  render();
+});
+
+for (const id of ["filter-status", "filter-reason"]) $(id).addEventListener("change", () => renderList());
+$("undo").addEventListener("click", undo);
+$("zoom-reset").addEventListener("click", () => { fitView(); draw(); });
+$("clear-proposals").addEventListener("click", clearProposals);
 $("operator").addEventListener("change", () => localStorage.setItem(OPERATOR_KEY, $("operator").value.trim()));
 $("operator").addEventListener("keydown", (event) => { if (event.key === "Enter") $("operator").blur(); });
 
+async function download(url) {
+  const response = await call(url);
+  if (!response.ok) {
+    let reason = response.statusText;
+    try { reason = (await response.json()).error || reason; } catch (e) { /* not JSON */ }
+    throw new Error(reason);
+  }
+  const disposition = response.headers.get("Content-Disposition") || "";
+  const match = /filename="?([^";]+)"?/.exec(disposition);
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(await response.blob());
+  link.download = match ? match[1] : "labels.zip";
+  document.body.appendChild(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(link.href), 60_000);
+  return link.download;
+}
+
 $("export").addEventListener("click", async () => {
+  await state.saving;
   const { ok, body } = await postJson("/v1/review/export", {});
   if (!ok) { setStatus("export failed: " + (body.error || "error"), true); return; }
   const left = body.problems.length ? ` (${body.problems.length} left out: ${body.problems[0]})` : "";
-  setStatus(`wrote ${body.path}: ${body.images} images, ${body.annotations} boxes${left}`);
+  try {
+    const name = await download(body.download || "/v1/review/download");
+    setStatus(`downloaded ${name}: ${body.images} images, ${body.annotations} boxes (also written: ${body.path})${left}`);
+  } catch (error) {
+    setStatus(`wrote ${body.path}, but the download failed: ${error.message}`, true);
+  }
 });
 
 loadFolder();
