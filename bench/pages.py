@@ -1456,7 +1456,8 @@ def page_service(results: dict[str, Result], plots: list[Callable[[], None]]) ->
         f"work while it ran; {page.cite('serve_load')}). Below the limit it served {f1(steady['requests_per_s'])}",
         "requests per second with no error; overloaded, it refuses the excess at once with 503 and `/healthz`",
         f"stays answered (p50 {f1(load['overload_probe']['healthz']['p50'])} ms). Memory grew",
-        f"{f1(rss['growth'])} MiB over {count(steady['requests'])} requests.",
+        f"{f1(rss['growth'])} MiB over {count(steady['requests'])} requests. The server's own log of the run:",
+        "`serve_load.server.log`.",
     )
     rows = []
     for label, phase in (("steady", steady), ("overload", over)):
@@ -1854,6 +1855,8 @@ def page_manifest(results: dict[str, Result], cited: dict[str, list[str]]) -> Pa
         '"derived", rebuilt from the script\'s name and the settings it recorded), the commit it ran at, the',
         "machine, the date, and the pages that cite it. A file made from code that was not committed when it",
         "ran is kept off the pages. Each command runs from the repository root (`python` is `.venv/bin/python`).",
+        "Besides the JSON files the folder holds `serve_load.server.log`, the service's log of the `serve_load.json`",
+        "run.",
     )
     rows = []
     for name, result in results.items():
