@@ -141,16 +141,30 @@ def script_of(result: Result) -> str | None:
 
 
 def command_of(result: Result) -> tuple[str, bool]:
-    """(command, recorded): the recorded command, else one derived from the script and its settings."""
+    """(command, recorded): the recorded command, else one derived from the script and the settings the file
+    recorded (each setting the script has an option for)."""
     command = result.doc.get("command")
     if command:
         return str(command), True
-    script = script_of(result) or "bench/?.py"
-    settings = result.doc.get("settings") or {}
+    script = script_of(result)
+    if script is None or not (ROOT / script).is_file():
+        return f"python {script or 'bench/?.py'}", False
+    source = (ROOT / script).read_text(encoding="utf-8")
+    settings = dict(result.doc.get("settings") or {})
+    settings.setdefault("preset", result.doc.get("preset"))
+    settings["minutes"] = settings.pop("time_minutes", None) or result.doc.get("minutes")
     parts = [f"python {script}"]
-    for key in ("preset", "tag", "steps", "threads"):
-        if isinstance(settings.get(key), str | int) and not isinstance(settings.get(key), bool):
-            parts.append(f"--{key} {settings[key]}")
+    for key, value in settings.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or isinstance(value, dict | list):
+            continue
+        if isinstance(value, bool):
+            flag = flag if value else "--no-" + key.replace("_", "-")
+            parts += [flag] if f'"{flag}"' in source else []
+        elif f'"{flag}"' in source:
+            parts.append(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
+    if "final" not in result.doc and "settings" not in result.doc and '"--summary"' in source:
+        parts.append("--summary")
     return " ".join(parts), False
 
 
