@@ -23,7 +23,7 @@ import httpx
 import pytest
 import uvicorn
 import yaml
-from test_review_page import _saved
+from test_review_page import _drag, _saved
 from test_server_page import BROWSER_ARGS, CHROMIUM
 
 from defectdet.export.compare_score import KEEP, PROMOTE
@@ -130,13 +130,9 @@ def _review_in_the_browser(url: str, kept: Path, accept: int) -> None:
                 "() => document.getElementById('item-name').textContent !== ''", timeout=15_000
             )
             page.fill("#operator", "olga")
-            canvas = page.locator("#canvas").bounding_box()
-            page.mouse.move(canvas["x"] + canvas["width"] * 0.2, canvas["y"] + canvas["height"] * 0.2)
-            page.mouse.down()
-            page.mouse.move(
-                canvas["x"] + canvas["width"] * 0.4, canvas["y"] + canvas["height"] * 0.45, steps=5
-            )
-            page.mouse.up()
+            page.wait_for_function("() => document.getElementById('canvas').dataset.size !== undefined")
+            width, height = json.loads(page.get_attribute("#canvas", "data-size"))
+            _drag(page, (width * 0.2, height * 0.2), (width * 0.4, height * 0.45))
             _saved(page, 1)
             for count in range(accept):
                 page.keyboard.press("a")
