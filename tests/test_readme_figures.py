@@ -230,3 +230,17 @@ def test_checker_catches_unheld_figures(readme: str, expected: list[str]) -> Non
     assert len(problems) == len(expected), problems
     for problem, needle in zip(problems, expected, strict=True):
         assert needle in problem
+
+
+def test_every_result_file_is_cited_or_kept_off_for_uncommitted_code(built: dict[str, str]) -> None:
+    cited = {
+        file for name, text in built.items() if name != "manifest.md" for file in pages.cited_files(text)
+    }
+    uncited = [
+        result.file
+        for name, result in pages.load_results().items()
+        if result.file not in cited and not result.dirty and name not in pages.DERIVED_FROM_UNCOMMITTED
+    ]
+    assert not uncited, (
+        f"result files cited on no benchmark page: {uncited} (cite them in bench/pages.py or git rm)"
+    )
