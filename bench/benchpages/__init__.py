@@ -1,0 +1,1 @@
+"""The benchmark pages of the documentation site, built from bench/results/ (see bench/pages.py)."""

@@ -1,0 +1,157 @@
+"""Service page: serve under load and abuse, the loop on a shifted line."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .core import (
+    Page,
+    Result,
+    count,
+    f1,
+    f3,
+    pct,
+    threads_text,
+)
+
+ABUSE_PROBES = (
+    ("idle_sockets", "200 sockets that send nothing"),
+    ("stalled_uploads", "20 uploads stopped half-way"),
+    ("oversize_png", "PNG header claiming 100000 x 100000"),
+    ("oversize_jpeg", "JPEG header claiming 60000 x 60000"),
+    ("oversize_tiff", "TIFF header claiming 50000 x 50000"),
+    ("oversize_hdr", "Radiance HDR header claiming 8000 x 8000"),
+    ("cross_site_form_reset", "drift reset posted from another site's form"),
+    ("reset_without_header", "drift reset without `X-Defectdet-Request`"),
+    ("cross_site_detect", "detect with another Origin"),
+    ("rebinding_host", "`Host: evil.example` (DNS rebinding)"),
+    ("malformed_http", "bytes that are not HTTP"),
+    ("unknown_route", "an unknown route"),
+    ("missing_token", "`--token-file` set, no token"),
+)
+
+
+def _status(answer: dict[str, Any]) -> str:
+    if "status" in answer:
+        return str(answer["status"])
+    return str(answer.get("status_line", "-")).removeprefix("HTTP/1.1 ")
+
+
+def page_service(results: dict[str, Result], plots: list[Callable[[], None]]) -> Page:
+    page = Page("service", "Service", results)
+    load = page.r("serve_load").doc
+    steady, over = load["steady"], load["overload"]
+    page.para(
+        "`defectdet serve` under load, under abuse, and the loop on the line when the line changes.",
+    )
+    page.heading(2, "Load")
+    rss = load["rss_mib"]
+    page.para(
+        f"A DeepPCB nano bundle served with the defaults ({load['settings']['max_concurrency']} at a time, queue",
+        f"{load['settings']['max_queue']}) on loopback; each request is a 640 x 640 JPEG image and its template,",
+        f"sent by async clients on the same 2 cores ({page.results['serve_load'].machine}, shared with other",
+        f"work while it ran; {page.cite('serve_load')}). Below the limit it served {f1(steady['requests_per_s'])}",
+        "requests per second with no error; overloaded, it refuses the excess at once with 503 and `/healthz`",
+        f"stays answered (p50 {f1(load['overload_probe']['healthz']['p50'])} ms). Memory grew",
+        f"{f1(rss['growth'])} MiB over {count(steady['requests'])} requests. The server's own log of the run:",
+        "`serve_load.server.log`.",
+    )
+    rows = []
+    for label, phase in (("steady", steady), ("overload", over)):
+        statuses = ", ".join(f"{n:,} x {code}" for code, n in sorted(phase["statuses"].items()))
+        rows.append(
+            [
+                label,
+                phase["clients"],
+                count(phase["requests"]),
+                f1(phase["requests_per_s"]),
+                f"{phase['latency_ms_200']['p50']:.0f} / {phase['latency_ms_200']['p99']:.0f}",
+                f"{phase['server_timings_ms_p50']['total']:.0f} / {phase['server_total_ms_p99']:.0f}",
+                statuses,
+            ]
+        )
+    headers = (
+        "phase",
+        "clients",
+        "requests",
+        "requests/s",
+        "client p50 / p99 ms",
+        "server p50 / p99 ms",
+        "answers",
+    )
+    page.table(headers, rows)
+    stages = steady["server_timings_ms_p50"]
+    page.para(
+        "Inside the service a steady request took (p50, ms): "
+        + ", ".join(
+            f"{stage} {f1(stages[stage])}"
+            for stage in ("receive", "queue", "decode", "letterbox", "model", "postprocess", "drift")
+        )
+        + ".",
+    )
+    section_abuse(page)
+    section_loop_shift(page)
+    return page
+
+
+def section_abuse(page: Page) -> None:
+    page.heading(2, "Abuse")
+    abuse = page.r("serve_abuse").doc
+    settings = abuse["settings"]
+    page.para(
+        f"A tiny bundle served with `--max-concurrency {settings['max_concurrency']} --max-queue",
+        f"{settings['max_queue']}` (connection limit {settings['connection_limit']}) on",
+        f"{page.results['serve_abuse'].machine} ({page.cite('serve_abuse')}). Every answer is JSON with a 4xx or",
+        "503 status, never a 500, and `/healthz` answered 200 during every probe.",
+    )
+    rows = []
+    for key, label in ABUSE_PROBES:
+        probe = abuse["probes"][key]
+        rows.append(
+            [
+                label,
+                _status(probe["answer"]),
+                str(probe["answer"].get("body", {}).get("error", ""))[:90]
+                if isinstance(probe["answer"].get("body"), dict)
+                else "",
+            ]
+        )
+    page.table(("probe", "status", "answer"), rows)
+
+
+def section_loop_shift(page: Page) -> None:
+    page.heading(2, "Before and after on a shifted line")
+    result = page.r("loop_shift")
+    doc = result.doc
+    figures = doc["figures"]
+    shifted = figures["loop_on_shifted"]["models"]
+    page.para(
+        "A line whose lamp changes: a model trained on line A (synthetic boards with templates) meets boards",
+        "under a new lamp. `serve --keep` keeps the images worth a second look, an operator labels",
+        f"{doc['settings']['new_images']} of them, `train --from` fine-tunes the deployed model on them mixed",
+        "with the old data, and `compare` decides. The control fine-tunes the same steps on line A's images only.",
+        f"On the shifted line the fine-tuned model goes from mAP@0.5 {f3(shifted['old']['mAP50'])} to",
+        f"{f3(shifted['new']['mAP50'])} and `compare` says {figures['loop_on_shifted']['verdict']}; the control",
+        f"does not fix the shift ({result.machine}, {threads_text(result.threads)}; {page.cite('loop_shift')}).",
+    )
+    rows = []
+    for key, label in (
+        ("loop_on_shifted", "fine-tuned on kept images, shifted line"),
+        ("loop_on_line_a", "fine-tuned on kept images, line A"),
+        ("control_on_shifted", "control, shifted line"),
+        ("control_on_line_a", "control, line A"),
+    ):
+        models = figures[key]["models"]
+        rows.append(
+            [
+                label,
+                f"{f3(models['old']['mAP50'])} → {f3(models['new']['mAP50'])}",
+                f"{pct(models['old']['escapes']['missed_defect_rate'])} → {pct(models['new']['escapes']['missed_defect_rate'])}",
+                f"{pct(models['old']['false_calls']['false_call_rate'])} → {pct(models['new']['false_calls']['false_call_rate'])}",
+                figures[key]["verdict"],
+            ]
+        )
+    page.table(
+        ("model, scored on", "mAP@0.5: deployed → new", "missed defects", "false calls", "compare says"), rows
+    )
