@@ -116,6 +116,22 @@ def test_bundle_metadata_round_trips_and_describes_the_model(
     assert predictions.shape[0] == 3 and features.shape == (3, reference["features"]["channels"])
 
 
+def test_a_failed_export_leaves_the_bundle_at_out_as_it_was(trained_checkpoint: Path, tmp_path: Path) -> None:
+    """Measuring on a dataset without a usable val split fails after the graph is written: nothing lands at
+    --out (an earlier bundle there keeps its bytes) and no partial file is left beside it."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("path: .\ntrain: images\nval: nowhere\nnames: [a]\n")
+    (tmp_path / "images").mkdir()
+    out = tmp_path / "models" / "model.onnx"
+    result = runner.invoke(app, ["export", str(trained_checkpoint), "--data", str(bad), "--out", str(out)])
+    assert result.exit_code != 0 and "nowhere" in result.output + str(result.exception)
+    assert not out.parent.exists() or list(out.parent.iterdir()) == []
+    out.write_bytes(b"the served model")
+    result = runner.invoke(app, ["export", str(trained_checkpoint), "--data", str(bad), "--out", str(out)])
+    assert result.exit_code != 0
+    assert out.read_bytes() == b"the served model" and list(out.parent.iterdir()) == [out]
+
+
 def test_val_on_the_bundle_gives_the_checkpoint_metrics(
     bundle_path: Path, trained_checkpoint: Path, tiny_dataset: Path, tmp_path: Path
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,11 +138,11 @@ def base_metadata(detector: nn.Module, checkpoint: dict[str, Any]) -> BundleMeta
     thresholds = Thresholds(
         nms_iou=spec.nms_iou,
         max_detections=spec.max_detections,
-        min_score=spec.min_score,
+        score_floor=spec.min_score,
     )
     logged = metrics.get("conf_threshold")
     if isinstance(logged, float):
-        thresholds.score, thresholds.score_source = (
+        thresholds.threshold, thresholds.threshold_source = (
             logged,
             "best F1 logged by training on its validation split",
         )
@@ -226,53 +227,50 @@ def export_bundle(
     without, the checkpoint's logged thresholds and no drift reference. `flip_views` (`model.flip_average`):
     test-time flips averaged inside the graph, one more forward pass per view. `repeat_check`: `runtime.repeat_check`."""
     from defectdet.engine.checkpoint import load_detector
-    from defectdet.model.flip_average import with_flip_views
 
     wanted = _checked_options(formats, flip_views)
     checkpoint = Path(checkpoint)
-    detector, state = load_detector(checkpoint)
-    trainable = encode_weights(detector)  # the unfolded float weights, for `train --from model.onnx`
-    fold_batchnorm(detector)
-    metadata = _with_test_time_options(base_metadata(detector, state), flip_views, repeat_check, checkpoint)
-    detector = with_flip_views(detector, flip_views, state.get("config"), checkpoint)
     bundle = Path(out) if out else checkpoint.with_suffix(".onnx")
     if bundle.suffix.lower() != ".onnx":
         raise ConfigError(f"--out {bundle}: the bundle file name must end in .onnx")
-    size, channels = metadata.input_size, metadata.input_channels
-
-    export_onnx_graph(detector, bundle, channels, size)
-    embed_weights(bundle, trainable)
-    write_metadata(bundle, metadata)
-    probe = np.random.default_rng(0).random((2, channels, size, size), dtype=np.float32)
-    max_diff = parity(detector, bundle, probe)
-    if max_diff > 1e-3:
-        raise DefectDetError(f"{bundle}: onnxruntime differs from eager by {max_diff:.2e}; this is a bug")
-
+    detector, state = load_detector(checkpoint)
     config = state.get("config") or {}
     data = data or config.get("data")
     split = split or config.get("val_split") or "val"
-    measured_on = None
-    if data and Path(str(data)).exists():
-        train_split = config.get("train_split") or "train"
-        metadata = _measure(bundle, metadata, data, split, target_recall, console, train_split)
-        write_metadata(bundle, metadata)
-        measured_on = f"{data}, split {split}"
-    else:
-        logger.warning(
-            "no validation data (%s): the bundle keeps the checkpoint's logged thresholds and has no drift "
-            "reference; pass --data to measure them",
-            data,
+    has_data = bool(data) and Path(str(data)).exists()
+    if int8 and not has_data:
+        raise ConfigError("--int8 needs validation data to prove the int8 model (pass --data)")
+    # written beside the target and moved onto it only when complete: a failed export leaves no bundle
+    partial = bundle.with_name(f".{bundle.stem}.partial-{os.getpid()}.onnx")
+    try:
+        detector, metadata, max_diff = _write_graph(
+            detector, state, checkpoint, partial, flip_views, repeat_check
         )
-    result = ExportResult(bundle, metadata, max_diff, measured_on=measured_on)
-    if "torchscript" in wanted:
-        result.extra_files["torchscript"] = export_torchscript(detector, bundle.with_suffix(".ts"), metadata)
-    if "pt2" in wanted:
-        result.extra_files["pt2"] = export_pt2(detector, bundle.with_suffix(".pt2"), metadata)
+        measured_on = None
+        if has_data:
+            train_split = config.get("train_split") or "train"
+            metadata = _measure(partial, metadata, data, split, target_recall, console, train_split)
+            write_metadata(partial, metadata)
+            measured_on = f"{data}, split {split}"
+        else:
+            logger.warning(
+                "no validation data (%s): the bundle keeps the checkpoint's logged thresholds and has no drift "
+                "reference; pass --data to measure them",
+                data,
+            )
+        result = ExportResult(bundle, metadata, max_diff, measured_on=measured_on)
+        if "torchscript" in wanted:
+            result.extra_files["torchscript"] = export_torchscript(
+                detector, bundle.with_suffix(".ts"), metadata
+            )
+        if "pt2" in wanted:
+            result.extra_files["pt2"] = export_pt2(detector, bundle.with_suffix(".pt2"), metadata)
+        os.replace(partial, bundle)
+    finally:
+        partial.unlink(missing_ok=True)
     if int8:
         from defectdet.export.quantize import quantize_bundle
 
-        if measured_on is None:
-            raise ConfigError("--int8 needs validation data to prove the int8 model (pass --data)")
         result.int8 = quantize_bundle(
             bundle,
             data,
@@ -284,6 +282,33 @@ def export_bundle(
             console=console,
         )
     return result
+
+
+def _write_graph(
+    detector: nn.Module,
+    state: dict[str, Any],
+    checkpoint: Path,
+    path: Path,
+    flip_views: str,
+    repeat_check: bool,
+) -> tuple[nn.Module, BundleMetadata, float]:
+    """The graph, its trainable weights and metadata at `path`, checked against eager: (the exported
+    module, the metadata, the largest eager-vs-onnxruntime difference)."""
+    from defectdet.model.flip_average import with_flip_views
+
+    trainable = encode_weights(detector)  # the unfolded float weights, for `train --from model.onnx`
+    fold_batchnorm(detector)
+    metadata = _with_test_time_options(base_metadata(detector, state), flip_views, repeat_check, checkpoint)
+    detector = with_flip_views(detector, flip_views, state.get("config"), checkpoint)
+    size, channels = metadata.input_size, metadata.input_channels
+    export_onnx_graph(detector, path, channels, size)
+    embed_weights(path, trainable)
+    write_metadata(path, metadata)
+    probe = np.random.default_rng(0).random((2, channels, size, size), dtype=np.float32)
+    max_diff = parity(detector, path, probe)
+    if max_diff > 1e-3:
+        raise DefectDetError(f"{path}: onnxruntime differs from eager by {max_diff:.2e}; this is a bug")
+    return detector, metadata, max_diff
 
 
 def _measure(
@@ -304,8 +329,8 @@ def _measure(
     headline = metrics.get("headline", {})
     thresholds = metadata.thresholds.model_copy()
     if isinstance(headline.get("conf_threshold"), float):
-        thresholds.score = headline["conf_threshold"]
-        thresholds.score_source = f"best F1 on {Path(str(data)).name}, split {split}"
+        thresholds.threshold = headline["conf_threshold"]
+        thresholds.threshold_source = f"best F1 on {Path(str(data)).name}, split {split}"
     thresholds.recall_target = target_recall
     thresholds.recall_threshold = headline.get("target_recall_threshold")
     reference = None
