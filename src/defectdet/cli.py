@@ -623,10 +623,8 @@ def serve(
     keep_margin: float = typer.Option(0.1, help="'uncertain': score within this of the bundle's threshold."),
     keep_max_mb: float | None = typer.Option(
         None,
-        help="Disk cap of the kept files in MB (default 2000; 0: no cap, warned at start): the oldest "
-        "unreviewed items are deleted first, with a warning in the log; when only reviewed items are left, "
-        "new answers are not kept (defectdet_keep_dropped_total{why='cap'}).",
-        show_default=False,
+        help="Disk cap of the kept files in MB (default 2000; 0: no cap, warned at start): the oldest unreviewed "
+        "items go first, logged; with only reviewed items left, new answers are not kept (keep_dropped{why=cap}).",
     ),
     models_dir: Path | None = typer.Option(
         None,

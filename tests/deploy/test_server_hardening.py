@@ -503,3 +503,76 @@ def test_deeply_nested_or_huge_json_is_a_4xx_on_every_json_route(tmp_path: Path)
         }
         answer = client.post("/v1/review/decide", json=fine, headers={"X-Defectdet-Request": "1"})
         assert answer.status_code == 200, answer.text
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _workers_of(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(c) for c in children if "resource_tracker" not in Path(f"/proc/{c}/cmdline").read_text()]
+
+
+def _start_workers(bundle: Path, port: int, env: dict, *options: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "defectdet.cli", "serve", str(bundle), "--port", str(port),
+               "--workers", "2", "--threads", "1", *options]  # fmt: skip
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while (response := _get(f"http://127.0.0.1:{port}/readyz")) is None or response.status_code != 200:
+        assert process.poll() is None, process.stdout.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "the service never became ready"
+        time.sleep(0.1)
+    return process
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
+def test_kill_9_of_the_parent_takes_its_workers_and_the_next_start_cleans_up(
+    bundle_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = _free_port()
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONWARNINGS": "ignore"}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    process = _start_workers(bundle_path, port, env)
+    try:
+        workers = _workers_of(process.pid)
+        assert len(workers) == 2, workers
+        process.kill()  # SIGKILL: the parent cannot stop its workers itself
+        process.wait(10)
+        killed = time.monotonic()
+        while _listening(port) or any(_running(pid) for pid in workers):
+            assert time.monotonic() - killed < 5, "workers still serve 5 s after their parent was killed"
+            time.sleep(0.05)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.stdout.close()
+    (left,) = [path for path in tmp_path.iterdir() if path.name.startswith("defectdet-metrics-")]
+    monkeypatch.setattr(server_module.tempfile, "tempdir", str(tmp_path))
+    seen: list[list[str]] = []
+    monkeypatch.setattr(
+        server_module,
+        "_run_uvicorn",
+        lambda app, config: seen.append(sorted(p.name for p in tmp_path.iterdir())),
+    )
+    server_module.serve(bundle_path, port=port, workers=2)
+    assert left.name not in seen[0] and not left.exists()  # removed before the new workers started
+    assert not [path for path in tmp_path.iterdir() if path.name.startswith("defectdet-metrics-")]

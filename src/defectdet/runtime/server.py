@@ -56,6 +56,7 @@ from defectdet.runtime.model_routes import models_router
 from defectdet.runtime.predictor import PredictionResult, Predictor
 from defectdet.runtime.review import PAGE_HEADERS, ReviewFolder, review_router
 from defectdet.runtime.upload import UploadError, read_form
+from defectdet.runtime.workers import bind_to_parent, remove_stale_state, state_folder_name
 
 logger = logging.getLogger(__name__)
 
@@ -1043,6 +1044,8 @@ def worker_app() -> FastAPI:
     values["allowed_hosts"] = tuple(values["allowed_hosts"])
     values["keep"] = tuple(values["keep"])
     values["token"] = os.environ.get(TOKEN_ENV) if spec["token_from_env"] else None
+    if spec.get("parent"):
+        bind_to_parent(spec["parent"])  # a killed parent takes its workers with it
     return create_app(spec["bundle"], ServeSettings(**values))
 
 
@@ -1108,18 +1111,33 @@ def serve(
         app = create_app(bundle, settings)
         _run_uvicorn(app, uvicorn_config(app, host, port, settings))
         return
+    _serve_workers(bundle, host, port, settings, workers)
+
+
+def _serve_workers(bundle: str | Path, host: str, port: int, settings: ServeSettings, workers: int) -> None:
+    """`serve --workers N`: the state folder (a killed run's left-over removed first), the workers' spec in
+    the environment, uvicorn's supervisor; the folder removed at the end."""
     logger.info(
         "%d worker processes: drift state, readiness and /v1/results are kept per worker process "
         "(each sees its share of the images); /metrics sums counters and histograms over the workers",
         workers,
     )
     own_dir = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if own_dir:
+        remove_stale_state(tempfile.gettempdir())
     metrics_dir = (
-        tempfile.mkdtemp(prefix="defectdet-metrics-") if own_dir else os.environ["PROMETHEUS_MULTIPROC_DIR"]
+        tempfile.mkdtemp(prefix=state_folder_name(os.getpid()))
+        if own_dir
+        else os.environ["PROMETHEUS_MULTIPROC_DIR"]
     )
     values = asdict(settings)
     values.pop("token")
-    spec = {"bundle": str(Path(bundle).resolve()), "settings": values, "token_from_env": bool(settings.token)}
+    spec = {
+        "bundle": str(Path(bundle).resolve()),
+        "settings": values,
+        "token_from_env": bool(settings.token),
+        "parent": os.getpid(),
+    }
     saved = {key: os.environ.get(key) for key in ("PROMETHEUS_MULTIPROC_DIR", _WORKER_ENV, TOKEN_ENV)}
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     os.environ[_WORKER_ENV] = json.dumps(spec)
