@@ -60,3 +60,37 @@ def test_postprocess_does_not_import_torch() -> None:
     code = "import sys, defectdet.postprocess; print('torch' in sys.modules)"
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert output.stdout.strip() == "False"
+
+
+def test_degenerate_boxes_never_come_out_of_postprocess() -> None:
+    predictions = _predictions(
+        [
+            ([5, 5, 5, 9], [0.9]),  # zero width
+            ([5, 9, 9, 5], [0.8]),  # upside down
+            ([0, 0, float("nan"), 4], [0.7]),
+            ([1, 1, 4, 4], [0.6]),
+        ]
+    )
+    (detections,) = postprocess(predictions, score_threshold=0.05)
+    assert detections.boxes.tolist() == [[1, 1, 4, 4]]
+
+
+def test_the_pipeline_drops_boxes_under_a_pixel_of_the_image() -> None:
+    """A 100x50 image letterboxed to 64: a proposal in the bottom padding clips to zero height, one 0.3 input
+    pixels wide is 0.47 image pixels; neither is a detection (the review refuses such boxes)."""
+    from defectdet.data.letterbox import letterbox_image
+    from defectdet.postprocess import PostprocessSettings
+    from defectdet.runtime.pipeline import Prepared, finish
+
+    canvas, transform = letterbox_image(np.zeros((50, 100), np.uint8), 64)
+    prepared = Prepared(np.zeros((1, 64, 64), np.float32), transform, canvas)
+    predictions = _predictions(
+        [
+            ([10, 50, 30, 60], [0.9]),  # below the content (rows 16-48): y1 = y2 = 50 once clipped
+            ([40, 20, 40.3, 30], [0.8]),
+            ([10, 20, 30, 40], [0.7]),
+        ]
+    )
+    boxes, scores, _ = finish(predictions, prepared, PostprocessSettings(score_threshold=0.05))
+    assert scores.tolist() == [pytest.approx(0.7)] and boxes.shape == (1, 4)
+    assert boxes[0, 2] - boxes[0, 0] >= 1 and boxes[0, 3] - boxes[0, 1] >= 1

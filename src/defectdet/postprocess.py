@@ -17,6 +17,10 @@ import numpy as np
 DEFAULT_SCORE_THRESHOLD = 0.001
 DEFAULT_NMS_IOU = 0.6
 DEFAULT_MAX_DETECTIONS = 300
+# A box thinner or lower than one pixel of the original image is no detection (nobody can see, draw or label it).
+MIN_BOX_PIXELS = 1.0
+# Boxes are reported with this many decimals: the size check measures the box as it is reported.
+BOX_DECIMALS = 2
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,9 @@ def _postprocess_one(
     class_scores = predictions[:, 4:]
     classes = class_scores.argmax(1)  # (A,)
     scores = class_scores[np.arange(class_scores.shape[0]), classes]  # (A,)
-    keep = np.flatnonzero(scores > score_threshold)
+    corners = predictions[:, :4]
+    proper = np.isfinite(corners).all(1) & (corners[:, 2] > corners[:, 0]) & (corners[:, 3] > corners[:, 1])
+    keep = np.flatnonzero((scores > score_threshold) & proper)
     if keep.size == 0 or max_detections <= 0:
         return Detections.empty()
     if keep.size > pre_nms_top_k:
@@ -115,3 +121,10 @@ def _postprocess_one(
     indices = np.asarray(indices, dtype=np.int64).reshape(-1)
     indices = indices[np.argsort(-scores[indices], kind="stable")][:max_detections]
     return Detections(boxes=boxes[indices], scores=scores[indices], classes=classes[indices])
+
+
+def visible_boxes(boxes: np.ndarray, min_size: float = MIN_BOX_PIXELS) -> np.ndarray:
+    """Mask of the (K, 4) xyxy boxes at least `min_size` wide and high once rounded to `BOX_DECIMALS` as they
+    are reported (a box clipped to the image edge can collapse to zero height)."""
+    rounded = np.round(np.asarray(boxes, np.float64).reshape(-1, 4), BOX_DECIMALS)
+    return (rounded[:, 2] - rounded[:, 0] >= min_size) & (rounded[:, 3] - rounded[:, 1] >= min_size)

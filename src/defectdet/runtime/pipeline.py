@@ -46,7 +46,7 @@ from defectdet.data.planes import input_array
 from defectdet.data.registration import register_pair
 from defectdet.data.tiling import TilePlan, combine_passes, plan_tiles, tile_canvases
 from defectdet.errors import InputError
-from defectdet.postprocess import PostprocessSettings, postprocess
+from defectdet.postprocess import PostprocessSettings, postprocess, visible_boxes
 from defectdet.runtime.repeat_check import repeated_mask
 from defectdet.runtime.spec import ModelSpec
 
@@ -243,8 +243,8 @@ def _content(canvas: np.ndarray, transform: LetterboxTransform) -> np.ndarray:
 def finish(predictions: np.ndarray, prepared: Prepared, settings: PostprocessSettings) -> Found:
     """Raw outputs of `prepared.inputs` ``(1 + T, A, 4 + K)`` (boxes in input pixels) -> detections in original
     pixels: score floor and class-aware NMS per pass, then the whole image mapped back through the letterbox and
-    small tile detections merged in; with the repeat check (`runtime.repeat_check`), detections on repeated
-    design dropped."""
+    small tile detections merged in, boxes under one pixel wide or high in the image dropped; with the repeat
+    check (`runtime.repeat_check`), detections on repeated design dropped."""
     if len(predictions) != prepared.passes:
         raise ValueError(f"{len(predictions)} prediction rows for an image of {prepared.passes} passes")
     found = postprocess(
@@ -253,6 +253,8 @@ def finish(predictions: np.ndarray, prepared: Prepared, settings: PostprocessSet
     boxes, scores, classes = combine_passes(
         found, prepared.transform, prepared.tile_plan, settings.iou_threshold, settings.max_detections
     )
+    visible = visible_boxes(boxes)  # clipped to the image, a box off its edge is empty
+    boxes, scores, classes = boxes[visible], scores[visible], classes[visible]
     if prepared.repeat_check_image is not None:
         keep = ~repeated_mask(prepared.repeat_check_image, boxes, scores)
         boxes, scores, classes = boxes[keep], scores[keep], classes[keep]
