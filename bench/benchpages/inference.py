@@ -109,8 +109,10 @@ def section_latency(page: Page) -> None:
         "OpenVINO p50 ms",
         "end to end p50 ms",
         "end to end p95 ms",
+        "machine",
+        "threads",
     )
-    page.table(headers, rows)
+    page.table(headers, [[*row, result.cpu, result.doc["settings"]["threads"]] for row in rows])
     int8 = page.r("int8").doc["result"]
     page.para(
         f"int8 (static, per-channel) keeps the accuracy, mAP@0.5 {int8['mAP50_fp32']} → {int8['mAP50_int8']}, but",

@@ -159,12 +159,13 @@ def section_peer_latency(page: Page) -> None:
             f2(m.get("yolo11n")),
             f2(m.get("yolov8n")),
             f"{m['yolo11n'] / m['defectdet nano']:.1f}x",
+            result.cpu,
+            result.doc["settings"]["threads"],
         ]
         for size, m in sorted(by_size.items())
     ]
-    page.table(
-        ("input px", "defectdet nano p50 ms", "YOLO11n p50 ms", "YOLOv8n p50 ms", "YOLO11n / ours"), rows
-    )
+    headers = ("input px", "defectdet nano p50 ms", "YOLO11n p50 ms", "YOLOv8n p50 ms", "YOLO11n / ours")
+    page.table((*headers, "machine", "threads"), rows)
 
 
 def plot_peers(results: dict[str, Result]) -> None:

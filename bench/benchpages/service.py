@@ -79,8 +79,11 @@ def page_service(results: dict[str, Result], plots: list[Callable[[], None]]) ->
         "client p50 / p99 ms",
         "server p50 / p99 ms",
         "answers",
+        "machine",
+        "file",
     )
-    page.table(headers, rows)
+    machine = page.results["serve_load"].cpu
+    page.table(headers, [[*row, machine, page.cite("serve_load")] for row in rows])
     stages = steady["server_timings_ms_p50"]
     page.para(
         "Inside the service a steady request took (p50, ms): "

@@ -140,12 +140,19 @@ def section_host_memory(page: Page) -> None:
                 f"{count(round(a['page_faults_per_step']))} → {count(round(b['page_faults_per_step']))}",
                 f"{f1(a['kernel_ms_per_step'])} → {f1(b['kernel_ms_per_step'])}",
                 f"{result.doc[layout]['speedup']:.2f}x",
+                result.cpu,
+                result.doc["settings"]["threads"],
+                page.cite(result.name),
             ]
         )
-    page.table(
-        ("layout", "ms per step: returned → kept", "page faults per step", "kernel ms per step", "speed"),
-        rows,
+    headers = (
+        "layout",
+        "ms per step: returned → kept",
+        "page faults per step",
+        "kernel ms per step",
+        "speed",
     )
+    page.table((*headers, "machine", "threads", "file"), rows)
 
 
 def section_bf16(page: Page) -> None:
