@@ -416,3 +416,51 @@ def test_labels_commands_end_to_end(tmp_path: Path, writers) -> None:
                                  str(tmp_path / "ls_files"), "--classes", "short"])  # fmt: skip
     assert isinstance(result.exception, DatasetError)  # main() prints it as one line and exits 2
     assert "task 1: class 'open'" in str(result.exception) and not (tmp_path / "fresh").exists()
+
+
+# ---------------------------------------------------------------- hostile files
+
+
+def test_deeply_nested_json_is_refused_with_the_file_named(tmp_path: Path, writers) -> None:
+    deep = "[" * 5000 + "]" * 5000  # Python's parser stops near 1000 levels with a RecursionError
+    tasks = writers.text(tmp_path / "tasks.json", f'[{{"id": 1, "data": {{"image": "x.png", "n": {deep}}}}}]')
+    with pytest.raises(DatasetError, match=r"tasks\.json: JSON nested 5003 levels deep \(at most 64\)"):
+        read_export(tasks)
+    coco = writers.text(tmp_path / "ann.json", f'{{"images": [], "annotations": {deep}}}')
+    with pytest.raises(DatasetError, match=r"ann\.json: JSON nested"):
+        import_coco(coco, tmp_path / "out")
+    result = runner.invoke(app, ["labels", "import-coco", str(coco), str(tmp_path / "out")])
+    assert result.exit_code != 0 and not isinstance(result.exception, RecursionError)
+
+
+def test_imports_refuse_names_that_climb_out_of_the_images_folder(tmp_path: Path, writers) -> None:
+    writers.image(tmp_path / "secret.png", 20, 20)
+    writers.image(tmp_path / "ls/line/a.png", 20, 20)
+    region = _region((1, 1, 5, 5), "short", 20, 20)
+    tasks = [
+        {
+            "id": 7,
+            "data": {"image": "/data/local-files/?d=../../secret.png"},
+            "annotations": [{"result": [region]}],
+        }
+    ]
+    export = writers.text(tmp_path / "ls/line/export.json", json.dumps(tasks))
+    with pytest.raises(
+        DatasetError, match=r"export\.json: task 7: data\.image .*\.\./\.\./secret\.png.* leads out"
+    ):
+        import_export(export, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    root = tmp_path / "cvat"
+    writers.image(root / "images/default/a.png", 20, 20)
+    document = {
+        "categories": [{"id": 1, "name": "short"}],
+        "images": [{"id": 1, "width": 20, "height": 20, "file_name": "a.png"},
+                   {"id": 2, "width": 20, "height": 20, "file_name": "../../../secret.png"}],
+        "annotations": [{"id": 1, "image_id": 2, "category_id": 1, "bbox": [1, 1, 4, 4], "iscrowd": 0}],
+    }  # fmt: skip
+    writers.text(root / "annotations/instances_default.json", json.dumps(document))
+    with pytest.raises(
+        DatasetError, match=r"images\[1\] \(id 2\): file_name '\.\./\.\./\.\./secret\.png' leads out"
+    ):
+        import_coco(root, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

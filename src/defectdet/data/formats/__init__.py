@@ -8,6 +8,7 @@ The reader modules are imported lazily so importing this package stays cheap.
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import stat
 from pathlib import Path
@@ -21,12 +22,35 @@ IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", 
 BOX_TOLERANCE = 0.01
 TINY_BOX_PIXELS = 2.0
 
+# Labelling exports nest a handful of levels (COCO 3, Label Studio 6); deeper is not one of them, and Python's
+# parser would give up with a RecursionError near 1000.
+MAX_JSON_DEPTH = 64
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_JSON_BRACKETS = str.maketrans({char: None for char in map(chr, range(128)) if char not in "[]{}"})
+
 _COCO_KEY = re.compile(r'"(?:images|annotations|categories)"\s*:\s*\[')
 _COCO_SNIFF_CHARS = 64 * 1024
 _DEEPPCB_LINE = re.compile(
     r"^\S+\.(?:" + "|".join(sorted(suffix[1:] for suffix in IMAGE_EXTENSIONS)) + r")\s+\S+\.txt$",
     re.IGNORECASE,
 )
+
+
+def load_json(text: str, where: str | Path) -> object:
+    """`json.loads` of a labelling file's text; nesting deeper than `MAX_JSON_DEPTH` is a DatasetError naming
+    `where` (a JSONDecodeError still comes through for the caller to place)."""
+    depth = deepest = 0
+    for char in _JSON_STRING.sub("", text).translate(_JSON_BRACKETS):
+        depth += 1 if char in "[{" else -1
+        deepest = max(deepest, depth)
+    if deepest > MAX_JSON_DEPTH:
+        raise DatasetError(
+            f"{where}: JSON nested {deepest} levels deep (at most {MAX_JSON_DEPTH}); not a labelling export"
+        )
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise DatasetError(f"{where}: JSON nested too deep to read") from None
 
 
 def detect_format(path: str | Path) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from defectdet.data.formats import check_box, is_coco_json, order_splits
+from defectdet.data.formats import check_box, is_coco_json, load_json, order_splits
 from defectdet.data.sample import DatasetSplit, Problem, Sample
 from defectdet.errors import DatasetError
 
@@ -128,7 +128,7 @@ def _json_files(path: Path) -> list[Path]:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        document = load_json(path.read_text(encoding="utf-8"), path)
     except FileNotFoundError as error:
         raise DatasetError(f"{path}: COCO json not found") from error
     except json.JSONDecodeError as error:

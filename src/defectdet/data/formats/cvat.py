@@ -10,10 +10,10 @@ marks a mask drawn as one region `iscrowd: 1` with a real box, so crowd annotati
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from defectdet.data.formats import load_json
 from defectdet.data.formats.coco import read_coco
 from defectdet.data.formats.interchange import ImportReport, LabelledImage, write_yolo
 from defectdet.errors import DatasetError
@@ -114,7 +114,7 @@ def _import_one(
             f"{json_path}: {len(missing)} image(s) not found:\n  {listed}{more}\n"
             "Export from CVAT with 'Save images', or pass --images DIR; --skip-missing imports the rest"
         )
-    document = json.loads(json_path.read_text(encoding="utf-8"))  # read_coco parsed it: it is valid
+    document = load_json(json_path.read_text(encoding="utf-8"), json_path)  # read_coco parsed it: valid
     file_names = {
         str(record["id"]): record["file_name"]
         for record in document.get("images", [])

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlparse
 from xml.sax.saxutils import quoteattr
 
-from defectdet.data.formats import IMAGE_EXTENSIONS
+from defectdet.data.formats import IMAGE_EXTENSIONS, load_json
 from defectdet.data.formats.interchange import ImportReport, LabelledImage, atomic_write_text, write_yolo
 from defectdet.data.imageio import read_image_size
 from defectdet.errors import DatasetError, ImageReadError
@@ -229,7 +229,7 @@ def _read_jsonl(
         if not line.strip():
             continue
         try:
-            entry = json.loads(line)
+            entry = load_json(line, f"{path}:{number}")
         except json.JSONDecodeError as error:
             raise DatasetError(f"{path}:{number}: invalid JSON ({error.msg}, column {error.colno})") from None
         if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
@@ -273,7 +273,7 @@ def _read_keep_folder(folder: Path, min_score: float | None) -> tuple[list[Predi
 
 def _read_json_file(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return load_json(path.read_text(encoding="utf-8"), path)
     except json.JSONDecodeError as error:
         raise DatasetError(
             f"{path}:{error.lineno}: invalid JSON ({error.msg}, column {error.colno})"
@@ -351,7 +351,7 @@ def read_export(path: Path) -> list[dict[str, Any]]:
             f"{path}: not UTF-8 text (byte {error.start}); expected Label Studio's JSON export"
         ) from None
     try:
-        document = json.loads(text)
+        document = load_json(text, path)
     except json.JSONDecodeError as error:
         raise DatasetError(
             f"{path}:{error.lineno}:{error.colno}: invalid JSON ({error.msg}, character {error.pos})"
