@@ -31,9 +31,16 @@ def load(path: Path, split: str) -> DatasetSplit:
 
 
 def read_coco(
-    path: Path, split: str = "", *, keep_crowd: bool = False, image_roots: tuple[Path, ...] = ()
+    path: Path,
+    split: str = "",
+    *,
+    keep_crowd: bool = False,
+    image_roots: tuple[Path, ...] = (),
+    contained: bool = False,
 ) -> DatasetSplit:
-    """One COCO json (or the `split` json of a folder); `image_roots` are more folders to find images in."""
+    """One COCO json (or the `split` json of a folder); `image_roots` are more folders to find images in.
+    `contained` (an import from a labelling tool): a `file_name` or `template_file_name` that is absolute or
+    climbs out with `..` is an error instead of a path to follow."""
     if path.is_dir():
         by_stem = {json_path.stem: json_path for json_path in _json_files(path)}
         if split not in by_stem:
@@ -47,7 +54,7 @@ def read_coco(
     category_index, class_names = _categories(path, document)
     samples_by_id: dict[Any, Sample] = {}
     for position, record in enumerate(_records(path, document, "images")):
-        sample = _image_sample(path, position, record, problems, image_roots)
+        sample = _image_sample(path, position, record, problems, image_roots, contained)
         if sample is not None:
             samples_by_id[record["id"]] = sample
     known_images = {record.get("id") for record in document.get("images", []) if isinstance(record, dict)}
@@ -171,12 +178,22 @@ def _image_sample(
     record: dict[str, Any],
     problems: list[Problem],
     image_roots: tuple[Path, ...] = (),
+    contained: bool = False,
 ) -> Sample | None:
     where = f"images[{position}] (id {record.get('id', '?')})"
     file_name = record.get("file_name")
     if "id" not in record or not isinstance(file_name, str):
         problems.append(Problem("error", str(path), f"{where}: needs 'id' and 'file_name'"))
         return None
+    for field in ("file_name", "template_file_name"):
+        value = record.get(field)
+        if contained and isinstance(value, str) and leaves_folder(value):
+            problems.append(
+                Problem(
+                    "error", str(path), f"{where}: {field} {value!r} leads out of the images folder; refused"
+                )
+            )
+            return None
     image_path = resolve_image(path.parent, file_name, image_roots)
     if image_path is None:
         problems.append(Problem("error", str(path), f"{where}: image file {file_name!r} not found"))
@@ -198,6 +215,12 @@ def _image_sample(
         width=int(width) if isinstance(width, (int, float)) and width > 0 else None,
         height=int(height) if isinstance(height, (int, float)) and height > 0 else None,
     )
+
+
+def leaves_folder(name: str) -> bool:
+    """True for a file name that is absolute or climbs with `..` (either slash): not below the folder."""
+    posix = name.replace("\\", "/")
+    return posix.startswith("/") or Path(name).is_absolute() or ".." in posix.split("/") or posix[1:2] == ":"
 
 
 def resolve_image(folder: Path, file_name: str, extra: tuple[Path, ...] = ()) -> Path | None:

@@ -96,7 +96,7 @@ def _import_one(
 ) -> CocoImport:
     base = json_path.parent.parent if json_path.parent.name == "annotations" else json_path.parent
     roots = tuple(Path(p) for p in images or ()) + (base / "images" / subset_of(json_path),)
-    dataset = read_coco(json_path, keep_crowd=keep_crowd, image_roots=roots)
+    dataset = read_coco(json_path, keep_crowd=keep_crowd, image_roots=roots, contained=True)
     missing = [f"{json_path}: {p.message}" for p in dataset.problems if _missing_image(p.severity, p.message)]
     errors = [
         str(p)

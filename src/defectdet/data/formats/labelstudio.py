@@ -424,6 +424,12 @@ def _parse(export: Path, tasks: list[dict[str, Any]], roots: list[Path], image_k
             unlabelled += 1
             continue
         url = _image_url(export, task, origin, image_key)
+        relative, _ = _url_path(url)
+        if relative and ".." in relative.replace("\\", "/").split("/"):
+            raise DatasetError(
+                f"{export}: {origin}: data.{image_key or 'image'} {url!r} leads out of the images folder "
+                "('..'); refused"
+            )
         image = resolve_task_image(url, roots, task["data"].get(OUR_IMAGE_KEY))
         if image is None:
             missing.append(f"{origin}: image {url!r} not found ({_looked_for(url, roots)})")
