@@ -593,8 +593,8 @@ def serve(
     ),
     workers: int = typer.Option(
         1,
-        help="Processes sharing the port. /metrics sums them (Prometheus multiprocess mode); drift state, "
-        "readiness and /v1/results are kept per worker process.",
+        help="Processes sharing the port. /metrics sums them; drift charts, readiness and /v1/results are kept "
+        "per worker process, and a drift reset (POST /v1/drift/reset, the page) reaches every worker within 1 s.",
     ),
     token_file: Path | None = typer.Option(
         None,

@@ -576,3 +576,63 @@ def test_kill_9_of_the_parent_takes_its_workers_and_the_next_start_cleans_up(
     server_module.serve(bundle_path, port=port, workers=2)
     assert left.name not in seen[0] and not left.exists()  # removed before the new workers started
     assert not [path for path in tmp_path.iterdir() if path.name.startswith("defectdet-metrics-")]
+
+
+def _post_samples(base: str, dataset: Path, count: int, brighten: int = 0) -> list[dict]:
+    """`count` detect requests on new connections (the kernel spreads them over the workers)."""
+    from defectdet.data.formats import load_dataset
+
+    samples = load_dataset(dataset, "val").samples
+    answers = []
+    for index in range(count):
+        sample = samples[index % len(samples)]
+        image = cv2.imread(str(sample.image_path), cv2.IMREAD_GRAYSCALE)
+        image = cv2.add(image, brighten)
+        files = {"image": encode(image), "template": sample.template_path.read_bytes()}
+        response = httpx.post(base + "/v1/detect", files=files, timeout=30)
+        assert response.status_code == 200, response.text
+        answers.append(response.json())
+    return answers
+
+
+def _drift_z_by_pid(base: str) -> dict[str, list[float]]:
+    found: dict[str, list[float]] = {}
+    for pid, value in re.findall(
+        r'defectdet_drift_z\{pid="(\d+)",[^}]*\} (\S+)', httpx.get(base + "/metrics").text
+    ):
+        found.setdefault(pid, []).append(float(value))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
+def test_a_drift_reset_on_one_worker_reaches_every_worker(
+    bundle_path: Path, tiny_dataset: Path, tmp_path: Path
+) -> None:
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONWARNINGS": "ignore"}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    process = _start_workers(bundle_path, port, env)
+    try:
+        for _ in range(10):
+            _post_samples(base, tiny_dataset, 6, brighten=60)
+            moved = {pid for pid, values in _drift_z_by_pid(base).items() if any(values)}
+            if len(moved) == 2:
+                break
+        assert len(moved) == 2, _drift_z_by_pid(base)  # both workers' charts moved
+        headers = {"X-Defectdet-Request": "1", "Content-Type": "application/json"}
+        response = httpx.post(base + "/v1/drift/reset", content=b"{}", headers=headers)
+        assert response.status_code == 200 and response.json()["state"]["images"] == 0
+        reset = time.monotonic()
+        while any(any(values) for values in _drift_z_by_pid(base).values()):
+            assert time.monotonic() - reset < 3, _drift_z_by_pid(base)
+            time.sleep(0.1)
+        for _ in range(6):  # whichever worker answers, its charts start afresh
+            assert httpx.get(base + "/v1/drift").json()["state"]["images"] == 0
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()

@@ -56,7 +56,7 @@ from defectdet.runtime.model_routes import models_router
 from defectdet.runtime.predictor import PredictionResult, Predictor
 from defectdet.runtime.review import PAGE_HEADERS, ReviewFolder, review_router
 from defectdet.runtime.upload import UploadError, read_form
-from defectdet.runtime.workers import bind_to_parent, remove_stale_state, state_folder_name
+from defectdet.runtime.workers import DriftBroadcast, bind_to_parent, remove_stale_state, state_folder_name
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,13 @@ class ServeSettings:
 class Service:
     """The app's state: the predictor, its readiness, admission control, the monitor and recent results."""
 
-    def __init__(self, predictor: Predictor, settings: ServeSettings, live_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        predictor: Predictor,
+        settings: ServeSettings,
+        live_path: Path | None = None,
+        state_dir: str | None = None,
+    ) -> None:
         self.settings = settings
         live = ServedModel.of(predictor)
         self.metrics = ServiceMetrics(live.metadata.class_names, live.monitor)
@@ -187,6 +193,9 @@ class Service:
         self.results: deque[dict[str, Any]] = deque(maxlen=settings.history)
         self.capture: Capture | None = None
         self.review: ReviewFolder | None = None
+        self.broadcast: DriftBroadcast | None = None  # serve --workers: a reset reaches every worker
+        if state_dir is not None:
+            self.broadcast = DriftBroadcast(state_dir, self.reset_drift)
         if settings.keep_dir:
             cap = int(settings.keep_max_mb * 2**20) if settings.keep_max_mb else None
             if settings.keep:
@@ -220,6 +229,12 @@ class Service:
         _warn_quality(model.name, model.metadata)
         if self.review is not None:
             self.review.class_names = list(model.metadata.class_names)
+
+    def reset_drift(self) -> None:
+        """Restart this process's drift charts and their gauges."""
+        if self.monitor is not None:
+            self.monitor.reset()
+        self.metrics.set_drift_charts(self.monitor)
 
     def load_bundle(self, path: Path) -> Predictor:
         return Predictor(path, threads=self.settings.threads, max_pixels=self.settings.max_pixels)
@@ -596,8 +611,11 @@ def _redact_paths(value: Any) -> Any:
     return value
 
 
-def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = None) -> FastAPI:
-    """The service for one bundle (a path, loaded here, or a ready `Predictor`)."""
+def create_app(
+    bundle: str | Path | Predictor, settings: ServeSettings | None = None, state_dir: str | None = None
+) -> FastAPI:
+    """The service for one bundle (a path, loaded here, or a ready `Predictor`). `state_dir`: the folder the
+    processes of `serve --workers` share (a drift reset there reaches all of them)."""
     settings = settings or ServeSettings()
     predictor = (
         bundle
@@ -605,7 +623,7 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
         else Predictor(bundle, threads=settings.threads, max_pixels=settings.max_pixels)
     )
     live_path = Path(bundle) if isinstance(bundle, (str, Path)) else None
-    service = Service(predictor, settings, live_path)
+    service = Service(predictor, settings, live_path, state_dir)
     _warn_quality(service.live.name, service.metadata)
     if settings.shadow:
         service.deployment.start_shadow(settings.shadow)  # a bad name stops serve here, with the reason
@@ -615,7 +633,11 @@ def create_app(bundle: str | Path | Predictor, settings: ServeSettings | None = 
         service.start()
         if service.capture is not None:
             service.capture.start()
+        if service.broadcast is not None:
+            service.broadcast.start()
         yield
+        if service.broadcast is not None:
+            service.broadcast.stop()
         service.executor.shutdown(wait=False, cancel_futures=True)
         service.deployment.close()
         if service.capture is not None:
@@ -728,9 +750,12 @@ def _add_monitoring_routes(app: FastAPI, service: Service) -> None:
 
     @app.post("/v1/drift/reset", summary="Restart the drift charts (after cleaning the lens, a new lamp)")
     async def drift_reset() -> dict[str, Any]:
-        """Needs `Content-Type: application/json` and `X-Defectdet-Request: 1` (no cross-site form can send them)."""
-        if service.monitor is not None:
-            service.monitor.reset()
+        """Needs `Content-Type: application/json` and `X-Defectdet-Request: 1` (no cross-site form can send them).
+        Under `serve --workers N` every worker restarts its charts (within a second)."""
+        if service.broadcast is not None:
+            service.broadcast.announce()
+        else:
+            service.reset_drift()
         return service.drift_report()
 
     @app.get("/v1/results", summary="The last results, newest first")
@@ -1046,7 +1071,7 @@ def worker_app() -> FastAPI:
     values["token"] = os.environ.get(TOKEN_ENV) if spec["token_from_env"] else None
     if spec.get("parent"):
         bind_to_parent(spec["parent"])  # a killed parent takes its workers with it
-    return create_app(spec["bundle"], ServeSettings(**values))
+    return create_app(spec["bundle"], ServeSettings(**values), state_dir=spec.get("state_dir"))
 
 
 def _loopback(host: str) -> bool:
@@ -1119,7 +1144,8 @@ def _serve_workers(bundle: str | Path, host: str, port: int, settings: ServeSett
     the environment, uvicorn's supervisor; the folder removed at the end."""
     logger.info(
         "%d worker processes: drift state, readiness and /v1/results are kept per worker process "
-        "(each sees its share of the images); /metrics sums counters and histograms over the workers",
+        "(each sees its share of the images), a drift reset reaches every worker within a second; /metrics "
+        "sums counters and histograms over the workers",
         workers,
     )
     own_dir = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
@@ -1137,6 +1163,7 @@ def _serve_workers(bundle: str | Path, host: str, port: int, settings: ServeSett
         "settings": values,
         "token_from_env": bool(settings.token),
         "parent": os.getpid(),
+        "state_dir": metrics_dir,
     }
     saved = {key: os.environ.get(key) for key in ("PROMETHEUS_MULTIPROC_DIR", _WORKER_ENV, TOKEN_ENV)}
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
