@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +11,7 @@ from .core import (
     Result,
     count,
     f1,
+    f2,
     f3,
     pct,
     threads_text,
@@ -94,6 +96,8 @@ def page_service(results: dict[str, Result], plots: list[Callable[[], None]]) ->
         + ".",
     )
     section_abuse(page)
+    if "drift" in page.results and not page.results["drift"].dirty:
+        section_drift(page)
     section_loop_shift(page)
     return page
 
@@ -157,4 +161,51 @@ def section_loop_shift(page: Page) -> None:
         )
     page.table(
         ("model, scored on", "mAP@0.5: deployed → new", "missed defects", "false calls", "compare says"), rows
+    )
+
+
+def section_drift(page: Page) -> None:
+    page.heading(2, "Drift detection")
+    result = page.r("drift")
+    doc = result.doc
+    alarms = doc["false_alarms"]
+    bundle = next(value for key, value in alarms.items() if key.startswith("after"))
+    loo = next(value for key, value in alarms.items() if key.startswith("leave one group out"))["new builder"]
+    faults = doc["faults"]
+    delays = [fault["after"]["images_to_alert"] for fault in faults.values()]
+    training = doc["training_run"]
+    minutes = re.search(r"--time (\d+)", training["command"]).group(1)
+    page.para(
+        f"A DeepPCB {training['preset']} bundle (trained {minutes} minutes on five board groups, held-out mAP@0.5",
+        f"{f3(training['val_metrics']['mAP50'])}) and the drift reference it stores. False alarms: streams of",
+        f"{alarms['stream_images_per_group']} clean images per board group the reference never saw, with camera",
+        f"noise ({doc['camera_noise']}). The bundle's reference raised {bundle['groups_alarmed']} alarms on",
+        f"{bundle['groups']} held-out groups, and a reference built the same way from six groups raised",
+        f"{loo['groups_alarmed']} on the seventh, for each of the {loo['groups']} groups. Every lens or lamp fault",
+        f"below alerts within {min(delays)}-{max(delays)} images (goal: at most {doc['goal']['images_to_alert_max']}),",
+        f"before accuracy has gone ({result.machine}; {page.cite('drift')}).",
+    )
+    rows = [
+        [
+            name,
+            fault["after"]["images_to_alert"],
+            fault["after"]["statistic"],
+            f3(fault["mAP50"]),
+            pct(fault["boards_flagged"]),
+        ]
+        for name, fault in faults.items()
+    ]
+    clean = doc.get("clean_mAP50_with_camera_noise")
+    page.table(
+        (
+            "fault on the tested image",
+            "images to the alert",
+            "statistic named",
+            "mAP@0.5 under the fault",
+            "defective boards still flagged",
+        ),
+        [["none (camera noise only)", "no alert", "-", f3(clean), "-"], *rows],
+    )
+    page.para(
+        f"Image statistics cost p50 {f2(doc['image_statistics_ms_640']['p50'])} ms per 640 x 640 image.",
     )
