@@ -628,9 +628,10 @@ def serve(
     ),
     models_dir: Path | None = typer.Option(
         None,
-        help="Folder of candidate bundles: POST /v1/models/shadow, /promote and /rollback work on the files "
-        "in it. Promotion rewrites BUNDLE (its old bytes go to DIR/previous/; DIR/promotions.jsonl logs it).",
+        help="Candidate bundles for /v1/models/shadow, /promote, /rollback; DIR/store/ says which bundle "
+        "every process on DIR serves (BUNDLE while it is empty; a shared volume across machines).",
     ),
+    models_keep: int = typer.Option(5, help="Models the store keeps for roll-back behind the live one."),
     shadow: str | None = typer.Option(
         None, help="A bundle in --models-dir to run beside the live model from the start (GET /v1/models)."
     ),
@@ -645,7 +646,7 @@ def serve(
     given = {"max_concurrency": max_concurrency, "max_queue": max_queue, "max_bytes": max_bytes,
              "max_pixels": max_pixels, "threads": threads, "max_connections": max_connections}  # fmt: skip
     keeping = {"keep": tuple(keep), "keep_dir": str(keep_dir) if keep_dir is not None else None,
-               "keep_margin": keep_margin, "keep_max_mb": keep_max_mb,
+               "keep_margin": keep_margin, "keep_max_mb": keep_max_mb, "models_keep": models_keep,
                "models_dir": str(models_dir) if models_dir is not None else None, "shadow": shadow}  # fmt: skip
     settings = _serve_settings(given, keeping, _read_token(token_file, TOKEN_ENV), allowed_host, workers)
     run_service(bundle, host, port, settings, workers=workers)
@@ -669,8 +670,6 @@ def _serve_settings(
             raise ValueError(f"workers must be >= 1, got {workers}")
         if settings.keep and workers > 1:
             raise ValueError("--keep runs in one process (one disk cap, one writer): use --workers 1")
-        if settings.models_dir and workers > 1:
-            raise ValueError("--models-dir runs in one process (one live model to promote): use --workers 1")
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     return settings

@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from server_fakes import CLASS_NAMES, FakePredictor, board, encode
 
+from defectdet.runtime import store
 from defectdet.runtime.bundle import read_metadata, write_metadata
 from defectdet.runtime.deployment import Deployment, ServedModel, disagreement, file_sha256
 from defectdet.runtime.metrics import ServiceMetrics
@@ -118,38 +119,36 @@ def test_shadow_reports_its_disagreement_rate_in_models_and_metrics(line: dict[s
         assert 'role="shadow"' not in client.get("/metrics").text
 
 
-def test_promote_rewrites_the_served_file_and_rollback_restores_it(line: dict[str, Path]) -> None:
+def test_promote_makes_the_shadow_live_and_rollback_restores_it(line: dict[str, Path]) -> None:
     served, models = line["served"], line["models"]
     original = served.read_bytes()
-    served.chmod(0o644)
-    mode = served.stat().st_mode & 0o777
     with _client(served, models) as client:
         _ready(client)
         before = _detect(client, 0)["model_version"]
         client.post("/v1/models/shadow", json={"bundle": "candidate.onnx"}, headers=POST)
         _detect(client, 1)
         client.app.state.service.deployment.shadow.wait()
-        promoted = client.post("/v1/models/promote", json={"by": "anna"}, headers=POST)
+        promoted = client.post("/v1/models/promote", json={"by": "anna", "force": True}, headers=POST)
         assert promoted.status_code == 200, promoted.text
         body = promoted.json()
         assert body["live"]["name"] == "candidate.onnx" and body["shadow"] is None
         assert body["done"]["shadow"]["images"] == 1  # the evidence the promotion was made on
+        assert body["done"]["generation"] == 2 and body["live"]["generation"] == 2
+        assert body["done"]["forced"] is True and body["done"]["compare"] is None
         after = _detect(client, 2)
         assert (
             after["model_version"] != before and after["model_version"] == file_sha256(line["candidate"])[:12]
         )
-        assert served.read_bytes() == line["candidate"].read_bytes()
-        assert served.stat().st_mode & 0o777 == mode  # the served file keeps its permissions
-        archived = models / body["done"]["previous_file"]
-        assert archived.read_bytes() == original and archived.parent.name == "previous"
-        assert (
-            client.post("/v1/models/promote", json={"bundle": "candidate.onnx"}, headers=POST).status_code
-            == 409
+        assert served.read_bytes() == original  # the store records the change; the given file is untouched
+        assert (models / body["previous"]["file"]).read_bytes() == original
+        again = client.post(
+            "/v1/models/promote", json={"bundle": "candidate.onnx", "force": True}, headers=POST
         )
+        assert again.status_code == 409 and "already the live model" in again.json()["error"]
         back = client.post("/v1/models/rollback", json={"by": "anna"}, headers=POST)
         assert back.status_code == 200, back.text
+        assert back.json()["done"]["generation"] == 3
         assert _detect(client, 3)["model_version"] == before
-        assert served.read_bytes() == original
     history = [json.loads(line_) for line_ in (models / "promotions.jsonl").read_text().splitlines()]
     assert [(h["action"], h["by"]) for h in history] == [("promote", "anna"), ("rollback", "anna")]
 
@@ -159,18 +158,71 @@ def test_a_restart_serves_the_promoted_bundle_and_can_still_roll_back(line: dict
     original = file_sha256(served)
     with _client(served, models) as client:
         _ready(client)
-        assert (
-            client.post("/v1/models/promote", json={"bundle": "candidate.onnx"}, headers=POST).status_code
-            == 200
-        )
+        body = {"bundle": "candidate.onnx", "force": True}
+        assert client.post("/v1/models/promote", json=body, headers=POST).status_code == 200
     with _client(served, models) as client:  # the same command line, after a restart
         _ready(client)
         report = client.get("/v1/models").json()
         assert report["live"]["sha256"] == file_sha256(line["candidate"])
-        assert report["previous"]["file"].startswith("previous/")
+        assert report["store"]["generation"] == report["live"]["generation"] == 2
+        assert report["previous"]["file"].startswith("store/bundles/")
         assert client.post("/v1/models/rollback", json={}, headers=POST).status_code == 200
         assert client.get("/v1/models").json()["live"]["sha256"] == original
-    assert file_sha256(served) == original
+
+
+def test_promote_installs_the_bytes_that_ran_in_shadow(line: dict[str, Path], bundle_path: Path) -> None:
+    """The candidate file replaced while its model runs in shadow: promoting the shadow installs the bytes
+    that were compared, never the file's new bytes, and the old model can still be rolled back to."""
+    served, models, candidate = line["served"], line["models"], line["candidate"]
+    shadowed = file_sha256(candidate)
+    with _client(served, models) as client:
+        _ready(client)
+        live = client.get("/v1/models").json()["live"]["sha256"]
+        assert (
+            client.post("/v1/models/shadow", json={"bundle": "candidate.onnx"}, headers=POST).status_code
+            == 200
+        )
+        variant(bundle_path, candidate, 0.5)  # never vetted
+        assert file_sha256(candidate) != shadowed
+        promoted = client.post("/v1/models/promote", json={"force": True}, headers=POST)
+        assert promoted.status_code == 200, promoted.text
+        report = promoted.json()
+        assert report["live"]["sha256"] == shadowed and report["store"]["live"]["sha256"] == shadowed
+        assert file_sha256(models / report["store"]["live"]["file"]) == shadowed
+        assert report["previous"]["sha256"] == live
+    with _client(served, models) as client:  # a restart serves the vetted bytes too
+        _ready(client)
+        assert client.get("/v1/models").json()["live"]["sha256"] == shadowed
+        assert client.post("/v1/models/rollback", json={}, headers=POST).status_code == 200
+        assert client.get("/v1/models").json()["live"]["sha256"] == live
+
+
+def test_two_rollbacks_go_back_two_models_and_the_store_keeps_a_capped_history(
+    line: dict[str, Path], bundle_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store, "RECENT_S", 0.0)  # copies are removed as soon as no generation needs them
+    served, models = line["served"], line["models"]
+    shas = {"A": file_sha256(served)}
+    for name, threshold in (("B", 0.2), ("C", 0.3), ("D", 0.4)):
+        shas[name] = file_sha256(variant(bundle_path, models / f"{name}.onnx", threshold))
+    with _client(served, models, models_keep=2) as client:
+        _ready(client)
+        for name in "BCD":
+            body = {"bundle": f"{name}.onnx", "force": True}
+            assert client.post("/v1/models/promote", json=body, headers=POST).status_code == 200
+        report = client.get("/v1/models").json()
+        assert [item["sha256"] for item in report["rollback_history"]] == [shas["C"], shas["B"]]
+        kept = {path.name for path in (models / "store" / "bundles").iterdir()}
+        assert kept == {f"{name}-{shas[name][:12]}.onnx" for name in "BCD"}  # A fell off the history
+        for expected in "CB":
+            back = client.post("/v1/models/rollback", json={}, headers=POST)
+            assert back.status_code == 200, back.text
+            assert back.json()["live"]["sha256"] == shas[expected]
+            assert _detect(client, 0)["model_version"] == shas[expected][:12]
+        last = client.post("/v1/models/rollback", json={}, headers=POST)
+        assert last.status_code == 409 and "nothing to roll back to" in last.json()["error"]
+    with pytest.raises(ValueError, match="models_keep must be >= 1"):
+        ServeSettings(models_keep=0)
 
 
 @pytest.mark.parametrize(
@@ -268,3 +320,33 @@ def test_a_shadow_that_fails_on_an_image_is_counted_not_raised(line: dict[str, P
         assert deployment.shadow.wait()
         assert client.get("/v1/models").json()["shadow"]["errors"] == 1
         assert "defectdet_shadow_errors_total 1.0" in client.get("/metrics").text
+
+
+def test_promote_needs_a_compare_verdict_of_promote_or_force(
+    line: dict[str, Path], tiny_dataset: Path
+) -> None:
+    """The gate reads `defectdet compare`'s compare.json in the models folder, matched by the pair's sha256."""
+    from defectdet.export.compare import KEEP, PROMOTE, compare_models
+
+    served, models = line["served"], line["models"]
+    body = {"bundle": "candidate.onnx"}
+    with _client(served, models) as client:
+        _ready(client)
+        missing = client.post("/v1/models/promote", json=body, headers=POST)
+        assert missing.status_code == 409 and "no compare verdict" in missing.json()["error"]
+        assert "force: true" in missing.json()["error"]
+        document = compare_models(served, line["candidate"], tiny_dataset, out=models / "compare")
+        assert document["models"]["new"]["sha256"] == file_sha256(line["candidate"])
+        assert document["verdict"]["decision"] == KEEP  # no clean image: false calls cannot be measured
+        kept = client.post("/v1/models/promote", json=body, headers=POST)
+        assert kept.status_code == 409 and "compare said keep (compare/compare.json" in kept.json()["error"]
+        assert client.get("/v1/models").json()["live"]["name"] == "model.onnx"
+        saved = json.loads((models / "compare" / "compare.json").read_text())
+        saved["verdict"]["decision"] = PROMOTE
+        (models / "compare" / "compare.json").write_text(json.dumps(saved))
+        promoted = client.post("/v1/models/promote", json=body, headers=POST)
+        assert promoted.status_code == 200, promoted.text
+        done = promoted.json()["done"]
+        assert done["compare"]["decision"] == PROMOTE and done["forced"] is False
+        back = client.post("/v1/models/rollback", json={"force": True}, headers=POST)
+        assert back.status_code == 422  # a roll-back needs no override

@@ -44,6 +44,7 @@ from defectdet.export.compare_score import (
 )
 from defectdet.runtime.bundle import BundleMetadata, read_metadata
 from defectdet.runtime.predictor import Predictor
+from defectdet.runtime.store import file_sha256
 
 __all__ = ["KEEP", "PROMOTE", "RULE", "Tolerances", "compare_models"]
 
@@ -218,6 +219,7 @@ def _model_entry(models: _Models, role: str, score: dict[str, Any]) -> dict[str,
     return {
         "given": str(models.given[role]),
         "bundle": str(models.bundles[role]),
+        "sha256": file_sha256(Path(models.bundles[role])),  # `serve` finds this verdict by the pair's hashes
         "exported_from_checkpoint": models.bundles[role] != models.given[role],
         "preset": meta.preset,
         "class_names": meta.class_names,

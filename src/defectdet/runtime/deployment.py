@@ -1,27 +1,25 @@
-"""Which bundle answers, which one runs beside it, and which one came before (`serve --models-dir`).
+"""Which bundle answers, which one runs beside it, and which ones came before (`serve --models-dir`).
 
 A candidate bundle is copied into the models folder (by hand, scp, or from the fine-tune run's export).
-`POST /v1/models/shadow` runs it beside the live model on every answered image: its answers are never
-returned, only compared with the live ones (`disagreement`), and the rate shows in /metrics and
-/v1/models. `POST /v1/models/promote` makes it the live model; `POST /v1/models/rollback` brings the
-previous one back.
+`POST /v1/models/shadow` copies its bytes into the models store and runs that copy beside the live model on
+every answered image: its answers are never returned, only compared with the live ones (`disagreement`),
+and the rate shows in /metrics and /v1/models. `POST /v1/models/promote` makes exactly those bytes the
+live model (replacing the file in the models folder afterwards changes nothing); it needs a `compare`
+verdict of "promote" for the pair, or `force`. `POST /v1/models/rollback` brings back the model before,
+and the one before that on a second roll-back, down the store's history.
 
-A swap is one reference assignment: a request takes the live model once, when its inference starts, and
-finishes on it, so no request is dropped or answered by half of each model. Promotion also rewrites the
-bundle file `serve` was started with (atomically; the bytes it held are archived first under
-`<models-dir>/previous/`), so a restart serves what was promoted and a roll-back works after a restart too.
-Every promotion and roll-back is one line in `<models-dir>/promotions.jsonl`. No torch import.
+Every promotion and roll-back is a generation of the models store (`runtime.store`) that all processes
+serving the line share: each process polls the store and loads the generation's bundle (its sha256
+checked) beside the live model, then swaps. A swap is one reference assignment: a request takes the live
+model once, when its inference starts, and finishes on it, so no request is dropped or answered by half of
+each model. A process that starts serves the store's current generation. No torch import.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
 import re
-import shutil
-import tempfile
 import threading
 import time
 from collections import Counter, deque
@@ -38,13 +36,22 @@ import numpy as np
 from defectdet.errors import DefectDetError
 from defectdet.runtime.model_quality import validation_quality
 from defectdet.runtime.monitor import DriftMonitor
+from defectdet.runtime.store import (
+    DEFAULT_KEEP,
+    STORE_DIR,
+    Entry,
+    ModelStore,
+    StaleGeneration,
+    StoreError,
+    compare_verdict,
+    file_sha256,
+)
 from defectdet.runtime.upload import UploadError
 
 logger = logging.getLogger(__name__)
 
-PREVIOUS_DIR = "previous"
-HISTORY_FILE = "promotions.jsonl"
 MATCH_IOU = 0.5
+POLL_S = 1.0  # how often a process reads the store's current generation
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}\.onnx$")
 _PRINTABLE = re.compile(r"[^\x20-\x7e]")
 
@@ -56,14 +63,6 @@ def bundle_sha256(predictor: Any) -> str:
     if path is not None and Path(path).is_file():
         return file_sha256(Path(path))
     return hashlib.sha256(predictor.metadata.to_json().encode()).hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -78,15 +77,18 @@ class ServedModel:
     monitor: DriftMonitor | None
 
     @classmethod
-    def of(cls, predictor: Any, source: Path | None = None, sha256: str | None = None) -> ServedModel:
-        """`sha256`: the bundle's hash when the caller already read it (else hashed here)."""
+    def of(
+        cls, predictor: Any, source: Path | None = None, sha256: str | None = None, name: str | None = None
+    ) -> ServedModel:
+        """`sha256`: the bundle's hash when the caller already read it (else hashed here); `name`: the name
+        it was promoted as (default: its file's)."""
         path = getattr(predictor, "path", None)
         source = source or (Path(path) if path is not None else None)
         reference = predictor.metadata.drift_reference
         return cls(
             predictor=predictor,
             sha256=sha256 or bundle_sha256(predictor),
-            name=source.name if source is not None else "in-memory",
+            name=name or (source.name if source is not None else "in-memory"),
             source=source,
             since=time.time(),
             monitor=DriftMonitor(reference) if reference else None,
@@ -242,10 +244,12 @@ class ShadowRun:
 
 
 class Deployment:
-    """The live model, an optional shadow and the previous model; changes one at a time (409 while one runs).
+    """The live model, an optional shadow and the models store's history; changes one at a time (409 while
+    one runs in this process; the store's generation check between processes).
 
     `load(path)` builds a predictor for a bundle file (the server passes its threads and pixel limit);
     `on_swap(model)` runs after the live model changed (the server resets the drift metrics to its charts).
+    `keep`: models the store keeps for roll-back behind the live one.
     """
 
     def __init__(
@@ -257,6 +261,7 @@ class Deployment:
         live_path: Path | None = None,
         load: Callable[[Path], Any] | None = None,
         on_swap: Callable[[ServedModel], None] | None = None,
+        keep: int = DEFAULT_KEEP,
     ) -> None:
         self.live = live
         self.metrics = metrics
@@ -266,30 +271,74 @@ class Deployment:
         self.on_swap = on_swap
         self.shadow: ShadowRun | None = None
         self.previous: ServedModel | None = None  # loaded, for a fast roll-back (this process only)
-        self.previous_file: Path | None = None  # its archived bytes (survive a restart)
+        self.store = ModelStore(self.models_dir / STORE_DIR, keep) if self.models_dir is not None else None
+        self.generation: int | None = None  # the store generation this process serves
+        self.store_seen: int | None = None  # the newest generation this process read from the store
         self._changing = threading.Lock()
-        if self.models_dir is not None:
-            (self.models_dir / PREVIOUS_DIR).mkdir(parents=True, exist_ok=True)
-            self.previous_file = self._previous_from_history()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._failed: int | None = None  # a generation that could not be loaded here (logged once)
+        if self.store is not None:
+            self._join_store()
         self.metrics.set_models(self)
+
+    def _join_store(self) -> None:
+        """Serve the store's current generation; an empty store starts with the bundle `serve` was given."""
+        assert self.store is not None
+        current = self.store.current()
+        if current is None and self.live_path is not None and self.live.source is not None:
+            entry = self.store.stage(self.live_path, self.live.name)
+            if entry.sha256 != self.live.sha256:
+                raise StoreError(f"{self.live_path}: the file changed while it loaded; start again")
+            try:
+                current = self.store.commit(0, "start", entry)
+            except StaleGeneration as raced:  # another process started the store first
+                current = raced.current
+        if current is None:
+            return
+        entry = Entry.of(current["live"])
+        if entry.sha256 != self.live.sha256:
+            logger.warning(
+                "the models store's generation %d is %s (%s): serving it instead of %s (%s)",
+                current["generation"], entry.name, entry.version, self.live.name, self.live.version,
+            )  # fmt: skip
+            self.live = self._load(self.store.verified(entry), entry.sha256, rollback=True, name=entry.name)
+            self.metrics.set_drift_charts(self.live.monitor)
+        self.generation = self.store_seen = current["generation"]
 
     # ------------------------------------------------------------------ reading
     def report(self) -> dict[str, Any]:
         shadow = self.shadow
-        previous = self.previous.describe() if self.previous is not None else None
-        if previous is None and self.previous_file is not None:
-            previous = {
-                "name": self.previous_file.name,
-                "file": _relative(self.previous_file, self.models_dir),
-            }
+        current = self._current_quietly()
+        stack = current["stack"] if current is not None else []
+        previous = None
+        if stack:
+            previous = {**_entry_report(stack[0]), **(self._previous_description(stack[0]) or {})}
         return {
-            "live": self.live.describe(),
+            "live": {**self.live.describe(), "generation": self.generation},
             "shadow": shadow.report() if shadow is not None else None,
             "previous": previous,
+            "rollback_history": [_entry_report(item) for item in stack],
+            "store": _store_report(current),
             "models_dir": self.models_dir is not None,
             "candidates": self.candidates(),
             "history": self.history(limit=20),
         }
+
+    def _previous_description(self, item: dict[str, Any]) -> dict[str, Any] | None:
+        previous = self.previous
+        if previous is not None and previous.sha256 == item.get("sha256"):
+            return {**previous.describe(), "name": item["name"]}
+        return None
+
+    def _current_quietly(self) -> dict[str, Any] | None:
+        if self.store is None:
+            return None
+        try:
+            return self.store.current()
+        except StoreError as error:
+            logger.warning("%s", error)
+            return None
 
     def candidates(self) -> list[dict[str, Any]]:
         """The bundle files in the models folder (names only: the folder's path is not shown)."""
@@ -303,19 +352,8 @@ class Deployment:
         return found
 
     def history(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """Promotions and roll-backs, newest first (lines that do not parse are skipped with a warning)."""
-        if self.models_dir is None or not (self.models_dir / HISTORY_FILE).is_file():
-            return []
-        records = []
-        for number, line in enumerate((self.models_dir / HISTORY_FILE).read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                logger.warning("%s line %d: not JSON; skipped", self.models_dir / HISTORY_FILE, number)
-        records.reverse()
-        return records[:limit] if limit else records
+        """The store's generations (promotions, roll-backs, the start), newest first."""
+        return self.store.history(limit) if self.store is not None else []
 
     # ------------------------------------------------------------------ shadow
     def observe(self, image: np.ndarray, template: np.ndarray | None, live_result: Any) -> None:
@@ -325,12 +363,9 @@ class Deployment:
             shadow.submit(image, template, live_result)
 
     def start_shadow(self, name: str) -> dict[str, Any]:
+        """Copy the candidate's bytes into the store and run that copy beside the live model."""
         with self._change():
-            path = self.resolve(name)
-            sha = file_sha256(path)
-            if sha == self.live.sha256:
-                raise UploadError(409, f"{name} is the live model's bundle: nothing to compare it with")
-            model = self._load(path, sha)
+            model = self._candidate(name)
             old, self.shadow = self.shadow, ShadowRun(model, self.metrics)
             if old is not None:
                 old.stop()
@@ -346,9 +381,30 @@ class Deployment:
                 self.metrics.set_models(self)
             return self.report()
 
+    def _candidate(self, name: str) -> ServedModel:
+        """The bundle `name` of the models folder, copied into the store and loaded from that copy."""
+        path = self.resolve(name)
+        assert self.store is not None
+        try:
+            entry = self.store.stage(path, name)
+        except OSError as error:
+            raise UploadError(
+                409, f"cannot copy {name} into the models store ({error.strerror or error})"
+            ) from None
+        if entry.sha256 == self.live.sha256:
+            raise UploadError(409, f"{name} is already the live model ({entry.version})")
+        shadow = self.shadow
+        if shadow is not None and shadow.model.sha256 == entry.sha256:
+            return shadow.model
+        return self._load(self.store.path(entry), entry.sha256, name=name)
+
     # ------------------------------------------------------------------ promotion
-    def promote(self, name: str | None, by: str | None = None) -> dict[str, Any]:
-        """Make `name` (default: the shadow) the live model; the live one becomes the previous."""
+    def promote(
+        self, name: str | None, by: str | None = None, force: bool = False, generation: int | None = None
+    ) -> dict[str, Any]:
+        """Make `name` (default: the shadow, exactly the bytes it ran) the live model of every process on
+        the store. Needs a `compare` verdict of "promote" for (live, candidate) in the models folder, or
+        `force`. `generation`: the store generation the decision was made on (default: the one served here)."""
         with self._change():
             shadow = self.shadow
             if name is None:
@@ -358,62 +414,156 @@ class Deployment:
                     )
                 model = shadow.model
             else:
-                path = self.resolve(name)
-                sha = file_sha256(path)
-                if sha == self.live.sha256:
-                    raise UploadError(409, f"{name} is already the live model ({sha[:12]})")
-                model = (
-                    shadow.model
-                    if shadow is not None and shadow.model.sha256 == sha
-                    else self._load(path, sha)
-                )
+                model = self._candidate(name)
             evidence = shadow.report() if shadow is not None and shadow.model is model else None
-            return self._make_live(model, "promote", by, evidence)
+            verdict = self._gate(model, force)
+            record = self._commit(
+                generation, "promote", model, by, shadow=_summary(evidence), compare=verdict,
+                forced=bool(force) and (verdict or {}).get("decision") != "promote",
+            )  # fmt: skip
+            return self._make_live(model, record)
 
-    def rollback(self, by: str | None = None) -> dict[str, Any]:
-        """Bring the previous live model back (from memory, else from its archived file)."""
+    def _gate(self, model: ServedModel, force: bool) -> dict[str, Any] | None:
+        """The compare verdict on (live, `model`); 409 unless it says promote or `force` is given."""
+        assert self.models_dir is not None
+        verdict = compare_verdict(self.models_dir, self.live.sha256, model.sha256)
+        if force or (verdict is not None and verdict["decision"] == "promote"):
+            return verdict
+        if verdict is None:
+            reason = (
+                f"no compare verdict on {self.live.name} ({self.live.version}) -> {model.name} "
+                f"({model.version}) in the models folder: run 'defectdet compare LIVE.onnx {model.name} "
+                "DATA --out MODELS_DIR/compare' on the line's held-out images"
+            )
+        else:
+            reason = f"compare said keep ({verdict['file']}: {'; '.join(verdict['reasons'][:2])})"
+        raise UploadError(409, f"{reason}; to promote anyway, send force: true")
+
+    def rollback(self, by: str | None = None, generation: int | None = None) -> dict[str, Any]:
+        """Bring back the model before the live one in the store's history (a second roll-back goes back
+        one more)."""
         with self._change():
-            model = self.previous
-            if model is None:
-                if self.previous_file is None or not self.previous_file.is_file():
-                    raise UploadError(409, "nothing to roll back to: no model was promoted over this one")
-                model = self._load(self.previous_file, rollback=True)
-            return self._make_live(model, "rollback", by, None)
-
-    def _make_live(self, model: ServedModel, action: str, by: str | None, evidence: dict | None) -> dict:
-        old = self.live
-        archived = self._archive(old)
-        if self.live_path is not None and model.source is not None and model.source != self.live_path:
-            try:
-                _atomic_copy(model.source, self.live_path)
-            except OSError as error:
+            if self.store is None:
                 raise UploadError(
-                    409, f"cannot rewrite the served bundle file ({error.strerror or error}); nothing changed"
-                ) from None
-        self.live = replace(model, since=time.time())
-        self.previous = replace(old, source=archived) if archived is not None else old
-        self.previous_file = archived
+                    409, "model changes need a models folder: start serve with --models-dir DIR"
+                )
+            current = self._current_or_409()
+            if current is None or not current["stack"]:
+                raise UploadError(409, "nothing to roll back to: no model was promoted over this one")
+            target = Entry.of(current["stack"][0])
+            model = self._load_entry(target)
+            record = self._commit(generation, "rollback", model, by)
+            return self._make_live(model, record)
+
+    def _load_entry(self, entry: Entry) -> ServedModel:
+        """A model the store refers to: the one loaded here before when it is that one, else its checked file."""
+        assert self.store is not None
+        previous = self.previous
+        if previous is not None and previous.sha256 == entry.sha256:
+            return replace(previous, name=entry.name, source=self.store.path(entry))
+        try:
+            path = self.store.verified(entry)
+        except StoreError as error:
+            raise UploadError(409, str(error)) from None
+        return self._load(path, entry.sha256, rollback=True, name=entry.name)
+
+    def _current_or_409(self) -> dict[str, Any] | None:
+        assert self.store is not None
+        try:
+            return self.store.current()
+        except StoreError as error:
+            raise UploadError(409, str(error).replace(str(self.models_dir), "models")) from None
+
+    def _commit(
+        self, generation: int | None, action: str, model: ServedModel, by: str | None, **details: Any
+    ) -> dict[str, Any]:
+        """Write the store's next generation (409 when it moved on since `generation`)."""
+        assert self.store is not None
+        if model.source is None or model.source.parent != self.store.bundles:
+            raise UploadError(409, f"{model.name} is not in the models store; shadow or name it again")
+        entry = Entry(model.name, model.sha256, model.source.name)
+        base = generation if generation is not None else (self.generation or 0)
+        try:
+            return self.store.commit(base, action, entry, _clean(by), **details)
+        except StaleGeneration as error:
+            raise UploadError(409, str(error)) from None
+        except StoreError as error:
+            raise UploadError(409, str(error).replace(str(self.models_dir), "models")) from None
+        except OSError as error:
+            raise UploadError(
+                409, f"cannot write the models store ({error.strerror or error}); nothing changed"
+            ) from None
+
+    def _make_live(self, model: ServedModel, record: dict[str, Any]) -> dict[str, Any]:
+        old = self._swap(model, record)
+        self.metrics.promotions.labels(record["action"]).inc()
+        logger.info(
+            "%s: %s (%s) is live, generation %d; was %s (%s)",
+            record["action"], model.name, model.version, record["generation"], old.name, old.version,
+        )  # fmt: skip
+        return {"done": {**record, "to": record["live"]}, **self.report()}
+
+    def _swap(self, model: ServedModel, record: dict[str, Any]) -> ServedModel:
+        """`model` answers from the next request on; the store's `record` is what this process serves."""
+        old = self.live
+        if model.sha256 != old.sha256:
+            self.live = replace(model, since=time.time())
+            self.previous = old
+        self.generation = self.store_seen = record["generation"]
         if self.shadow is not None and self.shadow.model.sha256 == model.sha256:
             self.shadow.stop()
             self.shadow = None
-        record = {
-            "time": _iso(time.time()),
-            "action": action,
-            "by": _clean(by),
-            "from": {"name": old.name, "sha256": old.sha256},
-            "to": {"name": model.name, "sha256": model.sha256},
-            "previous_file": _relative(archived, self.models_dir) if archived is not None else None,
-            "shadow": _summary(evidence),
-        }
-        self._append_history(record)
-        if self.on_swap is not None:
+        if self.on_swap is not None and model.sha256 != old.sha256:
             self.on_swap(self.live)
-        self.metrics.promotions.labels(action).inc()
         self.metrics.set_models(self)
-        logger.info(
-            "%s: %s (%s) is live; was %s (%s)", action, model.name, model.version, old.name, old.version
+        return old
+
+    # ------------------------------------------------------------------ following the store
+    def watch(self, interval_s: float = POLL_S) -> None:
+        """Poll the store every `interval_s` in a thread and follow its generations (idempotent)."""
+        if self.store is None or self._watcher is not None:
+            return
+        self._watcher = threading.Thread(
+            target=self._watch, args=(interval_s,), name="defectdet-store", daemon=True
         )
-        return {"done": record, **self.report()}
+        self._watcher.start()
+
+    def _watch(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            try:
+                self.follow()
+            except Exception:  # the loop must outlive any one failure; it is logged
+                logger.exception("following the models store failed")
+
+    def follow(self) -> bool:
+        """Load and serve the store's current generation when it is not the one served here. True when this
+        process changed its model. A generation whose bundle fails its checks is logged once and skipped."""
+        current = self._current_quietly()
+        if current is None:
+            return False
+        self.store_seen = current["generation"]
+        self.metrics.store_generation.set(current["generation"])
+        if current["generation"] == self.generation or current["generation"] == self._failed:
+            return False
+        if not self._changing.acquire(blocking=False):
+            return False  # a change of this process runs: the next poll looks again
+        try:
+            entry = Entry.of(current["live"])
+            try:
+                model = self._load_entry(entry) if entry.sha256 != self.live.sha256 else self.live
+            except UploadError as error:
+                self._failed = current["generation"]
+                logger.error("store generation %d not loaded here: %s", current["generation"], error)
+                return False
+            old = self._swap(model, current)
+            logger.info(
+                "store generation %d (%s %s, %s): %s (%s) is live here; was %s (%s)",
+                current["generation"], current["action"], current.get("by") or "", current["time"],
+                model.name, model.version, old.name, old.version,
+            )  # fmt: skip
+            return True
+        finally:
+            self._changing.release()
 
     # ------------------------------------------------------------------ files
     def resolve(self, name: Any) -> Path:
@@ -431,28 +581,34 @@ class Deployment:
             raise UploadError(404, f"no bundle {name!r} in the models folder (there: {there})")
         return path
 
-    def _load(self, path: Path, sha256: str | None = None, rollback: bool = False) -> ServedModel:
-        """Load, check that it takes the live model's input (and, unless rolling back, keeps its classes), and
-        run one warm-up inference."""
+    def _load(
+        self, path: Path, sha256: str | None = None, rollback: bool = False, name: str | None = None
+    ) -> ServedModel:
+        """Load, check its bytes (`sha256`), that it takes the live model's input (and, unless rolling back,
+        keeps its classes), and run one warm-up inference."""
+        shown = name or path.name
         if self.load is None:
             raise UploadError(409, "this service cannot load bundles (it was built around a predictor)")
+        found = file_sha256(path)
+        if sha256 is not None and found != sha256:
+            raise UploadError(409, f"{shown}: its bytes hash to {found[:12]}, expected {sha256[:12]}")
         try:
-            model = ServedModel.of(self.load(path), source=path, sha256=sha256)
+            model = ServedModel.of(self.load(path), source=path, sha256=found, name=name)
         except DefectDetError as error:  # its message starts with the path: the answer names the file only
-            reason = str(error).replace(f"{path}: ", "").replace(str(path), path.name)
-            raise UploadError(422, f"{path.name}: {reason}") from None
+            reason = str(error).replace(f"{path}: ", "").replace(str(path), shown)
+            raise UploadError(422, f"{shown}: {reason}") from None
         meta, live = model.metadata, self.live.metadata
         if (meta.channels, meta.template) != (live.channels, live.template):
             raise UploadError(
                 409,
-                f"{path.name} takes {_layout(meta)}, the live model {_layout(live)}: the line's requests would "
+                f"{shown} takes {_layout(meta)}, the live model {_layout(live)}: the line's requests would "
                 "not fit it",
             )
         dropped = [name for name in live.class_names if name not in meta.class_names]
         if dropped and not rollback:
             raise UploadError(
                 409,
-                f"{path.name} has no class {', '.join(map(repr, dropped))} of the live model (its classes: "
+                f"{shown} has no class {', '.join(map(repr, dropped))} of the live model (its classes: "
                 f"{', '.join(meta.class_names)}); a new model may add classes, not drop them",
             )
         size = meta.input_size
@@ -460,38 +616,8 @@ class Deployment:
         try:
             model.predictor.predict(image, template=image if meta.template else None)
         except Exception as error:
-            raise UploadError(422, f"{path.name}: warm-up inference failed ({error})") from None
+            raise UploadError(422, f"{shown}: warm-up inference failed ({error})") from None
         return model
-
-    def _archive(self, model: ServedModel) -> Path | None:
-        """A copy of `model`'s bytes under previous/ (the live file is about to be rewritten)."""
-        if self.models_dir is None:
-            return None
-        source = self.live_path if model is self.live and self.live_path is not None else model.source
-        if source is None or not source.is_file():
-            return None
-        target = self.models_dir / PREVIOUS_DIR / f"{Path(model.name).stem}-{model.version}.onnx"
-        if not (target.is_file() and target.stat().st_size == source.stat().st_size):
-            _atomic_copy(source, target)
-        return target
-
-    def _append_history(self, record: dict[str, Any]) -> None:
-        if self.models_dir is None:
-            return
-        with open(self.models_dir / HISTORY_FILE, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    def _previous_from_history(self) -> Path | None:
-        """After a restart: the archived bundle the last promotion to the live model replaced."""
-        for record in self.history():
-            if record.get("to", {}).get("sha256") == self.live.sha256 and record.get("previous_file"):
-                path = (self.models_dir / record["previous_file"]).resolve()  # type: ignore[operator]
-                if path.is_file() and path.parent == (self.models_dir / PREVIOUS_DIR).resolve():  # type: ignore[operator]
-                    return path
-                return None
-        return None
 
     @contextmanager
     def _change(self) -> Iterator[None]:
@@ -503,23 +629,31 @@ class Deployment:
             self._changing.release()
 
     def close(self) -> None:
+        self._stop.set()
         if self.shadow is not None:
             self.shadow.stop()
 
 
-def _atomic_copy(source: Path, target: Path) -> None:
-    """Copy through a temporary file in the target's folder, fsync, then rename over the target."""
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    os.close(handle)
-    try:
-        shutil.copyfile(source, temporary)
-        shutil.copymode(target if target.exists() else source, temporary)  # mkstemp made it 0600
-        with open(temporary, "rb") as written:
-            os.fsync(written.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+def _entry_report(item: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": item["name"],
+        "model_version": str(item["sha256"])[:12],
+        "sha256": item["sha256"],
+        "file": f"{STORE_DIR}/bundles/{item['file']}",
+    }
+
+
+def _store_report(current: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The store's current generation as /v1/models shows it."""
+    if current is None:
+        return None
+    return {
+        "generation": current["generation"],
+        "live": _entry_report(current["live"]),
+        "action": current["action"],
+        "by": current.get("by"),
+        "time": current["time"],
+    }
 
 
 def _layout(meta: Any) -> str:
@@ -546,15 +680,6 @@ def _summary(evidence: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def _clean(text: str | None) -> str | None:
     return _PRINTABLE.sub("", text)[:80] or None if text else None
-
-
-def _relative(path: Path | None, root: Path | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        return str(path.resolve().relative_to(root.resolve())) if root is not None else path.name
-    except ValueError:
-        return path.name
 
 
 def _iso(seconds: float) -> str:

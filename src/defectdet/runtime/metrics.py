@@ -206,15 +206,34 @@ class ServiceMetrics:
         self.promotions = Counter(
             "defectdet_model_changes", "Promotions and roll-backs", ["action"], registry=registry
         )
+        self.generation = Gauge(
+            "defectdet_model_generation", "The models-store generation this process serves (0: no store)",
+            registry=registry, multiprocess_mode="liveall",
+        )  # fmt: skip
+        self.store_generation = Gauge(
+            "defectdet_store_generation", "The models store's newest generation, as this process last read it",
+            registry=registry, multiprocess_mode="livemax",
+        )  # fmt: skip
+        self.serving = Gauge(
+            "defectdet_model_serving", "1 for the bundle this process serves, by sha256 and store generation",
+            ["sha256", "generation"], registry=registry, multiprocess_mode="liveall",
+        )  # fmt: skip
         for kind in ("any", "verdict", "boxes"):
             self.shadow_disagreements.labels(kind)
         for action in ("promote", "rollback"):
             self.promotions.labels(action)
 
     def set_models(self, deployment: Any) -> None:
-        """`defectdet_model{role, version}` for the deployment's live, shadow and previous models."""
-        self.model_info.clear()
+        """`defectdet_model{role, version}` for the deployment's live, shadow and previous models; the
+        generation and sha256 this process serves."""
+        for gauge in (self.model_info, self.serving):
+            _clear(gauge)
         self.model_info.labels("live", deployment.live.version).set(1)
+        generation = getattr(deployment, "generation", None) or 0
+        self.generation.set(generation)
+        self.serving.labels(deployment.live.sha256, str(generation)).set(1)
+        if generation:
+            self.store_generation.set(max(generation, getattr(deployment, "store_seen", None) or 0))
         if deployment.shadow is not None:
             self.model_info.labels("shadow", deployment.shadow.model.version).set(1)
         else:
@@ -268,3 +287,11 @@ class ServiceMetrics:
             from prometheus_client.multiprocess import mark_process_dead
 
             mark_process_dead(os.getpid())
+
+
+def _clear(gauge: Gauge) -> None:
+    """Drop a labelled gauge's children. In multiprocess mode their values stay in this process's file, so
+    they are set to 0 first: a label set that no longer holds reads 0, not its old 1."""
+    for labels in list(gauge._metrics):  # noqa: SLF001 - prometheus_client keeps no public list of children
+        gauge.labels(*labels).set(0)
+    gauge.clear()

@@ -1,13 +1,19 @@
 """The model routes of `serve`: what is live, shadow a candidate, promote it, roll back (`runtime.deployment`).
 
-    GET  /v1/models            live, shadow (with its disagreement rate), previous, candidates, history
+    GET  /v1/models            live (with the store generation served here), shadow (with its disagreement
+                               rate), previous, the roll-back history, the store's current generation,
+                               candidates, the store's generations
     POST /v1/models/shadow     {"bundle": "candidate.onnx"} starts a shadow; {"bundle": null} stops it
-    POST /v1/models/promote    {"bundle": "candidate.onnx"} or {} (the shadow); optional "by": who
-    POST /v1/models/rollback   {} brings the previous model back; optional "by"
+    POST /v1/models/promote    {"bundle": "candidate.onnx"} or {} (the shadow); optional "by": who,
+                               "force": true (promote without a compare verdict of "promote"),
+                               "generation": the store generation the decision was made on
+    POST /v1/models/rollback   {} brings the model before back; optional "by", "generation"
 
-The POST routes change state: like every such route they need the token (when set), the header
-`X-Defectdet-Request: 1` and a JSON body (`server._Guard`). Loading a bundle runs off the event loop, so
-/v1/detect keeps answering while a candidate loads.
+A promotion or roll-back changes every process serving the models store; one based on a generation that is
+no longer current is refused (409, naming the live generation). The POST routes change state: like every
+such route they need the token (when set), the header `X-Defectdet-Request: 1` and a JSON body
+(`server._Guard`). Loading a bundle runs off the event loop, so /v1/detect keeps answering while a
+candidate loads.
 """
 
 from __future__ import annotations
@@ -23,19 +29,22 @@ from defectdet.runtime.upload import UploadError
 
 
 class ModelChange(BaseModel):
-    """The body of a model change: the bundle's file name in the models folder, and who asks."""
+    """The body of a model change: the bundle's file name in the models folder, who asks, the override of
+    the compare gate and the store generation the change is based on."""
 
     model_config = ConfigDict(extra="forbid")
     bundle: str | None = Field(None, max_length=204)
     by: str | None = Field(None, max_length=80)
+    force: bool = False
+    generation: int | None = Field(None, ge=0)
 
 
 def models_router(deployment: Deployment) -> APIRouter:
     router = APIRouter()
 
-    @router.get("/v1/models", summary="The live, shadow and previous models, the candidates and the history")
+    @router.get("/v1/models", summary="The live, shadow and previous models, the store, candidates, history")
     async def models() -> dict[str, Any]:
-        return deployment.report()
+        return await asyncio.to_thread(deployment.report)
 
     @router.post("/v1/models/shadow", summary="Run a candidate bundle beside the live model (or stop it)")
     async def shadow(change: ModelChange) -> dict[str, Any]:
@@ -45,12 +54,14 @@ def models_router(deployment: Deployment) -> APIRouter:
 
     @router.post("/v1/models/promote", summary="Make a candidate (default: the shadow) the live model")
     async def promote(change: ModelChange) -> dict[str, Any]:
-        return await asyncio.to_thread(deployment.promote, change.bundle, change.by)
+        return await asyncio.to_thread(
+            deployment.promote, change.bundle, change.by, change.force, change.generation
+        )
 
-    @router.post("/v1/models/rollback", summary="Bring the previous live model back")
+    @router.post("/v1/models/rollback", summary="Bring back the model before the live one")
     async def rollback(change: ModelChange) -> dict[str, Any]:
-        if change.bundle is not None:
-            raise UploadError(422, "rollback takes no bundle: it restores the previous live model")
-        return await asyncio.to_thread(deployment.rollback, change.by)
+        if change.bundle is not None or change.force:
+            raise UploadError(422, "rollback takes no bundle and no force: it restores the model before")
+        return await asyncio.to_thread(deployment.rollback, change.by, change.generation)
 
     return router

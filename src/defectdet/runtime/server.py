@@ -126,11 +126,14 @@ class ServeSettings:
     keep_dir: str | None = None  # kept items, and the folder /review works on
     keep_margin: float = 0.1
     keep_max_mb: float | None = DEFAULT_KEEP_MAX_MB  # None: the default; 0: no cap (serve warns)
-    models_dir: str | None = None  # candidate bundles for shadow / promote; previous/ and promotions.jsonl
+    models_dir: str | None = None  # candidate bundles for shadow / promote; the models store in store/
+    models_keep: int = 5  # models the store keeps for roll-back behind the live one
     shadow: str | None = None  # a bundle in models_dir to run in shadow from the start
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keep", parse_keep(tuple(self.keep)))
+        if self.models_keep < 1:
+            raise ValueError(f"models_keep must be >= 1, got {self.models_keep}")
         if self.shadow and not self.models_dir:
             raise ValueError("--shadow needs --models-dir DIR (the folder the candidate bundle is in)")
         if self.keep and not self.keep_dir:
@@ -182,6 +185,7 @@ class Service:
             live_path=live_path,
             load=self.load_bundle if live_path is not None else None,
             on_swap=self._swapped,
+            keep=settings.models_keep,
         )
         self.executor = ThreadPoolExecutor(settings.max_concurrency, thread_name_prefix="defectdet-infer")
         self.admitted = 0  # inferences queued or running (uploads still arriving do not count)
@@ -631,6 +635,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service.start()
+        service.deployment.watch()  # follow the models store's generations
         if service.capture is not None:
             service.capture.start()
         if service.broadcast is not None:
@@ -1103,8 +1108,6 @@ def serve(
     settings = settings or ServeSettings()
     if settings.keep and workers > 1:
         raise ValueError("--keep runs in one process (one disk cap, one writer): use --workers 1")
-    if settings.models_dir and workers > 1:
-        raise ValueError("--models-dir runs in one process (one live model to promote): use --workers 1")
     if settings.threads is None:  # share the cores between the concurrent inferences of all workers
         cores = min(physical_cores(), MAX_DEFAULT_THREADS)
         settings = replace(settings, threads=max(1, cores // (settings.max_concurrency * workers)))

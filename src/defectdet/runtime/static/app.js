@@ -209,8 +209,13 @@ async function refreshModels() {
 
 async function changeModels(route, payload, question) {
   if (question && !window.confirm(question)) return;
-  const { ok, body } = await getJson(route, { method: "POST", body: JSON.stringify(payload),
+  const post = (data) => getJson(route, { method: "POST", body: JSON.stringify(data),
     headers: { "Content-Type": "application/json", "X-Defectdet-Request": "1" } });
+  let { ok, body } = await post(payload);
+  if (!ok && body && (body.error || "").includes("force: true")
+      && window.confirm(`${body.error.split("; to promote anyway")[0]}.\n\nPromote anyway?`)) {
+    ({ ok, body } = await post({ ...payload, force: true }));
+  }
   $("models-status").textContent = ok ? (body.done ? `${body.done.action}: ${body.done.to.name} is live` : "done") : (body.error || "failed");
   refreshModels();
 }

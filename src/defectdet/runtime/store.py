@@ -1,0 +1,303 @@
+"""The models store that every process serving one line shares (`serve --models-dir DIR`, DIR/store/).
+
+The store says which bundle the line serves. Each promotion or roll-back is a new generation:
+
+    DIR/store/bundles/NAME-SHA12.onnx   the exact bytes of every model the store refers to (written once)
+    DIR/store/history/00000007.json     generation 7: the live model (name, sha256, file), the models
+                                        before it (newest first, the roll-back history), who, when, why
+    DIR/store/current                   a copy of the newest generation, replaced atomically (os.replace)
+    DIR/store/.lock                     the lock a change holds while it reads and writes the generation
+    DIR/promotions.jsonl                one line per change, for people
+
+A change names the generation it was based on; when another change came first (on this host or another
+one: the lock is an fcntl record lock, which NFS carries) it is refused with the generation that is live.
+Processes poll `current` and load the bundle it names after checking its sha256. No torch import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from defectdet.errors import DefectDetError
+
+logger = logging.getLogger(__name__)
+
+STORE_DIR = "store"
+LOG_FILE = "promotions.jsonl"
+DEFAULT_KEEP = 5  # models kept for roll-back behind the live one
+STAGED_MAX_AGE_S = 7 * 24 * 3600  # copies of candidates that never went live are removed after this
+RECENT_S = 600.0  # a copy staged (or staged again) this recently stays: a shadow may be promoted from it
+COMPARE_FILE = "compare.json"
+
+
+class StoreError(DefectDetError):
+    """The store cannot be read or written, or a bundle's bytes are not the ones its generation names."""
+
+
+class StaleGeneration(Exception):
+    """A change based on a generation that is no longer the store's current one."""
+
+    def __init__(self, base: int, current: dict[str, Any]) -> None:
+        live = current["live"]
+        super().__init__(
+            f"generation {current['generation']} is live ({live['name']}, {live['sha256'][:12]}, "
+            f"{current['action']} by {current.get('by') or 'someone'}); this change was based on generation "
+            f"{base}: reload the models and decide again"
+        )
+        self.base = base
+        self.current = current
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model the store refers to: the name it was promoted as, its sha256 and its file in bundles/."""
+
+    name: str
+    sha256: str
+    file: str
+
+    @property
+    def version(self) -> str:
+        return self.sha256[:12]
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "sha256": self.sha256, "file": self.file}
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> Entry:
+        return cls(str(record["name"]), str(record["sha256"]), str(record["file"]))
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class ModelStore:
+    """Generations of one line's live model in `root` (DIR/store); `keep` models stay for roll-back."""
+
+    def __init__(self, root: str | Path, keep: int = DEFAULT_KEEP) -> None:
+        if keep < 1:
+            raise ValueError(f"the models kept for roll-back must be >= 1, got {keep}")
+        self.root = Path(root)
+        self.keep = keep
+        self.bundles = self.root / "bundles"
+        self.generations = self.root / "history"
+        for folder in (self.bundles, self.generations):
+            folder.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ reading
+    def current(self) -> dict[str, Any] | None:
+        """The newest generation, or None before the first one."""
+        path = self.root / "current"
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise StoreError(f"{path}: cannot read it ({error.strerror or error})") from None
+        try:
+            record = json.loads(text)
+            Entry.of(record["live"])
+            int(record["generation"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+            raise StoreError(f"{path}: not a generation record ({error})") from None
+        return record
+
+    def history(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Generations, newest first (files that do not parse are skipped with a warning)."""
+        records = []
+        for path in sorted(self.generations.glob("*.json"), reverse=True)[:limit]:
+            try:
+                records.append(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, json.JSONDecodeError) as error:
+                logger.warning("%s: skipped (%s)", path, error)
+        return records
+
+    def path(self, entry: Entry) -> Path:
+        return self.bundles / entry.file
+
+    def verified(self, entry: Entry) -> Path:
+        """The file of `entry` after checking that its bytes hash to the entry's sha256."""
+        path = self.path(entry)
+        if not path.is_file():
+            raise StoreError(f"{entry.file}: not in the store (removed by hand?)")
+        found = file_sha256(path)
+        if found != entry.sha256:
+            raise StoreError(
+                f"{entry.file}: its bytes hash to {found[:12]}, the store names {entry.version}: not loaded"
+            )
+        return path
+
+    # ------------------------------------------------------------------ writing
+    def stage(self, source: Path, name: str | None = None) -> Entry:
+        """Copy `source` into bundles/ (read once, so later changes of the source do not count) and return
+        its entry. A copy already there is reused when its bytes hash right."""
+        data = source.read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        name = name or source.name
+        entry = Entry(name, sha, f"{Path(name).stem[:80]}-{sha[:12]}.onnx")
+        target = self.path(entry)
+        if not (target.is_file() and file_sha256(target) == sha):
+            _atomic_write(target, data)
+        else:
+            os.utime(target)  # a fresh copy for the age rule of `prune`
+        return entry
+
+    def commit(
+        self, base: int, action: str, live: Entry, by: str | None = None, **details: Any
+    ) -> dict[str, Any]:
+        """Write generation base + 1 with `live` when `base` is still the current generation (else
+        `StaleGeneration`). `action`: "start" (the first generation), "promote" (the live model goes on the
+        roll-back history) or "rollback" (`live` must be the newest model of that history, which it leaves)."""
+        with self._locked():
+            current = self.current()
+            number = current["generation"] if current is not None else 0
+            if base != number:
+                assert current is not None
+                raise StaleGeneration(base, current)
+            before = [Entry.of(item) for item in current["stack"]] if current is not None else []
+            if action == "promote" and current is not None:
+                stack = [Entry.of(current["live"]), *before][: self.keep]
+            elif action == "rollback":
+                if not before or before[0].sha256 != live.sha256:
+                    raise StoreError("nothing to roll back to: no model was promoted over this one")
+                stack = before[1:]
+            else:
+                stack = []
+            self.verified(live)
+            record = {
+                "generation": number + 1,
+                "time": _iso(time.time()),
+                "action": action,
+                "by": by,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "live": live.to_dict(),
+                "from": current["live"] if current is not None else None,
+                "stack": [entry.to_dict() for entry in stack],
+                **details,
+            }
+            text = json.dumps(record, indent=1)
+            _atomic_write(self.generations / f"{number + 1:08d}.json", text.encode())
+            _atomic_write(self.root / "current", text.encode())
+            if action != "start":
+                self._log(record)
+            self.prune({live.file, *(entry.file for entry in stack)})
+        logger.info("store generation %d: %s %s (%s)", number + 1, action, live.name, live.version)
+        return record
+
+    def prune(self, referenced: set[str]) -> list[str]:
+        """Remove bundle files the current generation no longer refers to: models that fell off the
+        roll-back history or were rolled back from at once, staged copies after `STAGED_MAX_AGE_S`."""
+        removed = []
+        now = time.time()
+        remembered = set()
+        for record in self.history(limit=self.keep * 4 + 8):
+            remembered.update(item["file"] for item in [record["live"], *record.get("stack", [])])
+        for path in self.bundles.glob("*.onnx"):
+            if path.name in referenced:
+                continue
+            try:
+                age = now - path.stat().st_mtime
+                if (path.name in remembered and age > RECENT_S) or age > STAGED_MAX_AGE_S:
+                    path.unlink()
+                    removed.append(path.name)
+            except FileNotFoundError:
+                continue
+        return removed
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.root / ".lock", "a+b") as handle:
+            fcntl.lockf(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.lockf(handle, fcntl.LOCK_UN)
+
+    def _log(self, record: dict[str, Any]) -> None:
+        line = {
+            key: record[key] for key in ("generation", "time", "action", "by", "from", "shadow", "compare")
+            if key in record
+        }  # fmt: skip
+        line["to"] = record["live"]
+        line["previous_file"] = (
+            f"{STORE_DIR}/bundles/{record['stack'][0]['file']}" if record["stack"] else None
+        )
+        with open(self.root.parent / LOG_FILE, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(line) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def compare_verdict(folder: Path, old_sha: str, new_sha: str) -> dict[str, Any] | None:
+    """The newest `defectdet compare` verdict on OLD = `old_sha`, NEW = `new_sha` among the compare.json
+    files in `folder` and its sub-folders two levels down (its `store/` left out); None when there is none."""
+    found: list[tuple[float, dict[str, Any]]] = []
+    patterns = (COMPARE_FILE, f"*/{COMPARE_FILE}", f"*/*/{COMPARE_FILE}")
+    for path in (path for pattern in patterns for path in folder.glob(pattern)):
+        if path.relative_to(folder).parts[0] == STORE_DIR or not path.is_file():
+            continue
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+            models, verdict = document["models"], document["verdict"]
+            pair = (_model_sha(models["old"], path), _model_sha(models["new"], path))
+            decision = verdict["decision"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
+            logger.debug("%s: not a compare verdict (%s)", path, error)
+            continue
+        if pair == (old_sha, new_sha):
+            summary = {
+                "decision": decision,
+                "file": str(path.relative_to(folder)),
+                "reasons": list(verdict.get("reasons", []))[:6],
+            }
+            found.append((path.stat().st_mtime, summary))
+    return max(found, key=lambda item: item[0])[1] if found else None
+
+
+def _model_sha(model: dict[str, Any], document: Path) -> str | None:
+    """A compared model's sha256: as compare.json records it, else of its bundle file when that is there."""
+    if model.get("sha256"):
+        return str(model["sha256"])
+    bundle = Path(str(model.get("bundle", "")))
+    for candidate in (bundle, document.parent / bundle.name):
+        if candidate.is_file():
+            return file_sha256(candidate)
+    return None
+
+
+def _atomic_write(target: Path, data: bytes) -> None:
+    """Write through a temporary file in the target's folder, fsync, then rename over the target."""
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds")
