@@ -155,6 +155,11 @@ def page_index(results: dict[str, Result], plots: list[Callable[[], None]]) -> P
         "mAP@0.5 is the COCO mean average precision at box overlap (IoU) 0.5 over the defect classes, on images",
         "no run trained on; the [glossary](../glossary.md) explains the terms.",
     )
+    kept_off = [r for name, r in results.items() if r.dirty or name in DERIVED_FROM_UNCOMMITTED]
+    page.para(
+        f"`bench/results/` holds {len(results)} result files; {len(kept_off)} of them were made from code that was not",
+        "committed when they ran, and are listed in the manifest but not used here.",
+    )
     return page
 
 
