@@ -134,7 +134,7 @@ def build_train_data(config: TrainConfig) -> TrainData:
     """
     from defectdet.data.dataset import DetectionDataset
     from defectdet.data.formats import load_dataset
-    from defectdet.data.holdout import hold_out, same_images
+    from defectdet.data.holdout import same_images
     from defectdet.engine.autoconfig import choose_settings, collect_split_stats
 
     if config.data is None:
@@ -142,27 +142,18 @@ def build_train_data(config: TrainConfig) -> TrainData:
             "field 'data': no dataset given (a data.yaml, COCO json, VOC folder or DeepPCB root)"
         )
     train_split = load_dataset(config.data, config.train_split, format=config.format)
-    val_split = None
+    val_split, hold_out_rows = None, []
     if config.val_split:
         val_split = load_dataset(config.data, config.val_split, format=config.format)
         if same_images(train_split, val_split):
-            train_split, val_split = hold_out(train_split, HOLD_OUT_FRACTION)
-            logging.getLogger(LOGGER_NAME).warning(
-                "%s has no separate %r split (it gives the same images as %r): validating on a fixed "
-                "%d%% hold-out (%d images) chosen by file-name hash",
-                config.data,
-                config.val_split,
-                config.train_split,
-                round(100 * HOLD_OUT_FRACTION),
-                len(val_split.samples),
-            )
+            train_split, val_split, hold_out_rows = _grouped_hold_out(config, train_split)
     previous = None
     if config.resume is not None:  # keep the resumed run's choices so the model rebuilds exactly
         previous = load_checkpoint(config.resume).get("config")
         config = _resumed_start(config, previous or {})
     config, train_split, old_val_split, extra_choices = _continue_from(config, train_split)
     config, choices = choose_settings(collect_split_stats(train_split, seed=config.seed), config, previous)
-    choices = _with_start_rows(config, choices + extra_choices)
+    choices = _with_start_rows(config, choices + extra_choices) + hold_out_rows
     train_split, extra_rows = _training_images(config, train_split)
     choices += extra_rows
     channels = config.channels or 1
@@ -189,6 +180,19 @@ def build_train_data(config: TrainConfig) -> TrainData:
         choices=choices,
         old_val=_val_set(old_val_split, config, template),  # `--from --old-data`: validated on too
     )
+
+
+def _grouped_hold_out(config: TrainConfig, train_split: Any) -> tuple[Any, Any, list]:
+    """A dataset without a separate validation split: (train part, held-out part, the settings row). Whole
+    groups are held out (series, companion captures, near-duplicates); a small held-out part is warned about."""
+    from defectdet.data.holdout import grouped_hold_out
+    from defectdet.engine.autoconfig import Choice
+
+    held = grouped_hold_out(train_split, HOLD_OUT_FRACTION)
+    log = logging.getLogger(LOGGER_NAME)
+    (log.warning if held.too_small else log.info)("%s: %s", config.data, held.describe())
+    value = f"{len(held.val.samples)} images, {held.val_groups} groups"
+    return held.train, held.val, [Choice("validation", value, held.describe(), "auto")]
 
 
 def _training_images(config: TrainConfig, train_split: Any) -> tuple[Any, list]:

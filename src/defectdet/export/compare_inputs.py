@@ -77,7 +77,7 @@ def class_space(dataset: DatasetSplit, metas: dict[str, BundleMetadata], paths: 
 # ------------------------------------------------------------------------------------------- images
 def held_out_split(data: str | Path, split: str, format: str | None) -> tuple[DatasetSplit, str]:
     """`split` of `data`; when the dataset has no separate split (the reader gives the training images again),
-    the trainer's fixed file-name-hash hold-out of them (`data.holdout`), so the comparison never scores
+    the trainer's fixed grouped hold-out of them (`data.holdout`), so the comparison never scores
     training images. Returns the split and a note saying which images these are."""
     from defectdet.data.formats import load_dataset
     from defectdet.data.holdout import hold_out, same_images
@@ -92,7 +92,7 @@ def held_out_split(data: str | Path, split: str, format: str | None) -> tuple[Da
         if same_images(train, dataset):
             dataset = hold_out(train)[1]
             note = (
-                f"{data} has no separate {split!r} split: the training's file-name-hash hold-out "
+                f"{data} has no separate {split!r} split: the training's grouped hold-out "
                 f"({len(dataset.samples)} images)"
             )
     return dataset, note
