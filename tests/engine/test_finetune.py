@@ -166,6 +166,20 @@ def test_a_bundle_with_embedded_weights_starts_exactly(deployed, tmp_path, caplo
         read_start(tmp_path / "old.onnx")
 
 
+def test_a_bundle_whose_metadata_does_not_describe_its_graph_is_refused(deployed, tmp_path, caplog) -> None:
+    """Three class names over a graph of more: predict, serve and compare refuse it, and so does `--from`."""
+    from defectdet.export.exporter import export_bundle
+    from defectdet.runtime.bundle import read_metadata, write_metadata
+
+    with caplog.at_level(logging.ERROR):
+        bundle = export_bundle(deployed, tmp_path / "model.onnx", data=tmp_path / "no-data").bundle
+    metadata = read_metadata(bundle)
+    assert len(metadata.class_names) > 3
+    write_metadata(bundle, metadata.model_copy(update={"class_names": metadata.class_names[:3]}))
+    with pytest.raises(CheckpointError, match=r"'class_names' lists 3 class\(es\) but the graph"):
+        read_start(bundle)
+
+
 def _split(count: int, names: list[str], label: int = 0) -> DatasetSplit:
     samples = [
         Sample(Path(f"{names[0]}_{index}.png"), [[0, 0, 4, 4]], [label], source=f"{index}.txt")

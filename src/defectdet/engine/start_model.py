@@ -95,9 +95,10 @@ def decode_weights(text: str, source: str | Path) -> dict[str, Any]:
 def _read_bundle(path: Path) -> StartModel:
     import onnx
 
-    from defectdet.runtime.bundle import read_metadata
+    from defectdet.runtime.predictor import Predictor
 
-    metadata = read_metadata(path)
+    # the checks predict, serve and compare run: the metadata must describe the graph (classes, input)
+    metadata = Predictor(path, threads=1, tiles=False, repeat_check=False).metadata
     model = onnx.load(str(path), load_external_data=False)
     text = next((prop.value for prop in model.metadata_props if prop.key == WEIGHTS_KEY), None)
     if not text:
@@ -107,7 +108,14 @@ def _read_bundle(path: Path) -> StartModel:
             "checkpoint with `defectdet export`, or pass the checkpoint to --from"
         )
     payload = decode_weights(text, path)
-    train_config = {**metadata.train_config, "imgsz": metadata.input_size}
+    model_config = payload.get("model_config")
+    embedded = model_config.get("num_classes") if isinstance(model_config, dict) else None
+    if embedded != len(metadata.class_names):
+        raise CheckpointError(
+            f"{path}: bundle metadata field 'class_names' lists {len(metadata.class_names)} class(es) but its "
+            f"embedded weights have {embedded}"
+        )
+    train_config = {**metadata.train_config, "input_size": metadata.input_size}
     return StartModel(
         path,
         "bundle",
