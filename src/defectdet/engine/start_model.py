@@ -115,7 +115,7 @@ def _read_bundle(path: Path) -> StartModel:
             f"{path}: bundle metadata field 'class_names' lists {len(metadata.class_names)} class(es) but its "
             f"embedded weights have {embedded}"
         )
-    train_config = {**metadata.train_config, "input_size": metadata.input_size}
+    train_config = {**metadata.train_config, "imgsz": metadata.input_size}
     return StartModel(
         path,
         "bundle",
