@@ -23,7 +23,7 @@ import httpx
 import pytest
 import uvicorn
 import yaml
-from test_review_page import _drag, _saved
+from test_review_page import _drag, _point, _saved
 from test_server_page import BROWSER_ARGS, CHROMIUM
 
 from defectdet.export.compare_score import KEEP, PROMOTE
@@ -119,7 +119,8 @@ def _pairs(data_yaml: Path) -> list[tuple[Path, Path]]:
 
 
 def _review_in_the_browser(url: str, kept: Path, accept: int) -> None:
-    """Draw one box on the first kept image with the mouse, then accept it and `accept - 1` more with 'a'."""
+    """On the first kept image: choose class 2 with its key, draw a box with the mouse, click it and drag it a
+    tenth of the image to the right; then accept it and `accept - 1` more images with 'a'."""
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         try:
@@ -130,13 +131,19 @@ def _review_in_the_browser(url: str, kept: Path, accept: int) -> None:
                 "() => document.getElementById('item-name').textContent !== ''", timeout=15_000
             )
             page.fill("#operator", "olga")
+            page.keyboard.press("Enter")
             page.wait_for_function("() => document.getElementById('canvas').dataset.size !== undefined")
             width, height = json.loads(page.get_attribute("#canvas", "data-size"))
+            page.keyboard.press("2")  # the class of the next box
             _drag(page, (width * 0.2, height * 0.2), (width * 0.4, height * 0.45))
             _saved(page, 1)
+            page.mouse.click(*_point(page, width * 0.3, height * 0.3))  # select it
+            _drag(page, (width * 0.3, height * 0.3), (width * 0.4, height * 0.3))  # and move it
+            _saved(page, 2)
+            page.keyboard.press("Escape")
             for count in range(accept):
                 page.keyboard.press("a")
-                _saved(page, count + 2)
+                _saved(page, count + 3)
         finally:
             browser.close()
 
@@ -199,7 +206,10 @@ def test_serve_keep_review_finetune_compare_shadow_promote_rollback(line: dict, 
         decisions = [json.loads(row) for row in (kept / "decisions.jsonl").read_text().splitlines()]
         assert {entry["operator"] for entry in decisions} == {"olga"}
         first_label = kept / "labels" / f"{Path(reviewed[0]).stem}.txt"
-        assert first_label.read_text().strip()  # the drawn box
+        drawn = [[float(v) for v in row.split()] for row in first_label.read_text().splitlines()]
+        assert any(  # the drawn box, class 2 (index 1), moved a tenth of the width to the right
+            row[0] == 1 and abs(row[1] - 0.4) < 0.02 and abs(row[2] - 0.325) < 0.02 for row in drawn
+        ), drawn
         data = yaml.safe_load((kept / "data.yaml").read_text())
         assert data["train"] == "reviewed.txt" and data["templates"] == "templates"
 

@@ -434,9 +434,9 @@ function renderTable() {
     if (!shown(b)) return "";
     const k = kind(b);
     const source = names[k] + (b.score == null ? "" : " " + Number(b.score).toFixed(2));
-    return `<tr data-index="${i}" data-source="${k}" data-class="${b.class_id}" class="${i === state.selected ? "selected" : ""} ${k}"><td>${i + 1}</td>` +
-      `<td>${escapeHtml(state.classNames[b.class_id] || b.class_id)}</td><td>${source}</td>` +
-      `<td>${b.box.map((v) => Math.round(v)).join(",")}</td></tr>`;
+    return `<tr data-index="${i}" data-source="${k}" data-class="${b.class_id}" class="${i === state.selected ? "selected" : ""} ${k}" ` +
+      `title="x1, y1, x2, y2: ${b.box.map((v) => Math.round(v)).join(", ")}"><td>${i + 1}</td>` +
+      `<td>${escapeHtml(state.classNames[b.class_id] || b.class_id)}</td><td>${source}</td></tr>`;
   }).join("");
 }
 
