@@ -217,7 +217,7 @@ async function fetchImage(url) {
 
 function rememberCurrent() {
   const item = state.items[state.index];
-  if (item && state.image) state.memory.set(item.name, { status: item.status, boxes: state.boxes });
+  if (item && state.image && !FINAL.has(item.status)) state.memory.set(item.name, { status: item.status, boxes: state.boxes });
 }
 
 function renderItemHead(item) {
@@ -446,33 +446,32 @@ function payloadBoxes(action) {
   return chosen.map((b) => ({ class_id: b.class_id, box: b.box.map((v) => Math.round(v * 100) / 100) }));
 }
 
-// decisions are sent one after the other, in the order made
+// what a decision sends is taken when it is made; decisions are sent one after the other, in that order
 function decide(action) {
-  const run = state.saving.then(() => send(action));
+  const item = state.items[state.index];
+  if (!item) return Promise.resolve(false);
+  if (state.broken.has(item.name) && action !== "skip") { setStatus("an image that cannot be shown can only be skipped", true); return Promise.resolve(false); }
+  const operator = $("operator").value.trim();
+  if (!operator) { setStatus("type your name in the Operator field first", true); $("operator").focus(); return Promise.resolve(false); }
+  localStorage.setItem(OPERATOR_KEY, operator);
+  const boxes = FINAL.has(action) && action !== "accept" ? [] : payloadBoxes(action);
+  const run = state.saving.then(() => send({ image: item.name, action, boxes, operator }));
   state.saving = run.catch(() => false);
   return run;
 }
 
-async function send(action) {
-  const item = state.items[state.index];
-  if (!item) return false;
-  if (state.broken.has(item.name) && action !== "skip") { setStatus("an image that cannot be shown can only be skipped", true); return false; }
-  const operator = $("operator").value.trim();
-  if (!operator) { setStatus("type your name in the Operator field first", true); $("operator").focus(); return false; }
-  localStorage.setItem(OPERATOR_KEY, operator);
-  const boxes = FINAL.has(action) && action !== "accept" ? [] : payloadBoxes(action);
-  const { ok, body } = await postJson("/v1/review/decide", { image: item.name, action, boxes, operator });
-  if (!ok) { setStatus(`not saved: ${body.error || "error"}`, true); return false; }
-  const index = state.items.indexOf(item);
+async function send(decision) {
+  const { ok, body } = await postJson("/v1/review/decide", decision);
+  if (!ok) { setStatus(`not saved (${decision.image}): ${body.error || "error"}`, true); return false; }
+  const index = state.items.findIndex((item) => item.name === decision.image);
   if (index >= 0) state.items[index] = body;
   state.saved += 1;
   document.body.dataset.saved = String(state.saved);
+  const count = decision.boxes.length;
   const dropped = (body.dropped || []).length ? ` · ${body.dropped.length} empty box(es) dropped` : "";
-  setStatus(`saved: ${item.name} ${action} (${boxes.length} box${boxes.length === 1 ? "" : "es"})${dropped}`);
-  if (state.items[state.index] === body) {
-    renderItemHead(body);
-    if (FINAL.has(action)) state.memory.delete(body.name);
-  }
+  setStatus(`saved: ${decision.image} ${decision.action} (${count} box${count === 1 ? "" : "es"})${dropped}`);
+  if (index === state.index) renderItemHead(body);
+  if (FINAL.has(decision.action)) state.memory.delete(decision.image);
   renderList();
   return true;
 }
