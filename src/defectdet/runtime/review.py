@@ -37,7 +37,7 @@ from fastapi.responses import FileResponse, Response
 from starlette.background import BackgroundTask
 
 from defectdet.data.formats.interchange import CocoImage, coco_document
-from defectdet.data.formats.yolo import label_line
+from defectdet.data.formats.yolo import fits_image_list, label_line
 from defectdet.data.imageio import IMAGE_SUFFIXES, read_image, read_image_size, read_text_file
 from defectdet.errors import DefectDetError
 from defectdet.runtime.capture import atomic_write
@@ -129,12 +129,15 @@ class ReviewFolder:
         return sorted(
             path
             for path in self.image_dir.iterdir()
-            if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() and not path.name.startswith(".")
+            if path.suffix.lower() in IMAGE_SUFFIXES
+            and path.is_file()
+            and not path.name.startswith(".")
+            and fits_image_list(path.name)
         )
 
     def image_path(self, name: str) -> Path:
         """The image called `name` (a file name from the listing); 404 otherwise (no paths from the client)."""
-        if "/" in name or "\\" in name or name.startswith("."):
+        if "/" in name or "\\" in name or name.startswith(".") or not fits_image_list(name):
             raise UploadError(404, f"no image {name[:80]!r} in this folder")
         path = self.image_dir / name
         if path.suffix.lower() not in IMAGE_SUFFIXES or not path.is_file():

@@ -143,9 +143,19 @@ def _split_images(
     return entries
 
 
+# Characters that cannot stand inside one line of an image list: C0 controls, DEL and what str.splitlines breaks at.
+_LIST_BREAKERS = frozenset([*map(chr, range(32)), "\x7f", "\x85", "\u2028", "\u2029"])
+
+
+def fits_image_list(name: str) -> bool:
+    """True when `name` can be one line of an image list (no line break or other control character)."""
+    return not _LIST_BREAKERS.intersection(name)
+
+
 def _read_image_list(list_path: Path, root: Path, problems: list[Problem]) -> list[Path]:
     images = []
-    for line_number, line in enumerate(list_path.read_text(encoding="utf-8").splitlines(), start=1):
+    # lines end at "\n" only: a form feed or U+2028 inside a name is not a line break here
+    for line_number, line in enumerate(list_path.read_text(encoding="utf-8").split("\n"), start=1):
         name = line.strip()
         if not name:
             continue
