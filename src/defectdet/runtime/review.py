@@ -125,7 +125,8 @@ class ReviewFolder:
         return self.root / "labels"
 
     def images(self) -> list[Path]:
-        """The images, sorted by name (kept items: oldest first)."""
+        """The images, sorted by name (kept items: oldest first). A name with a line break or other control
+        character cannot be one line of reviewed.txt: it is left out (rename the file to review it)."""
         return sorted(
             path
             for path in self.image_dir.iterdir()
