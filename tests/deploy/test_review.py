@@ -4,6 +4,7 @@ input, the guards, and COCO export."""
 from __future__ import annotations
 
 import json
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -215,6 +216,22 @@ def test_an_empty_proposal_is_never_served(client: TestClient, folder: Path) -> 
     item = next(i for i in client.get("/v1/review/items").json()["items"] if i["name"] == "a.png")
     assert [box["box"] for box in item["predictions"]] == [[50, 40, 90, 70]]
     assert item["threshold"] == 0.5 and item["has_labels"] is False
+
+
+def test_the_download_is_the_reviewed_dataset_as_a_zip(
+    client: TestClient, folder: Path, tmp_path: Path
+) -> None:
+    _decide(client, "a.png", "accept", [{"class_id": 0, "box": [10, 10, 60, 50]}])
+    _decide(client, "d.png", "skip")
+    response = client.get("/v1/review/download")
+    assert response.status_code == 200, response.text
+    assert response.headers["content-disposition"] == 'attachment; filename="kept-labels.zip"'
+    (tmp_path / "labels.zip").write_bytes(response.content)
+    with zipfile.ZipFile(tmp_path / "labels.zip") as archive:
+        names = set(archive.namelist())
+        assert archive.read("labels/a.txt") == (folder / "labels" / "a.txt").read_bytes()
+    # b.png's label file has a bad line and d.png was skipped: left out, as from the COCO export
+    assert names == {"data.yaml", "reviewed.txt", "decisions.jsonl", "images/a.png", "labels/a.txt"}
 
 
 def test_a_decision_needs_an_operator(client: TestClient) -> None:

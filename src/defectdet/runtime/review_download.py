@@ -2,7 +2,8 @@
 
 The zip is the review folder as a dataset: `data.yaml`, the image lists and logs at the top of the folder
 (`reviewed.txt`, `decisions.jsonl`, the COCO export when written), and for every labelled image that was not
-skipped its image, its YOLO label file and its template. Unpacked, it trains with `train data.yaml --from`.
+skipped and whose label file reads: its image, its YOLO label file and its template. Unpacked, it trains with
+`train data.yaml --from`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from defectdet.errors import DefectDetError
+
 if TYPE_CHECKING:
     from defectdet.runtime.review import ReviewFolder
 
@@ -20,13 +23,17 @@ TOP_LEVEL_SUFFIXES = (".yaml", ".txt", ".jsonl", ".json")
 
 
 def labelled_images(folder: ReviewFolder) -> list[Path]:
-    """The images with a label file whose last decision is not skip."""
+    """The images with a label file that reads, whose last decision is not skip (as the COCO export)."""
     chosen = []
     for image in folder.images():
         decision = folder.decisions.get(image.name)
         if decision is not None and decision.action == "skip":
             continue
-        if folder.label_path(image).is_file():
+        try:
+            labels = folder.read_labels(image)
+        except (DefectDetError, OSError):
+            continue
+        if labels is not None:
             chosen.append(image)
     return chosen
 
