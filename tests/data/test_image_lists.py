@@ -14,7 +14,8 @@ from defectdet.data.formats.yolo import fits_image_list
 
 def _image(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    assert cv2.imwrite(str(path), np.full((24, 32), 90, np.uint8))
+    shape = (24, 32, 3) if path.suffix == ".ppm" else (24, 32)  # PPM is colour only
+    assert cv2.imwrite(str(path), np.full(shape, 90, np.uint8))
     return path
 
 
@@ -44,3 +45,21 @@ def test_a_list_breaks_lines_at_newlines_only(tmp_path: Path) -> None:
     split = load_dataset(tmp_path / "data.yaml", "train")
     assert split.problems == [] and sorted(s.image_path.name for s in split.samples) == sorted(names)
     assert [fits_image_list(name) for name in names] == [False, False, True]
+
+
+def test_predict_and_the_dataset_readers_take_every_accepted_suffix(tmp_path: Path) -> None:
+    """One suffix list (data.imageio.IMAGE_SUFFIXES): a .pnm or .pbm the service keeps is predicted on, and is
+    an image of a dataset folder too."""
+    from defectdet.data.imageio import IMAGE_SUFFIXES
+    from defectdet.runtime.predict import list_sources
+
+    suffixes = (".png", ".pnm", ".pbm", ".pgm", ".ppm", ".tif")
+    assert set(suffixes) <= IMAGE_SUFFIXES
+    for index, suffix in enumerate(suffixes):
+        _image(tmp_path / "images" / "train" / f"b{index}{suffix}")
+        (tmp_path / "labels" / "train").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "labels" / "train" / f"b{index}.txt").write_text("0 0.5 0.5 0.25 0.25\n")
+    assert [path.suffix for path in list_sources(tmp_path / "images" / "train")] == list(suffixes)
+    (tmp_path / "data.yaml").write_text("path: .\ntrain: images/train\nnames: [defect]\n")
+    split = load_dataset(tmp_path / "data.yaml", "train")
+    assert split.problems == [] and [s.image_path.suffix for s in split.samples] == list(suffixes)

@@ -13,11 +13,11 @@ import re
 import stat
 from pathlib import Path
 
+from defectdet.data.imageio import IMAGE_SUFFIXES
 from defectdet.data.sample import DatasetSplit, Problem
 from defectdet.errors import DatasetError
 
 FORMATS = ("yolo", "coco", "voc", "deeppcb")
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
 # Boxes may overshoot the image by this fraction of its side (at least 1 px) before it is an error.
 BOX_TOLERANCE = 0.01
 TINY_BOX_PIXELS = 2.0
@@ -31,7 +31,7 @@ _JSON_BRACKETS = str.maketrans({char: None for char in map(chr, range(128)) if c
 _COCO_KEY = re.compile(r'"(?:images|annotations|categories)"\s*:\s*\[')
 _COCO_SNIFF_CHARS = 64 * 1024
 _DEEPPCB_LINE = re.compile(
-    r"^\S+\.(?:" + "|".join(sorted(suffix[1:] for suffix in IMAGE_EXTENSIONS)) + r")\s+\S+\.txt$",
+    r"^\S+\.(?:" + "|".join(sorted(suffix[1:] for suffix in IMAGE_SUFFIXES)) + r")\s+\S+\.txt$",
     re.IGNORECASE,
 )
 
@@ -133,7 +133,7 @@ def list_images(folder: Path, problems: list[Problem] | None = None) -> list[Pat
     """Image files under `folder`, recursively, in sorted order. Entries named like an image that are not
     regular files (a folder ``x.jpg``, a symlink loop, a FIFO) are skipped with a warning in `problems`."""
     found = []
-    for path in sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS):
+    for path in sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES):
         if path.is_file():
             found.append(path)
         elif problems is not None:

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlparse
 from xml.sax.saxutils import quoteattr
 
-from defectdet.data.formats import IMAGE_EXTENSIONS, load_json
+from defectdet.data.formats import IMAGE_SUFFIXES, load_json
 from defectdet.data.formats.interchange import ImportReport, LabelledImage, atomic_write_text, write_yolo
 from defectdet.data.imageio import read_image_size
 from defectdet.errors import DatasetError, ImageReadError
@@ -282,7 +282,7 @@ def _read_json_file(path: Path) -> Any:
 
 def _read_sidecars(folder: Path, min_score: float | None) -> tuple[list[Predicted], list[str], list[str]]:
     records = []
-    images = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+    images = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     if not images:
         raise DatasetError(f"{folder}: no images here (and no predictions.jsonl)")
     for image in images:
@@ -499,7 +499,7 @@ def _image_url(export: Path, task: dict[str, Any], origin: str, image_key: str |
 
 
 def _looks_like_image(value: str) -> bool:
-    return PurePosixPath(urlparse(value).path).suffix.lower() in IMAGE_EXTENSIONS or "?d=" in value
+    return PurePosixPath(urlparse(value).path).suffix.lower() in IMAGE_SUFFIXES or "?d=" in value
 
 
 def _url_path(url: str) -> tuple[str | None, str]:

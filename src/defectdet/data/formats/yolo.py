@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from defectdet.data.formats import IMAGE_EXTENSIONS, check_box, list_images, order_splits
+from defectdet.data.formats import IMAGE_SUFFIXES, check_box, list_images, order_splits
 from defectdet.data.imageio import read_image_size, read_text_file
 from defectdet.data.sample import DatasetSplit, Problem, Sample
 from defectdet.errors import DatasetError, ImageReadError, describe_failure
@@ -134,7 +134,7 @@ def _split_images(
             entries.extend((image, location) for image in list_images(location, problems))
         elif location.is_file() and location.suffix.lower() == ".txt":
             entries.extend((image, None) for image in _read_image_list(location, root, problems))
-        elif location.is_file() and location.suffix.lower() in IMAGE_EXTENSIONS:
+        elif location.is_file() and location.suffix.lower() in IMAGE_SUFFIXES:
             entries.append((location, None))
         else:
             raise DatasetError(
@@ -273,7 +273,7 @@ def _find_template(folder: Path, image_path: Path, base: Path | None, problems: 
     for candidate in sorted(
         candidates[-1].parent.glob(f"{glob.escape(image_path.stem)}.*")
     ):  # saved in another format
-        if candidate.suffix.lower() in IMAGE_EXTENSIONS and candidate.is_file():
+        if candidate.suffix.lower() in IMAGE_SUFFIXES and candidate.is_file():
             return candidate
     problems.append(Problem("warning", str(image_path), f"template not found (looked for {candidates[0]})"))
     return None
