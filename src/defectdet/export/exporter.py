@@ -35,6 +35,7 @@ from defectdet.runtime.bundle import (
     config_hash,
     write_metadata,
 )
+from defectdet.runtime.model_quality import validation_quality
 from defectdet.runtime.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -250,6 +251,7 @@ def export_bundle(
         if has_data:
             train_split = config.get("train_split") or "train"
             metadata = _measure(partial, metadata, data, split, target_recall, console, train_split)
+            metadata = flag_quality(metadata, bundle)
             write_metadata(partial, metadata)
             measured_on = f"{data}, split {split}"
         else:
@@ -309,6 +311,17 @@ def _write_graph(
     if max_diff > 1e-3:
         raise DefectDetError(f"{path}: onnxruntime differs from eager by {max_diff:.2e}; this is a bug")
     return detector, metadata, max_diff
+
+
+def flag_quality(metadata: BundleMetadata, bundle: Path) -> BundleMetadata:
+    """`metrics["near_zero_map"]` set (`runtime.model_quality`: validation mAP under 0.05), and when it is, a
+    warning on stderr naming the figure: such a model finds almost none of the labelled defects."""
+    quality = validation_quality(metadata)
+    if quality["near_zero"]:
+        logger.warning("%s: %s", bundle, quality["warning"])
+    return metadata.model_copy(
+        update={"metrics": {**metadata.metrics, "near_zero_map": bool(quality["near_zero"])}}
+    )
 
 
 def _measure(
