@@ -617,8 +617,8 @@ def serve(
     ),
     keep_dir: Path | None = typer.Option(
         None,
-        help="Folder for kept images (images/, templates/, predictions/*.json sidecars); also the folder the "
-        "review page at /review works on.",
+        help="Folder for kept images (images/, templates/, predictions/*.json sidecars) and of the page at "
+        "/review: one folder, one cap and one review queue for every worker and every replica sharing it.",
     ),
     keep_margin: float = typer.Option(0.1, help="'uncertain': score within this of the bundle's threshold."),
     keep_max_mb: float | None = typer.Option(
@@ -668,8 +668,6 @@ def _serve_settings(
         )
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
-        if settings.keep and workers > 1:
-            raise ValueError("--keep runs in one process (one disk cap, one writer): use --workers 1")
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     return settings

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,7 +94,9 @@ def test_a_failed_replace_leaves_no_partial_item(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(capture_module.os, "replace", replace_then_fail)
     with pytest.raises(OSError, match="No space"):
         capture.write(_item(500))
-    assert not [path for path in tmp_path.rglob("*") if path.is_file()]  # image removed, no temp file left
+    assert not [
+        path for path in tmp_path.rglob("*") if path.is_file() and path.name != ".keep.lock"
+    ]  # image removed, no temp file left
     assert capture.bytes == 0 and not capture.items
 
 
@@ -125,8 +129,14 @@ def test_reviewed_items_are_never_deleted_so_the_cap_stops_keeping(tmp_path: Pat
 
 def test_a_restart_counts_what_is_there_and_removes_torn_temporary_files(tmp_path: Path) -> None:
     Capture(tmp_path).write(_item(700, template=True))
-    (tmp_path / "images" / ".x.png.abc123.tmp").write_bytes(b"torn")
+    torn = tmp_path / "images" / ".x.png.abc123.tmp"
+    torn.write_bytes(b"torn")
+    writing = tmp_path / "images" / ".y.png.def456.tmp"  # another process may be writing this one now
+    writing.write_bytes(b"new")
+    os.utime(torn, (time.time() - 7200, time.time() - 7200))  # a crash's, an hour old
     again = Capture(tmp_path, max_bytes=10_000)
+    assert writing.exists()
+    writing.unlink()
     assert len(again.items) == 1 and again.bytes == sum(
         path.stat().st_size for path in tmp_path.rglob("*") if path.is_file()
     )
@@ -210,7 +220,6 @@ def test_without_keep_the_answer_has_no_kept_field() -> None:
     [
         (["--keep", "flaged"], "unknown policy 'flaged'"),
         (["--keep", "all"], "--keep-dir"),
-        (["--keep", "all", "--keep-dir", "k", "--workers", "2"], "--workers 1"),
         (["--keep", "all", "--keep-dir", "k", "--keep-max-mb", "-1"], "keep_max_mb"),
     ],
 )
@@ -324,3 +333,45 @@ def test_serve_warns_at_start_when_keep_has_no_cap(
     assert capped.exit_code == 0 and "no disk cap" not in capped.output, capped.output
     unlimited = CliRunner().invoke(app, [*keep, "--keep-max-mb", "0"])
     assert unlimited.exit_code == 0 and "no disk cap" in unlimited.output, unlimited.output
+
+
+def test_one_keep_folder_many_writers_one_cap_unique_names(tmp_path: Path) -> None:
+    import threading
+
+    writers = [Capture(tmp_path, max_bytes=8000) for _ in range(3)]  # as three processes on one folder
+    names: list[str | None] = []
+
+    def keep(capture: Capture) -> None:
+        for _ in range(10):
+            names.append(capture.write(_item(900, template=True)))
+
+    threads = [threading.Thread(target=keep, args=(capture,)) for capture in writers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert None not in names and len(set(names)) == 30  # every item kept (evicting others'), no name twice
+    assert all(f"-{os.getpid()}-" in name for name in names)
+    files = [path for path in tmp_path.rglob("*") if path.is_file()]
+    assert sum(path.stat().st_size for path in files) <= 8000
+    assert not [path for path in files if path.name.endswith(".tmp")]
+    for sidecar in (tmp_path / "predictions").iterdir():  # every item left is whole
+        body = json.loads(sidecar.read_text())
+        assert (tmp_path / body["image"]).is_file() and (tmp_path / body["template"]).is_file()
+
+
+def test_decisions_made_by_another_process_are_seen_and_kept_in_reviewed_txt(tmp_path: Path) -> None:
+    from defectdet.runtime.review import ReviewFolder
+
+    for index in range(3):
+        Capture(tmp_path).write(
+            KeptItem(encode(board(index)), None, {"time": 1.0 + index, "reasons": ["all"]})
+        )
+    first, second = (ReviewFolder(tmp_path, ["open", "short"], operator=who) for who in ("ann", "bob"))
+    one, two, _ = (item["name"] for item in first.listing()["items"])
+    first.decide(one, "clean")
+    assert {item["name"]: item["status"] for item in second.listing()["items"]}[one] == "clean"
+    second.decide(two, "edit", [{"class_id": 1, "box": [10, 10, 40, 40]}])
+    reviewed = (tmp_path / "reviewed.txt").read_text().split()
+    assert reviewed == [f"./images/{one}", f"./images/{two}"]  # bob's write kept ann's decision
+    assert {item["name"]: item["status"] for item in first.listing()["items"]}[two] == "edit"

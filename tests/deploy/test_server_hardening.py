@@ -636,3 +636,57 @@ def test_a_drift_reset_on_one_worker_reaches_every_worker(
         except subprocess.TimeoutExpired:
             process.kill()
             process.communicate()
+
+
+def _after(seconds: float, folder: Path) -> list[Path]:
+    time.sleep(seconds)
+    return sorted(folder.iterdir())
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
+def test_workers_keep_into_one_folder_under_one_cap_reviewed_from_any_of_them(
+    bundle_path: Path, tiny_dataset: Path, tmp_path: Path
+) -> None:
+    from defectdet.runtime.review_app import create_review_app
+
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    kept = tmp_path / "kept"
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONWARNINGS": "ignore"}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    options = ("--keep", "all", "--keep-dir", str(kept), "--keep-max-mb", "0.25")
+    process = _start_workers(bundle_path, port, env, *options)
+    try:
+        workers = {str(pid) for pid in _workers_of(process.pid)}
+        writers: set[str] = set()
+        for _ in range(10):  # until both workers kept something
+            assert all(answer["kept"] for answer in _post_samples(base, tiny_dataset, 6))
+            time.sleep(0.3)  # the writer threads
+            writers = {path.stem.split("-")[1] for path in (kept / "predictions").glob("*.json")}
+            if writers == workers:
+                break
+        assert writers == workers, (writers, workers)
+        while sorted((kept / "predictions").iterdir()) != _after(0.5, kept / "predictions"):
+            pass  # until the writer threads are done
+        files = [path for path in kept.rglob("*") if path.is_file()]
+        assert sum(path.stat().st_size for path in files) <= 0.25 * 2**20
+        on_disk = sorted(path.name for path in (kept / "images").iterdir())
+        for _ in range(4):  # whichever worker answers lists the same queue
+            listed = [item["name"] for item in httpx.get(base + "/v1/review/items").json()["items"]]
+            assert listed == on_disk
+        headers = {"X-Defectdet-Request": "1"}
+        decision = {"image": on_disk[0], "action": "clean", "operator": "ann"}
+        assert httpx.post(base + "/v1/review/decide", json=decision, headers=headers).status_code == 200
+        for _ in range(4):
+            items = httpx.get(base + "/v1/review/items").json()["items"]
+            assert {item["name"]: item["status"] for item in items}[on_disk[0]] == "clean"
+        with TestClient(create_review_app(kept), base_url=BASE) as review:  # `defectdet review` on the folder
+            items = review.get("/v1/review/items").json()["items"]
+            assert {item["name"]: item["status"] for item in items}[on_disk[0]] == "clean"
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()

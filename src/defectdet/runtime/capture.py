@@ -7,8 +7,14 @@ alerts). `none` keeps nothing.
 
 A kept item is `images/NAME.ext` (the uploaded bytes), `templates/NAME.ext` (when one was sent) and
 `predictions/NAME.json` (the sidecar: predictions, bundle, drift state, threshold, time, reasons), each written
-to a temporary file and moved into place with `os.replace`, the sidecar last. NAME starts with the UTC time,
-so names sort oldest first. Writing runs in one background thread fed by a bounded queue: a request never
+to a temporary file and moved into place with `os.replace`, the sidecar last. NAME is the UTC time, the
+writing process's id and a random part, so names sort oldest first and never collide.
+
+One folder serves many writers: the workers of `serve --workers N` and replicas on a shared volume. Each item
+is written, and the cap enforced, under an exclusive lock on `FOLDER/.keep.lock` (flock; NFS locks too), after
+indexing the folder afresh: the cap is one cap for the folder, whichever process writes, and an item another
+process deleted is simply gone from the index. Temporary files are removed only once they are an hour old (a
+crash's; another process may be writing one now). Writing runs in one background thread fed by a bounded queue: a request never
 waits for the disk, and capture never fails a request (a disk error is logged and counted).
 
 Disk cap (`max_bytes`; `serve` keeps at most `DEFAULT_KEEP_MAX_MB` unless told otherwise): the kept images,
@@ -29,6 +35,8 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +53,8 @@ KEEP_POLICIES = ("none", "all", "flagged", "uncertain", "drift")
 FOLDERS = ("images", "templates", "predictions")
 EXTENSIONS = {"PNG": ".png", "JPEG": ".jpg", "BMP": ".bmp", "TIFF": ".tif", "WebP": ".webp", "PNM": ".pnm"}
 DRIFT_LEVELS = ("warn", "alert")
+LOCK_FILE = ".keep.lock"
+STALE_TEMPORARY_S = 3600.0
 DEFAULT_KEEP_MAX_MB = 2000.0  # serve --keep-max-mb: the keep folder's cap unless one is given (0: none)
 EVICTION_WARNING_S = 60.0
 
@@ -124,25 +134,39 @@ class Capture:
         self._eviction_warned = -math.inf
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._sizes: dict[str, int] = {}  # path -> bytes (a kept file never changes after its os.replace)
         for name in FOLDERS:
             (self.folder / name).mkdir(parents=True, exist_ok=True)
-        self._scan()
+        with folder_lock(self.folder / LOCK_FILE):
+            self._scan()
 
     # ---------------------------------------------------------------- the folder
     def _scan(self) -> None:
-        """Index what earlier runs kept (names sort by time), removing temporary files a crash left."""
+        """Index the folder as it is now (other processes keep and evict too): names sort by time. Temporary
+        files older than `STALE_TEMPORARY_S` are a crash's and removed."""
         found: dict[str, list[Path]] = {}
+        sizes: dict[str, int] = {}
+        now = time.time()
         for sub in FOLDERS:
-            for path in (self.folder / sub).iterdir():
-                if not path.is_file():
-                    continue
-                if path.name.startswith(".") and path.name.endswith(".tmp"):
-                    path.unlink(missing_ok=True)
-                    continue
-                found.setdefault(path.name.split(".")[0], []).append(path)
-        for name in sorted(found):
-            self.items[name] = found[name]
-            self.bytes += sum(_size(path) for path in found[name])
+            with os.scandir(self.folder / sub) as entries:
+                for entry in entries:
+                    try:
+                        if not entry.is_file(follow_symlinks=False):
+                            continue
+                        if entry.name.startswith("."):
+                            if (
+                                entry.name.endswith(".tmp")
+                                and now - entry.stat().st_mtime > STALE_TEMPORARY_S
+                            ):
+                                os.unlink(entry.path)
+                            continue
+                        sizes[entry.path] = self._sizes.get(entry.path) or entry.stat().st_size
+                    except FileNotFoundError:  # deleted by another process meanwhile
+                        continue
+                    found.setdefault(entry.name.split(".")[0], []).append(Path(entry.path))
+        self._sizes = sizes
+        self.items = OrderedDict((name, found[name]) for name in sorted(found))
+        self.bytes = sum(sizes.values())
         self._set_bytes()
 
     def _set_bytes(self) -> None:
@@ -209,8 +233,13 @@ class Capture:
     # ---------------------------------------------------------------- one item
     def write(self, item: KeptItem) -> str | None:
         """Write one item now (the thread calls this); its name, or None when it was not kept."""
+        with folder_lock(self.folder / LOCK_FILE):
+            self._scan()
+            return self._write(item)
+
+    def _write(self, item: KeptItem) -> str | None:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(item.sidecar.get("time", time.time())))
-        name = f"{stamp}Z-{uuid.uuid4().hex[:8]}"
+        name = f"{stamp}Z-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         extension = EXTENSIONS.get(image_format(item.image) or "", ".bin")
         files: list[tuple[Path, bytes]] = [(self.folder / "images" / f"{name}{extension}", item.image)]
         if item.template is not None:
@@ -240,6 +269,7 @@ class Capture:
                 path.unlink(missing_ok=True)
             raise
         self.items[name] = [path for path, _ in files]
+        self._sizes.update((str(path), len(data)) for path, data in files)
         self.bytes += size
         self._set_bytes()
         for reason in item.sidecar.get("reasons", []):
@@ -258,8 +288,8 @@ class Capture:
             if (self.folder / "labels" / f"{name}.txt").exists():
                 continue  # reviewed: training data, never deleted
             for path in self.items.pop(name):
-                self.bytes -= _size(path)
-                path.unlink(missing_ok=True)
+                self.bytes -= self._sizes.pop(str(path), 0)
+                path.unlink(missing_ok=True)  # another process may have deleted it already
             self._count("evicted")
             self._evicted_unreported += 1
         self._set_bytes()
@@ -280,6 +310,22 @@ class Capture:
         self._eviction_warned = now
 
 
+@contextmanager
+def folder_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock between processes (flock on `path`, created if missing); none where fcntl is not."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system: one process per folder
+        yield
+        return
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file in the same folder and `os.replace`."""
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
@@ -292,13 +338,6 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 def _native(value: Any) -> Any:

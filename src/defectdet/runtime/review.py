@@ -40,7 +40,7 @@ from defectdet.data.formats.interchange import CocoImage, coco_document
 from defectdet.data.formats.yolo import fits_image_list, label_line
 from defectdet.data.imageio import IMAGE_SUFFIXES, read_image, read_image_size, read_text_file
 from defectdet.errors import DefectDetError
-from defectdet.runtime.capture import atomic_write
+from defectdet.runtime.capture import atomic_write, folder_lock
 from defectdet.runtime.review_download import write_dataset_zip
 from defectdet.runtime.upload import UploadError
 
@@ -51,6 +51,7 @@ MAX_DECISION_BYTES = 1 << 20
 MAX_BOXES = 1000
 DECISIONS = "decisions.jsonl"
 REVIEWED = "reviewed.txt"
+REVIEW_LOCK = ".review.lock"  # one decision at a time across processes (workers, replicas, `review`)
 DATA_YAML = "data.yaml"
 DATA_YAML_MARK = "# written by defectdet review: the reviewed images (reviewed.txt) as a dataset"
 PAGE_HEADERS = {
@@ -110,7 +111,8 @@ class ReviewFolder:
             raise DefectDetError(f"{self.root}: not a folder (review takes a folder of images)")
         self._lock = threading.Lock()
         self._sizes: dict[str, tuple[int, int]] = {}
-        self._read_decisions()
+        self._decisions_mark: tuple[int, int] | None = None
+        self.refresh_decisions()
         if self.class_names is None:
             self.class_names = self._find_class_names()
 
@@ -188,6 +190,20 @@ class ReviewFolder:
                 if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
                     return names
         return ["defect"]
+
+    def refresh_decisions(self) -> None:
+        """Read decisions.jsonl again when it changed: another process (a `serve` worker or replica, or
+        `defectdet review`) may have decided on images of this folder."""
+        try:
+            stat = (self.root / DECISIONS).stat()
+            mark = (stat.st_size, stat.st_mtime_ns)
+        except OSError:
+            mark = None
+        if mark == self._decisions_mark:
+            return
+        self._decisions_mark = mark
+        self.decisions = {}
+        self._read_decisions()
 
     def _read_decisions(self) -> None:
         path = self.root / DECISIONS
@@ -299,6 +315,7 @@ class ReviewFolder:
         return entry
 
     def listing(self) -> dict[str, Any]:
+        self.refresh_decisions()
         items = [self.item(image) for image in self.images()]
         counts: dict[str, int] = {"items": len(items), "broken": 0, "label_errors": 0}
         for entry in items:
@@ -356,7 +373,8 @@ class ReviewFolder:
             if action in ("accept", "edit"):
                 parsed, dropped = self._parse_boxes(boxes, size)
         label = self.label_path(image)
-        with self._lock:
+        with self._lock, folder_lock(self.root / REVIEW_LOCK):
+            self.refresh_decisions()  # what the other processes decided goes into reviewed.txt too
             if action in LABELLED:
                 label.parent.mkdir(parents=True, exist_ok=True)
                 width, height = self.image_size(image)
@@ -451,6 +469,7 @@ class ReviewFolder:
         out = Path(out)
         names = self.class_names or []
         entries, problems = [], []
+        self.refresh_decisions()
         for image in self.images():
             decision = self.decisions.get(image.name)
             if decision is not None and decision.action == "skip":

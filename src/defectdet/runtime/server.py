@@ -1099,15 +1099,14 @@ def serve(
 
     `workers` > 1: that many processes share the port; /metrics sums them (Prometheus multiprocess mode,
     in `PROMETHEUS_MULTIPROC_DIR` or a temporary folder made and removed here). Drift state, the results
-    list and readiness are kept per worker process.
+    list and readiness are kept per worker process; a drift reset reaches all of them. `keep_dir` is one
+    folder for every worker (and every replica on a shared volume): one cap, one review queue.
     """
     from defectdet.runtime.predictor import MAX_DEFAULT_THREADS, physical_cores
 
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     settings = settings or ServeSettings()
-    if settings.keep and workers > 1:
-        raise ValueError("--keep runs in one process (one disk cap, one writer): use --workers 1")
     if settings.threads is None:  # share the cores between the concurrent inferences of all workers
         cores = min(physical_cores(), MAX_DEFAULT_THREADS)
         settings = replace(settings, threads=max(1, cores // (settings.max_concurrency * workers)))
