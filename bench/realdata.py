@@ -1,0 +1,249 @@
+"""The product's defaults on every real dataset under ../shared/datasets, at a time budget and a seed.
+
+    python bench/realdata.py --dataset agdd_1light --minutes 10 --seed 0 --threads 1
+    python bench/realdata.py                      # every dataset: 10 min (seeds 0, 1), 30 and 60 min (seed 0)
+    python bench/realdata.py --summary            # mean and spread per dataset and budget -> realdata_summary.json
+
+Each run is `defectdet train DATA --time M` through the Python API (no setting changed), then the bundle is
+exported and scored through the torch-free runtime at the bundle's own threshold:
+
+- `agdd_1light` / `agdd_2light`: AGDD with one lighting (`_L1`) or both lightings as separate images. Trained on
+  its `train.json` alone, so the trainer holds out whole groups of it (both lightings of a sample together);
+  the bundle's threshold is chosen on that held-out part, and everything is reported on AGDD's own `val.json`
+  (other capture sessions). Both lightings as two planes of one input is not measured: the product has no
+  companion-capture input yet.
+- `deeppcb_plain` / `deeppcb_template`: DeepPCB without / with its templates, held-out board groups as the
+  validation split; the bundle's threshold is chosen on that split and reported on it too (optimistic for the
+  escapes and false calls, not for mAP), clean boards are the templates recaptured (`val --clean-templates`).
+
+Before training, a speed probe times a fixed small workload (nano, batch 8 of 256 px, fp32) in the same process,
+so runs on machines of different speed can be compared. A run from a tree with uncommitted code is refused
+unless `--allow-dirty` (then the file says `dirty: true`). Writes
+`bench/results/realdata_<dataset>_<minutes>min_seed<k>[_<tag>].json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common import RESULTS_DIR, limit_threads, print_table, uncommitted_code, write_result
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+DATASETS = ("agdd_1light", "agdd_2light", "deeppcb_plain", "deeppcb_template")
+DEFAULT_RUNS = ((10, 0), (10, 1), (30, 0), (60, 0))  # (minutes, seed)
+WORK = Path("runs/bench_realdata")
+PROBE = {"preset": "nano", "batch": 8, "crop": 256, "steps": 8}
+
+
+def result_name(dataset: str, minutes: float, seed: int, tag: str = "") -> str:
+    return f"realdata_{dataset}_{minutes:g}min_seed{seed}" + (f"_{tag}" if tag else "")
+
+
+def speed_probe(threads: int) -> float:
+    """Median ms per training step (forward, backward, AdamW) of `PROBE` on random data."""
+    from amp_cpu import time_steps
+
+    return time_steps(PROBE["preset"], PROBE["batch"], PROBE["crop"], PROBE["steps"], threads, None)
+
+
+def _coco_subset(source: Path, target: Path, keep) -> Path:
+    """`source` COCO json with only the images whose file name passes `keep`, file names made absolute."""
+    document = json.loads(source.read_text())
+    images = [dict(r, file_name=str(source.parent / "images" / r["file_name"])) for r in document["images"]]
+    images = [r for r in images if keep(Path(r["file_name"]).name)]
+    ids = {r["id"] for r in images}
+    subset = {
+        **document,
+        "images": images,
+        "annotations": [a for a in document["annotations"] if a["image_id"] in ids],
+    }
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(subset))
+    return target
+
+
+def agdd_plan(dataset: str, work: Path, shared: Path) -> dict[str, Any]:
+    """Train on AGDD train.json (the trainer's grouped hold-out validates), threshold on that held-out part,
+    report on val.json; one lighting keeps the `_L1` images."""
+    from defectdet.data.formats import load_dataset
+    from defectdet.data.holdout import hold_out
+
+    root = shared / "agdd"
+
+    def keep(name: str) -> bool:
+        return dataset == "agdd_2light" or name.endswith("_L1.png")
+
+    folder = work / "data" / dataset
+    train = _coco_subset(root / "train.json", folder / "train.json", keep)
+    val = _coco_subset(root / "val.json", folder / "val.json", keep)
+    held = {s.image_path.name for s in hold_out(load_dataset(train, "train"))[1].samples}
+    heldout = _coco_subset(train, folder / "heldout" / "heldout.json", lambda name: name in held)
+    return {
+        "train": {"data": train},
+        "threshold_on": {"data": heldout, "split": "heldout", "what": "the trainer's grouped held-out part"},
+        "report_on": {"data": val, "split": "val", "what": "AGDD val.json (other capture sessions)"},
+        "clean_templates": False,
+    }
+
+
+def deeppcb_plan(dataset: str, shared: Path) -> dict[str, Any]:
+    root = shared / "deeppcb"
+    held = {"data": root, "split": "val", "what": "DeepPCB held-out board groups (val)"}
+    return {
+        "train": {"data": root, "template": dataset == "deeppcb_template"},
+        "threshold_on": held,
+        "report_on": held,
+        "clean_templates": True,
+    }
+
+
+def train_run(
+    dataset: str, minutes: float, seed: int, work: Path, shared: Path
+) -> tuple[dict[str, Any], Any, Any, dict]:
+    """Train with the defaults; returns (plan, TrainData config, TrainResult, timings)."""
+    from defectdet.engine.config import TrainConfig
+    from defectdet.engine.trainer import build_train_data, train
+
+    plan = agdd_plan(dataset, work, shared) if dataset.startswith("agdd") else deeppcb_plan(dataset, shared)
+    config = TrainConfig(**plan["train"], time_minutes=minutes, seed=seed, out=work / "run", progress=False)
+    data = build_train_data(config)
+    started = time.perf_counter()
+    result = train(data.config or config, data=data)
+    wall = time.perf_counter() - started
+    return plan, data, result, {"train_wall_s": wall}
+
+
+def score_bundle(plan: dict[str, Any], checkpoint: Path, out: Path) -> tuple[dict, dict]:
+    """Export `checkpoint` with thresholds measured on the plan's threshold split, then score the bundle on
+    the report split at the bundle's threshold. Returns (metrics, bundle thresholds)."""
+    from defectdet.engine.validate import validate
+    from defectdet.export.exporter import export_bundle
+
+    chosen = plan["threshold_on"]
+    bundle = export_bundle(
+        checkpoint, out / "model.onnx", data=chosen["data"], split=chosen["split"], force=True
+    )
+    report = plan["report_on"]
+    metrics = validate(
+        bundle.bundle,
+        report["data"],
+        split=report["split"],
+        protocol="coco",
+        conf_from="bundle",
+        clean_templates=plan["clean_templates"],
+        out=out / "val",
+    )
+    return metrics, bundle.metadata.thresholds.model_dump()
+
+
+def run(dataset: str, minutes: float, seed: int, args: argparse.Namespace, dirty: bool) -> Path:
+    name = result_name(dataset, minutes, seed, args.tag)
+    work = WORK / name
+    threads = args.threads
+    probe_ms = speed_probe(threads or _torch_threads())
+    plan, data, result, timings = train_run(dataset, minutes, seed, work, args.shared)
+    metrics, thresholds = score_bundle(plan, result.last_checkpoint, work)
+    headline = metrics.get("headline", {})
+    boards = metrics.get("boards") or {}
+    body = {
+        "command": " ".join(["python bench/realdata.py", *sys.argv[1:]]),
+        "dataset": dataset,
+        "minutes": minutes,
+        "seed": seed,
+        "threads": threads,
+        "dirty": dirty,
+        "note": "a shared machine (other work ran beside it; see environment.machine.load_average)",
+        "speed_probe": {**PROBE, "ms_per_step": probe_ms},
+        "settings": (data.config.to_dict() if data.config else {}),
+        "choices": [choice.to_dict() for choice in data.choices],
+        "checkpoint": "last (the final weights)",
+        "steps": result.state.step,
+        "train_wall_s": timings["train_wall_s"],
+        "internal_held_out_mAP50": (result.final_metrics.get("headline") or {}).get("mAP50"),
+        "threshold": {
+            "value": boards.get("threshold"),
+            "chosen_on": plan["threshold_on"]["what"],
+            "reported_on": plan["report_on"]["what"],
+            "bundle": thresholds,
+        },
+        "mAP50": headline.get("mAP50"),
+        "mAP50_95": headline.get("mAP50_95"),
+        "per_class_AP50": (metrics.get("coco") or {}).get("class_AP50"),
+        "per_class_AP50_95": (metrics.get("coco") or {}).get("class_AP50_95"),
+        "boards": boards,
+        "boxes_at_threshold": {key: headline.get(key) for key in ("precision", "recall", "f1")},
+        "clean_boards": metrics.get("clean_boards"),
+    }
+    path = write_result(name, body)
+    print_table(name, ["figure", "value"], [[k, body[k]] for k in ("mAP50", "mAP50_95", "steps")])
+    return path
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def summary() -> Path:
+    """Mean and spread of mAP@0.5 per dataset and budget over the seeds run."""
+    groups: dict[tuple[str, float], list[dict]] = {}
+    for path in sorted(RESULTS_DIR.glob("realdata_*min_seed*.json")):
+        document = json.loads(path.read_text())
+        groups.setdefault((document["dataset"], float(document["minutes"])), []).append(document)
+    rows, table = [], []
+    for (dataset, minutes), runs in sorted(groups.items()):
+        values = [run["mAP50"] for run in runs if run.get("mAP50") is not None]
+        entry = {
+            "dataset": dataset,
+            "minutes": minutes,
+            "runs": [run["name"] for run in runs],
+            "mAP50_mean": statistics.fmean(values) if values else None,
+            "mAP50_spread": (max(values) - min(values)) if len(values) > 1 else None,
+            "speed_probe_ms": [run["speed_probe"]["ms_per_step"] for run in runs],
+        }
+        rows.append(entry)
+        table.append([dataset, minutes, len(values), entry["mAP50_mean"], entry["mAP50_spread"]])
+    print_table("real data", ["dataset", "minutes", "runs", "mAP50 mean", "spread"], table)
+    return write_result("realdata_summary", {"command": "python bench/realdata.py --summary", "rows": rows})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dataset", choices=DATASETS, action="append", help="default: every dataset")
+    parser.add_argument("--minutes", type=float, action="append", help="default: 10 (two seeds), 30, 60")
+    parser.add_argument("--seed", type=int, action="append", help="default: 0 and 1 at 10 minutes, else 0")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--tag", default="", help="appended to the file name")
+    parser.add_argument("--shared", type=Path, default=SHARED, help="the folder holding agdd/ and deeppcb/")
+    parser.add_argument("--allow-dirty", action="store_true", help="run from uncommitted code (recorded)")
+    parser.add_argument("--summary", action="store_true", help="aggregate the result files, train nothing")
+    args = parser.parse_args()
+    if args.summary:
+        print(f"wrote {summary()}")
+        return 0
+    changed = uncommitted_code()
+    if changed and not args.allow_dirty:
+        raise SystemExit(f"uncommitted code ({', '.join(changed)}): commit it, or pass --allow-dirty")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    limit_threads(args.threads)
+    runs = [(m, s) for m in args.minutes for s in (args.seed or [0])] if args.minutes else list(DEFAULT_RUNS)
+    if args.seed and not args.minutes:
+        runs = [(m, s) for m in sorted({m for m, _ in DEFAULT_RUNS}) for s in args.seed]
+    for dataset in args.dataset or DATASETS:
+        for minutes, seed in runs:
+            print(f"wrote {run(dataset, minutes, seed, args, bool(changed))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
