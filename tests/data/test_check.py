@@ -25,7 +25,11 @@ def _find(report, file_name: str, line: int = 0):
 
 def test_clean_deeppcb_passes_with_counts(deeppcb_root: Path) -> None:
     report = check_dataset(deeppcb_root)
-    assert not report.has_errors and report.problems == []
+    # the fixture's test.txt repeats a trainval pair: the one thing to say (trainval holding val is by design)
+    assert not report.has_errors and {p.message.split(" (")[0] for p in report.problems} == {
+        "1 of 1 images of split 'test' are also in split 'train'",
+        "1 of 1 images of split 'test' are also in split 'trainval'",
+    }
     stats = {s.name: s for s in report.splits}
     assert set(stats) == {"train", "val", "test", "trainval"}
     assert stats["trainval"].images == 3 and stats["trainval"].templates_found == 3
@@ -167,3 +171,21 @@ def test_a_header_reader_crash_in_the_loader_is_listed(
     shallow = check_dataset(deeppcb_root, deep=False)
     failed = {Path(p.path).name for p in shallow.errors}
     assert failed == {"2000000_test.jpg", "1000000_temp.jpg"}
+
+
+def test_train_and_val_sharing_images_is_a_warning(tmp_path: Path, writers) -> None:
+    root = tmp_path / "yolo"
+    for index in range(3):
+        writers.image(root / f"images/train/t{index}.png", 40, 40, value=index)
+        writers.image(root / f"images/val/v{index}.png", 40, 40, value=10 + index)
+    writers.text(root / "data.yaml", "train: images/train\nval: images/val\nnames: [flaw]\n")
+    assert check_dataset(root).problems == []  # held out: nothing to say
+    writers.text(root / "data.yaml", "train: images/train\nval: images/train\nnames: [flaw]\n")
+    (warning,) = check_dataset(root).warnings  # the same files
+    assert "3 of 3 images of split 'val' are also in split 'train'" in warning.message
+    writers.text(root / "data.yaml", "train: images/train\nval: images/val\nnames: [flaw]\n")
+    shutil.copy(root / "images/train/t1.png", root / "images/val/copy.png")  # the same content, renamed
+    report = check_dataset(root)
+    (warning,) = report.warnings
+    assert "1 of 4 images of split 'val'" in warning.message and "copy.png" in warning.message
+    assert not report.has_errors and run_check(root, console=_console()[0]) == 0

@@ -211,7 +211,7 @@ def test_serve_keep_review_finetune_compare_shadow_promote_rollback(line: dict, 
             row[0] == 1 and abs(row[1] - 0.4) < 0.02 and abs(row[2] - 0.325) < 0.02 for row in drawn
         ), drawn
         data = yaml.safe_load((kept / "data.yaml").read_text())
-        assert data["train"] == "reviewed.txt" and data["templates"] == "templates"
+        assert data["train"] == "reviewed_train.txt" and data["templates"] == "templates"
 
         config = TrainConfig(
             data=kept / "data.yaml", start_from=line["served"], old_data=line["data"], epochs=1, batch=2,

@@ -136,10 +136,12 @@ def test_the_reviewed_images_become_a_dataset_train_can_read(client: TestClient,
     (folder / "templates" / "a.jpg").write_bytes(encode(board(1, size=200)[:100], ".jpg"))  # another format
     _decide(client, "a.png", "edit", [{"class_id": 2, "box": [50, 40, 90, 70]}])
     _decide(client, "d.png", "clean")
-    split = load_dataset(folder / "data.yaml", "train")
-    assert [sample.image_path.name for sample in split.samples] == ["a.png", "d.png"]
+    split, val = load_dataset(folder / "data.yaml", "train"), load_dataset(folder / "data.yaml", "val")
+    # the newest images (by name: capture time) are held out for validation, not trained on
+    assert [sample.image_path.name for sample in split.samples] == ["a.png"]
+    assert [sample.image_path.name for sample in val.samples] == ["d.png"]
     assert split.class_names == CLASSES
-    assert split.samples[0].classes.tolist() == [2] and len(split.samples[1].classes) == 0
+    assert split.samples[0].classes.tolist() == [2] and len(val.samples[0].classes) == 0
     assert split.samples[0].template_path == folder / "templates" / "a.jpg"
     # a data.yaml of the user's own is never overwritten
     (folder / "data.yaml").write_text("path: .\ntrain: images\nval: images\nnames: [x]\n")
@@ -231,7 +233,10 @@ def test_the_download_is_the_reviewed_dataset_as_a_zip(
         names = set(archive.namelist())
         assert archive.read("labels/a.txt") == (folder / "labels" / "a.txt").read_bytes()
     # b.png's label file has a bad line and d.png was skipped: left out, as from the COCO export
-    assert names == {"data.yaml", "reviewed.txt", "decisions.jsonl", "images/a.png", "labels/a.txt"}
+    assert names == {
+        "data.yaml", "reviewed.txt", "reviewed_train.txt", "reviewed_val.txt", "decisions.jsonl", "images/a.png",
+        "labels/a.txt",
+    }  # fmt: skip
 
 
 def test_a_decision_needs_an_operator(client: TestClient) -> None:

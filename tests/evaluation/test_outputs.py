@@ -100,7 +100,7 @@ def test_result_files_of_a_reviewed_folder_keep_its_images_subfolder(tmp_path):
     folder = ReviewFolder(kept, class_names=list(NAMES), operator="olga")
     folder.decide("a.png", "accept", [{"class_id": 1, "box": [2, 3, 12, 14]}])
     folder.decide("b.png", "clean")
-    samples = load_dataset(kept / "data.yaml", "val").samples
+    samples = [s for split in ("train", "val") for s in load_dataset(kept / "data.yaml", split).samples]
     assert sorted(sample.image_id for sample in samples) == ["images/a", "images/b"]
     records = [ImageRecord(sample.image_id, 40, 32) for sample in samples]
     records.append(

@@ -104,6 +104,7 @@ def check_dataset(
     for dataset in datasets:
         stats.append(_split_stats(dataset, results, problems))
         problems.extend(_duplicates(dataset, results))
+    problems.extend(_shared_between_splits(datasets, results))
     unique = list(dict.fromkeys(problems))  # a problem met by several splits is listed once
     unique.sort(key=lambda problem: problem.severity != "error")
     return CheckReport(path, format_name, class_names, stats, unique, time.perf_counter() - start)
@@ -206,6 +207,43 @@ def _duplicates(dataset: DatasetSplit, results: dict[Path, _ImageResult]) -> lis
         first = first_by_digest.setdefault(digest, sample.image_path)
         if first != sample.image_path:
             problems.append(Problem("warning", str(sample.image_path), f"identical content to {first}"))
+    return problems
+
+
+def _trains_on(split: str) -> bool:
+    return "train" in split.lower()
+
+
+def _evaluates_on(split: str) -> bool:
+    name = split.lower()
+    return ("val" in name or "test" in name) and "train" not in name
+
+
+def _shared_between_splits(datasets: list[DatasetSplit], results: dict[Path, _ImageResult]) -> list[Problem]:
+    """A warning per (training, validation/test) pair of splits that share images, the same file or the same
+    content: measured on images it trained on, a model looks better than it is on the line."""
+    problems = []
+    for train in (d for d in datasets if _trains_on(d.split)):
+        paths = {sample.image_path.resolve() for sample in train.samples}
+        digests = {results[s.image_path].digest for s in train.samples} - {None}
+        for held in (d for d in datasets if _evaluates_on(d.split)):
+            if held.split.lower() in train.split.lower():  # DeepPCB's trainval holds val by definition
+                continue
+            shared = [
+                sample.image_path
+                for sample in held.samples
+                if sample.image_path.resolve() in paths or results[sample.image_path].digest in digests
+            ]
+            if shared:
+                problems.append(
+                    Problem(
+                        "warning",
+                        str(held.root),
+                        f"{len(shared)} of {len(held.samples)} images of split '{held.split}' are also in "
+                        f"split '{train.split}' (same file or same content, e.g. {shared[0].name}): validation "
+                        "on training images overstates the model; hold images out",
+                    )
+                )
     return problems
 
 

@@ -11,7 +11,8 @@ Layout of FOLDER: images in `FOLDER/images/` (or FOLDER itself), YOLO labels in 
 
 Every decision is written at once (label file through a temporary file and `os.replace`) and appended to
 `FOLDER/decisions.jsonl` with the operator and the time; `FOLDER/reviewed.txt` (a YOLO image list) names the
-images decided and not skipped, and `FOLDER/data.yaml` makes them a dataset for `train --from`. A label file
+images decided and not skipped, and `FOLDER/data.yaml` makes them a dataset for `train --from` (train: the older
+images, `reviewed_train.txt`; val: the newest fifth by capture time, `reviewed_val.txt`). A label file
 with a bad line is shown with the file and line and is never rewritten until the operator decides on that image.
 A box that is empty inside its image is dropped with a note (`dropped` in the answer and the log) instead of
 refusing the decision; the listing never serves an empty proposal. `GET /v1/review/download` is the reviewed
@@ -51,6 +52,10 @@ MAX_DECISION_BYTES = 1 << 20
 MAX_BOXES = 1000
 DECISIONS = "decisions.jsonl"
 REVIEWED = "reviewed.txt"
+# data.yaml's splits: the newest share of the reviewed images (kept names sort by capture time) validates, so a
+# fine-tune is measured on images of the line it has not trained on.
+REVIEWED_TRAIN, REVIEWED_VAL = "reviewed_train.txt", "reviewed_val.txt"
+HELD_OUT_SHARE = 0.2
 REVIEW_LOCK = ".review.lock"  # one decision at a time across processes (workers, replicas, `review`)
 DATA_YAML = "data.yaml"
 DATA_YAML_MARK = "# written by defectdet review: the reviewed images (reviewed.txt) as a dataset"
@@ -446,16 +451,20 @@ class ReviewFolder:
             if self.decisions.get(image.name, Decision("", "", "")).action in LABELLED
         ]
         atomic_write(self.root / REVIEWED, "".join(lines).encode())
+        held = held_out_count(len(lines))
+        train, val = (lines[: len(lines) - held], lines[len(lines) - held :]) if held else (lines, lines)
+        atomic_write(self.root / REVIEWED_TRAIN, "".join(train).encode())
+        atomic_write(self.root / REVIEWED_VAL, "".join(val).encode())
         self._write_data_yaml()
 
     def _write_data_yaml(self) -> None:
-        """`data.yaml` for `train FOLDER/data.yaml --from MODEL`: the reviewed images as one split (train
-        holds a fixed share out for validation), their templates, the class names. A data.yaml this class did
-        not write is left alone."""
+        """`data.yaml` for `train FOLDER/data.yaml --from MODEL`: the reviewed images split by capture time
+        (train: the older ones, val: the newest `HELD_OUT_SHARE`, the held-out images `compare` measures on),
+        their templates, the class names. A data.yaml this class did not write is left alone."""
         path = self.root / DATA_YAML
         if path.exists() and not read_text_file(path).startswith(DATA_YAML_MARK):
             return
-        lines = [DATA_YAML_MARK, "path: .", f"train: {REVIEWED}", f"val: {REVIEWED}"]
+        lines = [DATA_YAML_MARK, "path: .", f"train: {REVIEWED_TRAIN}", f"val: {REVIEWED_VAL}"]
         if (self.root / "templates").is_dir():
             lines.append("templates: templates")
         lines.append("names:")
@@ -501,6 +510,12 @@ class ReviewFolder:
             "annotations": len(annotations),
             "problems": problems,
         }
+
+
+def held_out_count(reviewed: int) -> int:
+    """How many of `reviewed` images validate: `HELD_OUT_SHARE` of them, at least one from two images on;
+    none of a single image (train and val are then that image)."""
+    return max(1, round(reviewed * HELD_OUT_SHARE)) if reviewed >= 2 else 0
 
 
 def _append_line(path: Path, line: str) -> None:
