@@ -44,6 +44,7 @@ from benchpages.inference import page_inference  # noqa: E402
 from benchpages.peers import page_peers  # noqa: E402
 from benchpages.service import page_service  # noqa: E402
 from benchpages.speed import page_training_speed  # noqa: E402
+from pages_realdata import page_real_data  # noqa: E402
 
 __all__ = [
     "Page",
@@ -169,7 +170,8 @@ DERIVED_FROM_UNCOMMITTED = {"gpu": ("gpu_deeppcb_template", "gpu_surface")}
 def status_of(result: Result, cited: list[str], results: dict[str, Result]) -> str:
     if result.dirty:
         code = [p for p in result.uncommitted or [] if not p.endswith(NOT_CODE)]
-        return "kept off the pages: made from uncommitted code (" + ", ".join(f"`{p}`" for p in code) + ")"
+        named = ", ".join(f"`{p}`" for p in code) or "the file says `dirty: true`"
+        return f"kept off the pages: made from uncommitted code ({named})"
     if result.name in DERIVED_FROM_UNCOMMITTED:
         sources = ", ".join(f"`{n}.json`" for n in DERIVED_FROM_UNCOMMITTED[result.name])
         return f"kept off the pages: summarises {sources}, made from uncommitted code"
@@ -221,6 +223,7 @@ BUILDERS: dict[str, Callable[[dict[str, Result], list[Callable[[], None]]], Page
     "inference": page_inference,
     "service": page_service,
     "training-speed": page_training_speed,
+    "real-data": page_real_data,
 }
 
 
@@ -234,7 +237,7 @@ def build(results: dict[str, Result] | None = None) -> tuple[dict[str, str], lis
         for name in page.cited:
             cited.setdefault(name, []).append(slug)
     pages["manifest"] = page_manifest(results, cited)
-    return {f"{slug}.md": pages[slug].text() for slug in PAGES}, plots
+    return {f"{slug}.md": pages[slug].text() for slug in (*PAGES, "real-data")}, plots
 
 
 def cited_files(markdown: str) -> list[str]:

@@ -70,7 +70,8 @@ class Result:
 
     @property
     def dirty(self) -> bool:
-        return any(not path.endswith(NOT_CODE) for path in self.uncommitted or [])
+        """Made from uncommitted code: said by the file (`dirty`), or an uncommitted code file it recorded."""
+        return self.doc.get("dirty") is True or any(not p.endswith(NOT_CODE) for p in self.uncommitted or [])
 
     @property
     def final(self) -> dict[str, Any]:
