@@ -40,25 +40,16 @@ OUT = Path("runs/bench_loop_shift")
 
 
 def new_lamp(image: np.ndarray, seed: int) -> np.ndarray:
-    """The tested image under the new lamp: exposure x0.6, gamma 1.4, contrast x0.75 and a fall-off to 65 %
-    across the board (its direction drawn per image)."""
-    rng = np.random.default_rng(seed)
-    height, width = image.shape[:2]
-    angle = rng.uniform(0, 2 * np.pi)
-    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
-    ramp = (np.cos(angle) * xs / width + np.sin(angle) * ys / height) * 1.0
-    ramp = (ramp - ramp.min()) / max(1e-6, float(ramp.max() - ramp.min()))
-    falloff = 1.0 - 0.35 * ramp
-    values = image.astype(np.float32) / 255.0
-    values = np.power(values, 1.4)
-    values = (values - values.mean()) * 0.75 + values.mean()
-    values = values * 0.6 * (falloff if image.ndim == 2 else falloff[..., None])
-    return np.clip(values * 255.0, 0, 255).astype(np.uint8)
+    """The tested image under the new lamp: `defectdet synth --shift lamp` (`data.synth.shift.new_lamp`)."""
+    from defectdet.data.synth.shift import new_lamp as lamp
+
+    return lamp(image, seed)
 
 
 def make_lines(new_images: int) -> tuple[Path, Path, Path]:
     """(line A data.yaml, shifted data.yaml, the new data: `new_images` shifted train images as a dataset)."""
     from defectdet.data.synth import synthesize_dataset
+    from defectdet.data.synth.shift import shift_dataset
 
     line_a = synthesize_dataset(OUT / "line_a", boards=160, seed=11, template=True, progress=False)
     root = OUT / "shifted"
@@ -66,8 +57,7 @@ def make_lines(new_images: int) -> tuple[Path, Path, Path]:
     shifted = synthesize_dataset(
         root, boards=2 * new_images, seed=12, template=True, val_fraction=0.5, progress=False
     )
-    for number, path in enumerate(sorted((root / "images").rglob("*.png"))):
-        cv2.imwrite(str(path), new_lamp(cv2.imread(str(path), cv2.IMREAD_UNCHANGED), number))
+    shift_dataset(root, ["lamp"], seed=0)  # what `defectdet synth --shift lamp` does
     new = OUT / "new_data"
     shutil.rmtree(new, ignore_errors=True)
     for folder in ("images", "labels", "templates"):
