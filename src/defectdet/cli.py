@@ -81,13 +81,23 @@ def synth(
     materials: str | None = typer.Option(
         None, help="Surface textures, comma-separated, from brushed,rolled,tile,weave,cast (default: all)."
     ),
+    shift: str | None = typer.Option(
+        None,
+        help="A shifted line: the tested images seen through a new lamp, lens or camera, comma-separated from "
+        "lamp,lens,camera (templates stay as captured before; boxes unchanged). Same --seed, other boards: "
+        "pass another seed for the new line.",
+    ),
 ) -> None:
     """Write a procedural dataset (YOLO data.yaml) with exact defect boxes.
 
     Example: defectdet synth data/synth --boards 60 --seed 1
     Example: defectdet synth data/surface --kind surface --boards 300
+    Example: defectdet synth data/new-lamp --boards 40 --seed 12 --shift lamp
     """
     from defectdet.data.synth import synthesize_dataset
+    from defectdet.data.synth.shift import checked_shifts, shift_dataset
+
+    shifts = checked_shifts(shift.split(",")) if shift else ()
 
     data_yaml = synthesize_dataset(
         out,
@@ -103,6 +113,9 @@ def synth(
     console.print(
         f"[green]wrote[/green] {boards} {'surfaces' if kind == 'surface' else 'boards'} -> {data_yaml}"
     )
+    if shifts:
+        changed = shift_dataset(data_yaml.parent, shifts, seed)
+        console.print(f"shifted line ({', '.join(shifts)}): {changed} tested images changed, templates kept")
 
 
 @app.command()
@@ -114,23 +127,13 @@ def check(
 
     Exit code 1 when any file has an error, 0 when there are only warnings.
 
-    shift: str | None = typer.Option(
-        None,
-        help="A shifted line: the tested images seen through a new lamp, lens or camera, comma-separated from "
-        "lamp,lens,camera (templates stay as captured before; boxes unchanged). Same --seed, other boards: "
-        "pass another seed for the new line.",
-    ),
     Example: defectdet check ../shared/datasets/deeppcb
     """
     from defectdet.data.check import run_check
 
     raise typer.Exit(run_check(data, format=format, console=console))
-    Example: defectdet synth data/new-lamp --boards 40 --seed 12 --shift lamp
 
 
-    from defectdet.data.synth.shift import checked_shifts, shift_dataset
-
-    shifts = checked_shifts(shift.split(",")) if shift else ()
 @app.command()
 def presets(imgsz: int = typer.Option(640, help="Input size for the GFLOPs figure.")) -> None:
     """List the model presets with parameters and GFLOPs.
@@ -146,9 +149,6 @@ def presets(imgsz: int = typer.Option(640, help="Input size for the GFLOPs figur
     default_for = {
         auto_preset(layout)[0]: "with templates" if layout else "without templates"
         for layout in (True, False)
-    if shifts:
-        changed = shift_dataset(data_yaml.parent, shifts, seed)
-        console.print(f"shifted line ({', '.join(shifts)}): {changed} tested images changed, templates kept")
     }
     table = Table(title=f"model presets (gray + template input, 6 classes, {imgsz}x{imgsz})")
     for column in ("preset", "params", "GFLOPs", "strides", "shipped weights", "default for"):
