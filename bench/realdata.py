@@ -212,7 +212,8 @@ def summary() -> Path:
         rows.append(entry)
         table.append([dataset, minutes, len(values), entry["mAP50_mean"], entry["mAP50_spread"]])
     print_table("real data", ["dataset", "minutes", "runs", "mAP50 mean", "spread"], table)
-    return write_result("realdata_summary", {"command": "python bench/realdata.py --summary", "rows": rows})
+    payload = {"command": "python bench/realdata.py --summary", "rows": rows}
+    return write_result("realdata_summary", payload, directory=RESULTS_DIR)
 
 
 def main() -> int:

@@ -1,0 +1,76 @@
+"""bench/realdata.py and its page: refuses uncommitted code, the AGDD plan, the summary, the targets' gap."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import pages_realdata  # noqa: E402
+import realdata  # noqa: E402
+from benchpages.core import Result  # noqa: E402
+
+AGDD = ROOT.parent / "shared" / "datasets" / "agdd"
+
+
+def test_a_dirty_tree_is_refused_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(realdata, "uncommitted_code", lambda: ["src/defectdet/x.py"])
+    monkeypatch.setattr(sys, "argv", ["realdata.py", "--dataset", "agdd_1light", "--minutes", "1"])
+    with pytest.raises(SystemExit, match="uncommitted code"):
+        realdata.main()
+
+
+def _run(dataset: str, minutes: float, seed: int, value: float, dirty: bool = False) -> dict:
+    return {
+        "name": realdata.result_name(dataset, minutes, seed),
+        "dataset": dataset,
+        "minutes": minutes,
+        "seed": seed,
+        "dirty": dirty,
+        "mAP50": value,
+        "speed_probe": {"ms_per_step": 300.0},
+        "environment": {"uncommitted_code": []},
+    }
+
+
+def test_summary_gives_mean_and_spread_per_dataset_and_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(realdata, "RESULTS_DIR", tmp_path)
+    for seed, value in ((0, 0.5), (1, 0.6)):
+        document = _run("agdd_1light", 10, seed, value)
+        (tmp_path / f"{document['name']}.json").write_text(json.dumps(document))
+    rows = json.loads(realdata.summary().read_text())["rows"]
+    assert len(rows) == 1 and rows[0]["mAP50_mean"] == pytest.approx(0.55)
+    assert rows[0]["mAP50_spread"] == pytest.approx(0.1)
+
+
+def test_the_page_states_each_target_and_the_gap() -> None:
+    results = {
+        name: Result(name, doc)
+        for doc in (_run("agdd_1light", 10, 0, 0.35), _run("agdd_1light", 10, 1, 0.9, dirty=True))
+        for name in [doc["name"]]
+    }
+    text = pages_realdata.real_data_markdown(results)
+    assert "0.350 (one run) | 0.350 short" in text  # the dirty run is left off
+    assert "realdata_agdd_1light_10min_seed1" not in text
+    assert "≥ 0.92" in text and "not measured yet" in text
+
+
+@pytest.mark.skipif(not (AGDD / "train.json").is_file(), reason="needs ../shared/datasets/agdd")
+def test_agdd_one_lighting_plan(tmp_path: Path) -> None:
+    plan = realdata.agdd_plan("agdd_1light", tmp_path, AGDD.parent)
+    train = json.loads(Path(plan["train"]["data"]).read_text())
+    held = json.loads(Path(plan["threshold_on"]["data"]).read_text())
+    val = json.loads(Path(plan["report_on"]["data"]).read_text())
+    names = {Path(record["file_name"]).name for record in train["images"]}
+    assert names and all(name.endswith("_L1.png") for name in names)
+    held_names = {Path(record["file_name"]).name for record in held["images"]}
+    assert held_names and held_names < names
+    assert not names & {Path(record["file_name"]).name for record in val["images"]}
+    assert all(Path(record["file_name"]).is_file() for record in val["images"])
