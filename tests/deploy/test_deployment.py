@@ -350,3 +350,38 @@ def test_promote_needs_a_compare_verdict_of_promote_or_force(
         assert done["compare"]["decision"] == PROMOTE and done["forced"] is False
         back = client.post("/v1/models/rollback", json={"force": True}, headers=POST)
         assert back.status_code == 422  # a roll-back needs no override
+
+
+def test_a_second_process_follows_the_store_and_refuses_bytes_that_do_not_hash_right(
+    line: dict[str, Path], bundle_path: Path
+) -> None:
+    served, models = line["served"], line["models"]
+    with _client(served, models) as first, _client(served, models) as second:
+        _ready(first)
+        _ready(second)
+        follower = second.app.state.service.deployment
+        body = {"bundle": "candidate.onnx", "force": True}
+        assert first.post("/v1/models/promote", json=body, headers=POST).status_code == 200
+        assert follower.follow() is True
+        report = second.get("/v1/models").json()
+        assert (
+            report["live"]["sha256"] == file_sha256(line["candidate"]) and report["live"]["generation"] == 2
+        )
+        assert "defectdet_model_generation 2.0" in second.get("/metrics").text
+        assert f'defectdet_model_serving{{generation="2",sha256="{report["live"]["sha256"]}"}} 1.0' in (
+            second.get("/metrics").text
+        )
+        other = variant(bundle_path, models / "other.onnx", 0.5)
+        assert (
+            first.post(
+                "/v1/models/promote", json={"bundle": "other.onnx", "force": True}, headers=POST
+            ).status_code
+            == 200
+        )
+        stored = models / first.get("/v1/models").json()["store"]["live"]["file"]
+        stored.write_bytes(stored.read_bytes() + b"tampered")
+        assert follower.follow() is False  # not loaded: its bytes are not the generation's
+        assert second.get("/v1/models").json()["live"]["generation"] == 2
+        stale = second.post("/v1/models/rollback", json={}, headers=POST)
+        assert stale.status_code == 409 and "generation 3 is live" in stale.json()["error"]
+        assert file_sha256(other) != report["live"]["sha256"]

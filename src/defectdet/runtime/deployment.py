@@ -51,7 +51,7 @@ from defectdet.runtime.upload import UploadError
 logger = logging.getLogger(__name__)
 
 MATCH_IOU = 0.5
-POLL_S = 1.0  # how often a process reads the store's current generation
+POLL_S = 0.5  # how often a process reads the store's current generation
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}\.onnx$")
 _PRINTABLE = re.compile(r"[^\x20-\x7e]")
 
