@@ -50,7 +50,7 @@ __all__ = [
     "Page",
     "Result",
     "build",
-    "cited_files",
+    "build_pages",
     "load_results",
     "script_of",
     "DERIVED_FROM_UNCOMMITTED",
@@ -67,16 +67,16 @@ def page_index(results: dict[str, Result], plots: list[Callable[[], None]]) -> P
         "The [manifest](manifest.md) lists every result file with the command that made it and where it is",
         "cited. The machines are small cloud boxes (2 cores, no GPU) like a PC beside a line.",
     )
-    nano = page.r("train_deeppcb_nano_20min")
+    nano = results["train_deeppcb_nano_20min"]
     current = [page.results[name] for name in CURRENT_DEFAULT_RUNS]
     checked = [
-        page.r("repeat_check_" + name).doc["arms"]["lr+ud"]["repeat_check"]["mAP50"]
+        results["repeat_check_" + name].doc["arms"]["lr+ud"]["repeat_check"]["mAP50"]
         for name in CURRENT_DEFAULT_RUNS
     ]
-    surfaces = [page.r(name) for name in SURFACE_SEEDS["tiny"][:6]]
-    ours, yolo = page.r("scaling_surface_tiny_60min"), page.r("peers_surface_yolo11n_352px_60min")
-    latency = page.r("latency").doc["results"][0]
-    load = page.r("serve_load")
+    surfaces = [results[name] for name in SURFACE_SEEDS["tiny"][:6]]
+    ours, yolo = results["scaling_surface_tiny_60min"], results["peers_surface_yolo11n_352px_60min"]
+    latency = results["latency"].doc["results"][0]
+    load = results["serve_load"]
     rows = [
         [
             "DeepPCB with templates, held-out boards",
@@ -227,8 +227,8 @@ BUILDERS: dict[str, Callable[[dict[str, Result], list[Callable[[], None]]], Page
 }
 
 
-def build(results: dict[str, Result] | None = None) -> tuple[dict[str, str], list[Callable[[], None]]]:
-    """Page file name -> markdown, and the plots to draw."""
+def build_pages(results: dict[str, Result] | None = None) -> tuple[dict[str, Page], list[Callable[[], None]]]:
+    """Every page (slug -> Page, each knowing the result files it cites), and the plots to draw."""
     results = results if results is not None else load_results()
     plots: list[Callable[[], None]] = []
     pages = {slug: builder(results, plots) for slug, builder in BUILDERS.items()}
@@ -237,14 +237,13 @@ def build(results: dict[str, Result] | None = None) -> tuple[dict[str, str], lis
         for name in page.cited:
             cited.setdefault(name, []).append(slug)
     pages["manifest"] = page_manifest(results, cited)
-    return {f"{slug}.md": pages[slug].text() for slug in (*PAGES, "real-data")}, plots
+    return {slug: pages[slug] for slug in (*PAGES, "real-data")}, plots
 
 
-def cited_files(markdown: str) -> list[str]:
-    """Result files a page names in code font."""
-    import re
-
-    return re.findall(r"`([\w.+-]+\.json)`", markdown)
+def build(results: dict[str, Result] | None = None) -> tuple[dict[str, str], list[Callable[[], None]]]:
+    """Page file name -> markdown, and the plots to draw."""
+    pages, plots = build_pages(results)
+    return {f"{slug}.md": page.text() for slug, page in pages.items()}, plots
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -175,13 +175,19 @@ def test_every_readme_figure_is_on_the_benchmark_page_it_links(built: dict[str, 
 
 def test_every_cited_result_file_and_its_script_exist(built: dict[str, str]) -> None:
     results = pages.load_results()
-    for name, text in built.items():
-        for file in pages.cited_files(text):
-            assert (RESULTS / file).is_file(), f"docs/benchmarks/{name} names {file}, not in bench/results/"
-            script = pages.script_of(results[file.removesuffix(".json")])
+    built_pages, _plots = pages.build_pages(results)
+    for slug, page in built_pages.items():
+        text = built[f"{slug}.md"]
+        for name in page.cited:
+            file = f"{name}.json"
+            assert (RESULTS / file).is_file(), (
+                f"docs/benchmarks/{slug}.md cites {file}, not in bench/results/"
+            )
+            assert f"`{file}`" in text, f"docs/benchmarks/{slug}.md cites {file} without naming it"
+            script = pages.script_of(results[name])
             if script is not None:
                 assert (ROOT / script).is_file(), (
-                    f"{file} (named on {name}) was written by {script}, now missing"
+                    f"{file} (cited on {slug}) was written by {script}, now missing"
                 )
 
 
@@ -232,14 +238,14 @@ def test_checker_catches_unheld_figures(readme: str, expected: list[str]) -> Non
         assert needle in problem
 
 
-def test_every_result_file_is_cited_or_kept_off_for_uncommitted_code(built: dict[str, str]) -> None:
-    cited = {
-        file for name, text in built.items() if name != "manifest.md" for file in pages.cited_files(text)
-    }
+def test_every_result_file_is_cited_or_kept_off_for_uncommitted_code() -> None:
+    results = pages.load_results()
+    built_pages, _plots = pages.build_pages(results)
+    cited = {name for slug, page in built_pages.items() if slug != "manifest" for name in page.cited}
     uncited = [
         result.file
-        for name, result in pages.load_results().items()
-        if result.file not in cited and not result.dirty and name not in pages.DERIVED_FROM_UNCOMMITTED
+        for name, result in results.items()
+        if name not in cited and not result.dirty and name not in pages.DERIVED_FROM_UNCOMMITTED
     ]
     assert not uncited, (
         f"result files cited on no benchmark page: {uncited} (cite them in bench/pages.py or git rm)"

@@ -10,11 +10,9 @@ from .core import (
     Page,
     Result,
     count,
-    f1,
     f2,
     f3,
     minutes_of,
-    pct,
     run_row,
     save_figure,
     spread,
@@ -95,6 +93,24 @@ def section_templates(page: Page) -> None:
     )
 
 
+def plot_recipe(results: dict[str, Result]) -> None:
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    groups: dict[str, list[Result]] = {}
+    for name, _ in PLAIN_RECIPE_RUNS:
+        result = results[name]
+        groups.setdefault(f"{result.cpu}, {threads_text(result.threads)}", []).append(result)
+    for label, runs in groups.items():
+        axis.scatter([r.steps for r in runs], [r.map50 for r in runs], label=label, s=40)
+    axis.set_xlabel("optimizer steps in 20 minutes")
+    axis.set_ylabel("held-out mAP@0.5")
+    axis.set_title("DeepPCB without templates, tiny, 20 minutes: every run")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    save_figure(figure, "recipe.png")
+
+
 def _recipe_groups(page: Page) -> dict[str, list[Result]]:
     groups: dict[str, list[Result]] = {}
     for name, _ in PLAIN_RECIPE_RUNS:
@@ -103,7 +119,7 @@ def _recipe_groups(page: Page) -> dict[str, list[Result]]:
     return groups
 
 
-def section_plain_recipe(page: Page) -> None:
+def section_plain_recipe(page: Page, plots: list[Callable[[], None]]) -> None:
     page.heading(2, "DeepPCB without templates: one recipe, many runs")
     current = [page.results[name] for name in CURRENT_DEFAULT_RUNS]
     page.para(
@@ -135,6 +151,8 @@ def section_plain_recipe(page: Page) -> None:
             ]
         )
     page.table(("run", "machine", "threads", "steps", "mAP@0.5", "pin-hole", "spur", "file"), rows)
+    page.image("recipe.png", "held-out mAP@0.5 against training steps, one recipe run many times")
+    plots.append(lambda: plot_recipe(page.results))
     page.para(
         "Pin-hole is the class that moves: the held-out design's drill holes look like pin-holes, and a run",
         "either learns to leave them alone or does not. The repeat check and test-time flips on the",
@@ -711,7 +729,7 @@ def page_accuracy(results: dict[str, Result], plots: list[Callable[[], None]]) -
         'while the other core ran another benchmark, "threads 2" the whole machine.',
     )
     section_templates(page)
-    section_plain_recipe(page)
+    section_plain_recipe(page, plots)
     section_boards(page)
     section_new_design(page)
     section_design_bound(page)
@@ -720,69 +738,4 @@ def page_accuracy(results: dict[str, Result], plots: list[Callable[[], None]]) -
     section_weights(page, plots)
     section_transfer(page)
     section_clean_boards(page)
-    section_real_data(page)
     return page
-
-
-REAL_DATA = {
-    "agdd_1light": "AGDD, one lighting",
-    "agdd_2light": "AGDD, both lightings as separate images",
-    "deeppcb_plain": "DeepPCB without templates",
-    "deeppcb_template": "DeepPCB with templates",
-}
-
-
-def real_data_runs(results: dict[str, Result]) -> list[Result]:
-    """Runs of bench/realdata.py (the product's defaults on each real data set), from committed code."""
-    runs = [r for n, r in results.items() if n.startswith("realdata_") and "minutes" in r.doc and not r.dirty]
-    return sorted(runs, key=lambda r: (r.doc["dataset"], float(r.doc["minutes"]), r.seed(), r.name))
-
-
-def _real_data_means(groups: dict[tuple[str, float], list[Result]]) -> str:
-    parts = []
-    for (dataset, minutes), runs in groups.items():
-        values = [r.doc["mAP50"] for r in runs if r.doc.get("mAP50") is not None]
-        if values:
-            parts.append(f"{REAL_DATA.get(dataset, dataset)}, {minutes:g} min: {spread(values)}")
-    return "; ".join(parts)
-
-
-def section_real_data(page: Page) -> None:
-    runs = real_data_runs(page.results)
-    if not runs:
-        return
-    page.heading(2, "Real data through the product's defaults")
-    groups: dict[tuple[str, float], list[Result]] = {}
-    for run in runs:
-        groups.setdefault((run.doc["dataset"], float(run.doc["minutes"])), []).append(run)
-    page.para(
-        "`defectdet train DATA --time M` with nothing else changed, exported, and scored through the torch-free",
-        "runtime at the bundle's own threshold. AGDD trains on its `train.json` and is reported on its own",
-        "`val.json` (other capture sessions); DeepPCB on its held-out board groups. Held-out mAP@0.5 per data set",
-        f"and budget: {_real_data_means(groups)}.",
-    )
-    rows = []
-    for run in runs:
-        boards = run.doc.get("boards") or {}
-        rows.append(
-            [
-                REAL_DATA.get(run.doc["dataset"], run.doc["dataset"]),
-                run.preset,
-                f"{float(run.doc['minutes']):g}",
-                f"seed {run.seed()}",
-                run.cpu,
-                str(run.doc["threads"]) if run.doc.get("threads") else run.threads,
-                count(run.doc.get("steps")),
-                f1((run.doc.get("speed_probe") or {}).get("ms_per_step")),
-                f3(run.doc.get("mAP50")),
-                f3(run.doc.get("mAP50_95")),
-                pct(boards.get("escape_rate")),
-                pct(boards.get("false_call_rate")),
-                page.cite(run.name),
-            ]
-        )
-    headers = ("data", "preset", "minutes", "seed", "machine", "threads", "steps", "speed probe ms/step")
-    page.table((*headers, "mAP@0.5", "mAP@0.5:0.95", "escapes", "false calls", "file"), rows)
-    summary = page.results.get("realdata_summary")
-    if summary is not None and not summary.dirty:
-        page.para(f"The same figures summarised per data set and budget: {page.cite(summary.name)}.")
