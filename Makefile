@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: install test docs demo bench bench-peers bench-pretrained bench-scaling pretrain lint lint-deploy lock check-lock clean
+.PHONY: install test docs demo bench bench-pages bench-peers bench-pretrained bench-scaling pretrain lint lint-deploy lock check-lock clean
 
 install: $(STAMP)
 
@@ -101,6 +101,10 @@ bench-pretrained: $(STAMP)
 # The budget ladder (issue 19): every rung without a result file yet (about 8 hours for all), then the curves.
 bench-scaling: $(STAMP)
 	$(BIN)/python bench/scaling.py --all
+
+# The benchmark pages of the documentation site (docs/benchmarks/*.md and their plots) from bench/results/*.json.
+bench-pages: $(STAMP)
+	$(BIN)/python bench/pages.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
