@@ -76,7 +76,7 @@ def page_training_speed(results: dict[str, Result], plots: list[Callable[[], Non
         "else. Steps per second below are a whole run's steps over its wall time (validation included). With",
         f"today's defaults tiny trains at {f2(min(rates))}-{f2(max(rates))} steps/s on the whole Intel Xeon",
         f"machine, against {f2(old.steps / old.doc['wall_seconds'])} with freed memory returned to the system;",
-        "the same recipe on one core of a busy machine gets about half as many steps.",
+        "the same recipe on one core (the other one busy) gets about half as many steps.",
     )
     rows = []
     for name in SPEED_RUNS:
@@ -159,9 +159,10 @@ def section_bf16(page: Page) -> None:
     page.heading(2, "bf16 autocast")
     epyc, xeon = page.r("amp_cpu"), page.r("amp_cpu_xeon")
     page.para(
-        "Whether bf16 pays depends on the CPU: on the Intel Xeon (with AMX) a tiny step is",
-        f"{xeon.doc['bf16_speedup']:.2f}x as fast as fp32, on the AMD EPYC {epyc.doc['bf16_speedup']:.2f}x, far",
-        "slower. Accuracy after 20 minutes stayed within the spread of seeds (the table above, bf16 rows). CPU",
+        f"Whether bf16 pays depends on the CPU: on the Intel Xeon (with AMX) a {xeon.doc['settings']['preset']}",
+        f"step runs {xeon.doc['bf16_speedup']:.2f}x as fast as in fp32, on the AMD EPYC a",
+        f"{epyc.doc['settings']['preset']} step {epyc.doc['bf16_speedup']:.2f}x, far slower. Accuracy after 20",
+        "minutes stayed within the spread of seeds (the table above, bf16 rows). CPU",
         "training therefore stays fp32 unless asked (`--set amp=true --set amp_dtype=bfloat16`).",
     )
     rows = []
