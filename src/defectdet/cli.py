@@ -831,6 +831,12 @@ def export_labelstudio(
     classes: str | None = typer.Option(
         None, help="Class names, comma-separated (default: predict's classes.txt, then the predicted names)."
     ),
+    model: Path | None = typer.Option(
+        None,
+        "--model",
+        help="The model's bundle (.onnx) or checkpoint (.pt): its full class list goes into the labelling config "
+        "(instead of --classes).",
+    ),
     model_version: str = typer.Option(
         "defectdet", help="model_version of the pre-annotations (default: the bundle a sidecar names)."
     ),
@@ -849,19 +855,25 @@ def export_labelstudio(
         None, help="Leave out detections under this score (default: the threshold each record states)."
     ),
 ) -> None:
-    """Our predictions -> Label Studio import tasks with pre-annotations, and the labelling config.
+    """Images -> Label Studio import tasks (the operator's reviewed labels as annotations, the model's
+    detections as predictions where no one reviewed yet, templates as data.template), and the labelling config.
 
     Example: defectdet labels export-labelstudio runs/line3 tasks.json --document-root /data/line3
+    Example: defectdet labels export-labelstudio kept/ tasks.json --model models/line.onnx
     """
     from defectdet.data.formats.labelstudio import export_tasks
 
+    if model is not None and classes:
+        raise typer.BadParameter("--model and --classes exclude each other")
+    names = _model_class_names(model) if model is not None else _names(classes)
+
     result = export_tasks(
-        source, out, config_path=config, classes=_names(classes), model_version=model_version,
+        source, out, config_path=config, classes=names, model_version=model_version,
         document_root=document_root, url_prefix=url_prefix, images=images, min_score=min_score,
     )  # fmt: skip
     console.print(
-        f"[green]wrote[/green] {result.tasks} task(s), {result.predictions} with pre-annotations "
-        f"({result.regions} box(es)) -> {result.tasks_path}"
+        f"[green]wrote[/green] {result.tasks} task(s), {result.annotated} with reviewed labels, "
+        f"{result.predictions} with pre-annotations ({result.regions} box(es)) -> {result.tasks_path}"
     )
     console.print(
         f"[green]labelling config[/green] ({', '.join(result.class_names)}) -> {result.config_path}"
@@ -871,6 +883,22 @@ def export_labelstudio(
     )
     for line in result.skipped:
         console.print(f"[yellow]left out (predict failed)[/yellow] {line}")
+
+
+def _model_class_names(model: Path) -> list[str]:
+    """The class names a bundle's metadata or a checkpoint records, in id order."""
+    if model.suffix.lower() == ".onnx":
+        from defectdet.runtime.bundle import read_metadata
+
+        return list(read_metadata(model).class_names)
+    from defectdet.engine.checkpoint import load_checkpoint
+
+    names = load_checkpoint(model).get("class_names")
+    if not names:
+        raise typer.BadParameter(
+            f"--model {model}: records no class names (a checkpoint of `defectdet train`?)"
+        )
+    return [str(name) for name in names]
 
 
 @labels_app.command("import-labelstudio")
@@ -884,7 +912,15 @@ def import_labelstudio(
     images: list[Path] = typer.Option(
         [], help="Folder to find task images in (repeatable; default: the export's folder)."
     ),
-    split: str = typer.Option("train", help="Split to import into."),
+    split: str | None = typer.Option(
+        None, help="Import every image into this one split (default: train and val, see --val-fraction)."
+    ),
+    val_fraction: float = typer.Option(
+        0.2,
+        "--val-fraction",
+        help="Share of the images held out as the val split (an image and its template, and images sharing a "
+        "template, stay on one side).",
+    ),
     add_classes: bool = typer.Option(False, "--add-classes", help="Append classes not in the list to it."),
     skip_unknown: bool = typer.Option(False, "--skip-unknown", help="Drop boxes of classes not in the list."),
     existing: str = typer.Option("refuse", help=_EXISTING_HELP),
@@ -901,21 +937,27 @@ def import_labelstudio(
         "its labels in order are the classes (instead of --classes).",
     ),
 ) -> None:
-    """A Label Studio JSON export -> YOLO labels + data.yaml, images copied (or linked).
+    """A Label Studio JSON export -> YOLO labels + data.yaml (train and val), images and templates (a task's
+    data.template) copied or linked.
 
     Example: defectdet labels import-labelstudio project-1.json data/line3 --images /data/line3
     """
-    from defectdet.data.formats.labelstudio import config_classes, import_export
+    from defectdet.data.formats.labelstudio import config_classes, import_export, import_export_held_out
 
     if label_config is not None and classes:
         raise typer.BadParameter("--label-config and --classes exclude each other")
     names = config_classes(label_config) if label_config is not None else _names(classes)
-    report, unlabelled = import_export(
-        export, out_dir, images=images or None, split=split, classes=names,
-        unknown=_unknown_policy(add_classes, skip_unknown), existing=existing, link=link,
-        skip_missing=skip_missing, image_key=image_key,
-    )  # fmt: skip
-    _print_import(report, split)
+    options = {
+        "images": images or None, "classes": names, "unknown": _unknown_policy(add_classes, skip_unknown),
+        "existing": existing, "link": link, "skip_missing": skip_missing, "image_key": image_key,
+    }  # fmt: skip
+    if split is not None:
+        report, unlabelled = import_export(export, out_dir, split=split, **options)
+        reports = [report]
+    else:
+        reports, unlabelled = import_export_held_out(export, out_dir, val_fraction=val_fraction, **options)
+    for report in reports:
+        _print_import(report, report.split)
     if unlabelled:
         console.print(f"{unlabelled} task(s) without an annotation left out")
 

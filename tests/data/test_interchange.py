@@ -389,13 +389,13 @@ def test_labels_commands_end_to_end(tmp_path: Path, writers) -> None:
     result = runner.invoke(app, ["labels", "export-labelstudio", str(pred), str(tasks)])
     assert result.exit_code == 0, result.output
     assert (
-        "2 task(s), 2 with pre-annotations (2 box(es))" in result.output
+        "2 task(s), 0 with reviewed labels, 2 with pre-annotations (2 box(es))" in result.output
         and "tasks_config.xml" in result.output
     )
     export = _ls_export(tmp_path, writers)
     out = tmp_path / "dataset"
     result = runner.invoke(app, ["labels", "import-labelstudio", str(export), str(out), "--images",
-                                 str(tmp_path / "ls_files"), "--classes", "short,open"])  # fmt: skip
+                                 str(tmp_path / "ls_files"), "--classes", "short,open", "--split", "train"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert (
         "3 image(s) copied" in result.output

@@ -499,7 +499,14 @@ class ReviewFolder:
             ]
             relative = Path(os.path.relpath(image.resolve(), out.resolve().parent)).as_posix()
             boxes = [box.box for box in named]
-            entries.append(CocoImage(relative, width, height, boxes, [box.class_id for box in named]))
+            template = self.template_path(image)  # as COCO's image-level template_file_name
+            template_name = (
+                None
+                if template is None
+                else Path(os.path.relpath(template.resolve(), out.resolve().parent)).as_posix()
+            )
+            classes = [box.class_id for box in named]
+            entries.append(CocoImage(relative, width, height, boxes, classes, template_name))
         document = coco_document(entries, names, f"{self.root}: reviewed images, exported by defectdet")
         images, annotations = document["images"], document["annotations"]
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -201,7 +201,7 @@ def _image_sample(
     template_path = None
     template_name = record.get("template_file_name")
     if isinstance(template_name, str):
-        template_path = resolve_image(path.parent, template_name)
+        template_path = resolve_image(path.parent, template_name, image_roots)
         if template_path is None:
             problems.append(Problem("warning", str(path), f"{where}: template {template_name!r} not found"))
     width, height = record.get("width"), record.get("height")

@@ -133,6 +133,7 @@ def _import_one(
                 f"{json_path.name} image {sample.image_id} ({name})",
                 sample.width,
                 sample.height,
+                sample.template_path,
             )
         )
     report = write_yolo(

@@ -33,6 +33,7 @@ UNKNOWN_CHOICES = ("error", "add", "skip")
 EXISTING_CHOICES = ("refuse", "merge", "replace")
 MERGE_TOLERANCE_PX = 1.0  # a new box within this of an existing box of the same class is the same box
 _LISTED = 10  # problems named in one message
+_FILE_MODE = 0o644
 
 
 @dataclass
@@ -46,6 +47,7 @@ class LabelledImage:
     origin: str  # how the tool names it, for messages: "task 12", "images[3] (id 4)"
     width: int | None = None
     height: int | None = None
+    template: Path | None = None  # its defect-free template, copied to the split's template folder
 
 
 @dataclass
@@ -68,6 +70,7 @@ class ImportReport:
     # "origin: reason" of images left out (missing, with skip_missing)
     skipped_images: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    templates: int = 0  # templates copied
 
 
 def write_yolo(
@@ -133,18 +136,104 @@ def write_yolo(
                 report.added_classes.append(name)
     image_dir, root = _split_folder(out_dir, config, split, yaml_path)
     plans = _plan(items, names, image_dir, existing, report, origin_kind)
+    template_dir, templates_entry = _template_folder(config, split, root)
+    templates = _plan_templates(plans, image_dir, template_dir)
     for plan in plans:
         _write_image(plan, link, report)
         _write_labels(plan, report)
-    if not yaml_path.is_file() or report.added_classes or split not in config:
+    for source, destination in templates:
+        _copy_into(source, destination, link)
+    report.templates = len(templates)
+    new_templates = templates_entry is not None and any(plan.item.template is not None for plan in plans)
+    if not yaml_path.is_file() or report.added_classes or split not in config or new_templates:
         config = dict(config) or {"path": "."}
         if split not in config:
             config[split] = image_dir.relative_to(root).as_posix()
-        config["names"] = names if not isinstance(config.get("names"), dict) else dict(enumerate(names))
-        config.pop("nc", None)
-        atomic_write_text(yaml_path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+        _write_config(yaml_path, config, names, templates_entry if new_templates else None)
     report.class_names = names
     return report
+
+
+def _write_config(yaml_path: Path, config: dict[str, Any], names: list[str], templates: Any) -> None:
+    """data.yaml with `names` (in the form it had) and, when given, the `templates` entry."""
+    if templates is not None:
+        config["templates"] = templates
+    config["names"] = names if not isinstance(config.get("names"), dict) else dict(enumerate(names))
+    config.pop("nc", None)
+    atomic_write_text(yaml_path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+
+
+def _template_folder(config: dict[str, Any], split: str, root: Path) -> tuple[Path, Any]:
+    """Where the split's templates go, and the data.yaml `templates` entry to write (None: it is there)."""
+    entry = config.get("templates")
+    if isinstance(entry, str) and entry:
+        return (Path(entry) if Path(entry).is_absolute() else root / entry), None
+    folder = f"templates/{split}"
+    if isinstance(entry, dict):
+        if entry.get(split):
+            named = Path(str(entry[split]))
+            return (named if named.is_absolute() else root / named), None
+        return root / folder, {**entry, split: folder}
+    return root / folder, {split: folder}
+
+
+def _plan_templates(plans: list[_Plan], image_dir: Path, template_dir: Path) -> list[tuple[Path, Path]]:
+    """(template, destination) for the planned images that have one: the image's name below the split's
+    template folder, the template's own suffix. Another file already there stops the import."""
+    copies, conflicts = [], []
+    for plan in plans:
+        source = plan.item.template
+        if source is None:
+            continue
+        relative = plan.image.relative_to(image_dir)
+        destination = (template_dir / relative).with_suffix(source.suffix.lower())
+        if destination.exists() and not (_same_file(source, destination) or _same_bytes(source, destination)):
+            conflicts.append(f"{plan.item.origin}: {destination} already holds another template")
+            continue
+        if not destination.exists():
+            copies.append((source, destination))
+    if conflicts:
+        listed = "\n  ".join(conflicts[:_LISTED])
+        raise DatasetError(
+            f"nothing imported: {len(conflicts)} template(s) would overwrite files:\n  {listed}"
+        )
+    return copies
+
+
+def _copy_into(source: Path, destination: Path, link: bool) -> None:
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    temp = _temp_path(destination)
+    try:
+        if link:
+            os.symlink(source.resolve(), temp)
+        else:
+            shutil.copyfile(source, temp)
+        os.replace(temp, destination)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def hold_out_groups(
+    items: list[LabelledImage], fraction: float
+) -> tuple[list[LabelledImage], list[LabelledImage]]:
+    """(train, val): about `fraction` of the images held out for validation, by a hash of their group's name
+    (stable across runs and machines). An image and its template are one group, and images sharing a template
+    stay together; from two groups on, at least one is held out."""
+    if not 0 <= fraction < 1:
+        raise DatasetError(f"--val-fraction must be in [0, 1), got {fraction}")
+
+    def group(item: LabelledImage) -> str:
+        return (item.template or item.source).name
+
+    def bucket(name: str) -> float:
+        return int(hashlib.sha1(name.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+
+    groups = sorted({group(item) for item in items}, key=bucket)
+    held = {name for name in groups if bucket(name) < fraction}
+    if fraction > 0 and not held and len(groups) > 1:
+        held = {groups[0]}
+    return [i for i in items if group(i) not in held], [i for i in items if group(i) in held]
 
 
 @dataclass
@@ -334,17 +423,7 @@ def _write_image(plan: _Plan, link: bool, report: ImportReport) -> None:
     if not plan.copy or plan.image.exists():
         report.images_present += 1
         return
-    plan.image.parent.mkdir(parents=True, exist_ok=True)
-    temp = _temp_path(plan.image)
-    try:
-        if link:
-            os.symlink(plan.item.source.resolve(), temp)
-        else:
-            shutil.copyfile(plan.item.source, temp)
-        os.replace(temp, plan.image)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
+    _copy_into(plan.item.source, plan.image, link)
     report.images_copied += 1
 
 
@@ -378,6 +457,9 @@ def atomic_write_text(path: Path, text: str) -> None:
             stream.write(text)
             stream.flush()
             os.fsync(stream.fileno())
+        os.chmod(
+            name, _FILE_MODE
+        )  # mkstemp makes it 0600: a dataset file is read by others (a trainer, a tool)
         os.replace(name, path)
     except BaseException:
         Path(name).unlink(missing_ok=True)
@@ -408,6 +490,7 @@ class CocoImage:
     height: int
     boxes: Sequence[Sequence[float]]
     class_ids: Sequence[int]
+    template_file_name: str | None = None  # its template, as the json names it (read back by our COCO reader)
 
 
 def coco_document(
@@ -419,6 +502,8 @@ def coco_document(
         images.append(
             {"id": image_id, "file_name": entry.file_name, "width": entry.width, "height": entry.height}
         )
+        if entry.template_file_name is not None:
+            images[-1]["template_file_name"] = entry.template_file_name
         for (x1, y1, x2, y2), class_id in zip(entry.boxes, entry.class_ids, strict=True):
             width_px, height_px = x2 - x1, y2 - y1
             annotations.append({
@@ -471,7 +556,13 @@ def export_coco(
             except ImageReadError as error:
                 raise DatasetError(str(error)) from None
         file_name = Path(os.path.relpath(path, image_root)).as_posix()
-        entries.append(CocoImage(file_name, width, height, sample.boxes.tolist(), sample.classes.tolist()))
+        template = sample.template_path
+        template_name = (
+            None if template is None else Path(os.path.relpath(template.absolute(), image_root)).as_posix()
+        )
+        entries.append(
+            CocoImage(file_name, width, height, sample.boxes.tolist(), sample.classes.tolist(), template_name)
+        )
     document = coco_document(entries, dataset.class_names, f"{data} ({split}), exported by defectdet")
     images, annotations = document["images"], document["annotations"]
     atomic_write_text(Path(out), json.dumps(document, indent=1))

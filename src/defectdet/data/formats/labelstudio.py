@@ -7,10 +7,17 @@ a task is `{"id", "data": {"image": URL}, "annotations": [...], "predictions": [
 percent of the image and `rotation` in degrees clockwise about the top-left corner. A prediction adds
 `model_version` and `score`. Images are URLs: `/data/local-files/?d=<path below the local-files document root>`,
 `/data/upload/<project>/<8 hex>-<name>` for uploads, or http(s)/cloud URLs.
+
+Our additions, read and written: a task's `data.template` is the URL of the image's defect-free template (the
+same forms as `data.image`; Label Studio shows and keeps it, the labelling config need not use it), and
+`data.defectdet_image` / `data.defectdet_template` our absolute paths for the way back. Exported tasks carry the
+operator's reviewed labels as `annotations` and the model's detections as `predictions` only for images no one
+reviewed yet.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -23,13 +30,23 @@ from urllib.parse import parse_qs, quote, unquote, urlparse
 from xml.sax.saxutils import quoteattr
 
 from defectdet.data.formats import IMAGE_SUFFIXES, load_json
-from defectdet.data.formats.interchange import ImportReport, LabelledImage, atomic_write_text, write_yolo
+from defectdet.data.formats.coco import leaves_folder
+from defectdet.data.formats.interchange import (
+    ImportReport,
+    LabelledImage,
+    atomic_write_text,
+    hold_out_groups,
+    write_yolo,
+)
 from defectdet.data.imageio import read_image_size
 from defectdet.errors import DatasetError, ImageReadError
 
 LOCAL_FILES = "/data/local-files/?d="
 FROM_NAME, TO_NAME = "label", "image"
 OUR_IMAGE_KEY = "defectdet_image"  # our absolute path of the image, kept in the task's data for the way back
+TEMPLATE_KEY = "template"  # the task data field with the URL of the image's template
+OUR_TEMPLATE_KEY = "defectdet_template"
+_NOT_IMAGES = frozenset({OUR_IMAGE_KEY, TEMPLATE_KEY, OUR_TEMPLATE_KEY})
 _UPLOAD_PREFIX = re.compile(r"^[0-9a-f]{8}-", re.IGNORECASE)
 _LISTED = 10
 
@@ -47,6 +64,10 @@ class Predicted:
     height: int | None = None
     predicted: bool = True  # False: an image without a prediction record (a task to label from scratch)
     model_version: str | None = None  # the bundle a sidecar names
+    template: Path | None = None
+    labels: list[tuple[str, tuple[float, float, float, float]]] | None = (
+        None  # the operator's; None: unreviewed
+    )
 
 
 @dataclass
@@ -61,6 +82,7 @@ class TasksExport:
     document_root: Path
     class_names: list[str]
     skipped: list[str] = field(default_factory=list)  # predict's failed files
+    annotated: int = 0  # tasks carrying the operator's reviewed labels as an annotation
 
 
 def config_classes(path: Path) -> list[str]:
@@ -106,75 +128,112 @@ def export_tasks(
     images: Path | None = None,
     min_score: float | None = None,
 ) -> TasksExport:
-    """Write Label Studio import tasks for the images of `source` with our predictions as pre-annotations.
+    """Write Label Studio import tasks for the images of `source`, and the labelling config of `classes`.
 
     `source`: `defectdet predict`'s output folder or its predictions.jsonl; the service's keep folder
-    (`serve --keep`: `predictions/NAME.json` sidecars naming `images/NAME.ext`); or a folder of images with a
-    prediction JSON beside each (`<stem>.json` holding `detections`, as `PredictionResult.to_dict` writes
-    them), where images without one become tasks without predictions. Detections under `min_score` (default:
-    the threshold a record states, so a sidecar's extra near-threshold detections stay out) are left out. Image URLs are `url_prefix` + the path below
-    `document_root` (default: the folder holding all the images), which is what Label Studio's local-files
-    storage serves when LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT is that folder. `images` is where to find the
-    files predictions.jsonl names when they moved since.
+    (`serve --keep`: `predictions/NAME.json` sidecars naming `images/NAME.ext`, the review's `labels/NAME.txt`,
+    `templates/`); or a folder of images with a prediction JSON beside each (`<stem>.json` holding
+    `detections`, as `PredictionResult.to_dict` writes them), where images without one become tasks without
+    predictions. An image the operator reviewed carries its labels as an annotation; the others carry the
+    model's detections as a prediction, those under `min_score` (default: the threshold a record states) left
+    out. `classes`: the model's full class list (default: the source's, then the names used). Image and
+    template URLs are `url_prefix` + the path below `document_root` (default: the folder holding them all),
+    which is what Label Studio's local-files storage serves when LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT is that
+    folder. `images` is where to find the files predictions.jsonl names when they moved since.
     """
     source = Path(source)
     records, class_hint, skipped = read_predictions(source, images, min_score)
     if not records:
         raise DatasetError(f"{source}: no images to export")
-    names = list(classes) if classes else list(class_hint)
-    for record in records:
-        for name, _, _ in record.detections:
-            if name not in names:
-                if classes:
-                    raise DatasetError(
-                        f"{record.image}: predicted class {name!r} is not in --classes {','.join(classes)}"
-                    )
-                names.append(name)
+    names = _task_classes(records, classes, class_hint)
     paths = [record.image.absolute() for record in records]
+    folders = [p.parent for p in paths] + [r.template.absolute().parent for r in records if r.template]
     root = (
         Path(document_root).absolute()
         if document_root
-        else Path(os.path.commonpath([str(p.parent) for p in paths]))
+        else Path(os.path.commonpath([str(folder) for folder in folders]))
     )
     if model_version == "defectdet":
         model_version = next((r.model_version for r in records if r.model_version), model_version)
-    tasks, predictions, regions = [], 0, 0
+    tasks, counts = [], {"predictions": 0, "regions": 0, "annotated": 0}
     for record, path in zip(records, paths, strict=True):
-        try:
-            relative = path.relative_to(root).as_posix()
-        except ValueError:
-            raise DatasetError(f"{path}: not below --document-root {root}") from None
-        task: dict[str, Any] = {
-            "data": {"image": url_prefix + quote(relative, safe="/"), OUR_IMAGE_KEY: str(path)}
-        }
-        if record.predicted:
-            width, height = record.width, record.height
-            if width is None or height is None:
-                width, height = _image_size(path, str(path))
-            result = [
-                _region(f"d{index}", name, box, width, height, score)
-                for index, (name, score, box) in enumerate(record.detections)
-            ]
-            scores = [score for _, score, _ in record.detections]
-            task["predictions"] = [
-                {
-                    "model_version": model_version,
-                    "score": round(max(scores), 5) if scores else 0.0,
-                    "result": result,
-                }
-            ]
-            predictions += 1
-            regions += len(result)
-        tasks.append(task)
+        tasks.append(_task(record, path, root, url_prefix, model_version, counts))
     out = Path(out)
     config_path = Path(config_path) if config_path else out.with_name(f"{out.stem}_config.xml")
     atomic_write_text(out, json.dumps(tasks, indent=1))
     atomic_write_text(config_path, labeling_config(names))
-    return TasksExport(out, config_path, len(tasks), predictions, regions, root, names, skipped)
+    return TasksExport(
+        out, config_path, len(tasks), counts["predictions"], counts["regions"], root, names, skipped,
+        counts["annotated"],
+    )  # fmt: skip
+
+
+def _task_classes(records: list[Predicted], classes: list[str] | None, hint: list[str]) -> list[str]:
+    """The class list of the labelling config: `classes` (the model's full list) or the source's, then any
+    other name a detection or label uses (an error when `classes` was given)."""
+    names = list(classes) if classes else list(hint)
+    for record in records:
+        used = [name for name, _, _ in record.detections] + [name for name, _ in record.labels or []]
+        for name in used:
+            if name not in names:
+                if classes:
+                    raise DatasetError(
+                        f"{record.image}: class {name!r} is not in the model's classes {','.join(classes)}"
+                    )
+                names.append(name)
+    return names
+
+
+def _url(path: Path, root: Path, url_prefix: str, what: str) -> str:
+    try:
+        relative = path.relative_to(root).as_posix()
+    except ValueError:
+        raise DatasetError(f"{path}: {what} not below --document-root {root}") from None
+    return url_prefix + quote(relative, safe="/")
+
+
+def _task(
+    record: Predicted, path: Path, root: Path, url_prefix: str, model_version: str, counts: dict[str, int]
+) -> dict[str, Any]:
+    """One import task: the image (and template) URLs; the operator's labels as an annotation, else the
+    model's detections as a prediction."""
+    data = {"image": _url(path, root, url_prefix, "image"), OUR_IMAGE_KEY: str(path)}
+    if record.template is not None:
+        template = record.template.absolute()
+        data.update(
+            {TEMPLATE_KEY: _url(template, root, url_prefix, "template"), OUR_TEMPLATE_KEY: str(template)}
+        )
+    task: dict[str, Any] = {"data": data}
+    if record.labels is None and not record.predicted:
+        return task
+    width, height = record.width, record.height
+    if width is None or height is None:
+        width, height = _image_size(path, str(path))
+    if record.labels is not None:
+        result = [_region(f"l{i}", name, box, width, height) for i, (name, box) in enumerate(record.labels)]
+        task["annotations"] = [{"result": result, "was_cancelled": False, "ground_truth": False}]
+        counts["annotated"] += 1
+        return task
+    result = [
+        _region(f"d{index}", name, box, width, height, score)
+        for index, (name, score, box) in enumerate(record.detections)
+    ]
+    scores = [score for _, score, _ in record.detections]
+    task["predictions"] = [
+        {"model_version": model_version, "score": round(max(scores), 5) if scores else 0.0, "result": result}
+    ]
+    counts["predictions"] += 1
+    counts["regions"] += len(result)
+    return task
 
 
 def _region(
-    region_id: str, name: str, box: tuple[float, float, float, float], width: int, height: int, score: float
+    region_id: str,
+    name: str,
+    box: tuple[float, float, float, float],
+    width: int,
+    height: int,
+    score: float | None = None,
 ) -> dict[str, Any]:
     x1, y1, x2, y2 = box
     return {
@@ -193,7 +252,7 @@ def _region(
             "rotation": 0,
             "rectanglelabels": [name],
         },  # fmt: skip
-        "score": round(float(score), 5),
+        **({} if score is None else {"score": round(float(score), 5)}),
     }
 
 
@@ -257,18 +316,80 @@ def _find_predicted_image(name: str, jsonl: Path, images: Path | None) -> Path |
 
 
 def _read_keep_folder(folder: Path, min_score: float | None) -> tuple[list[Predicted], list[str], list[str]]:
-    records = []
+    """The keep folder the service writes and the review labels: each sidecar's detections, the image's
+    template (`templates/`) and, where the operator decided (not skip) or a label file exists, their labels."""
+    records, names = [], _folder_classes(folder)
+    skipped = _skipped_images(folder)
     for sidecar in sorted((folder / "predictions").glob("*.json")):
         entry = _prediction_record(_read_json_file(sidecar), sidecar)
         name = entry.get("image")
+        if isinstance(name, str) and leaves_folder(name):
+            raise DatasetError(f"{sidecar}: image {name!r} leads out of {folder}; refused")
         image = folder / name if isinstance(name, str) else None
         if image is None or not image.is_file():
             raise DatasetError(f"{sidecar}: its image {name!r} is not in {folder}")
-        record = _predicted(image, entry, [], str(sidecar), min_score)
+        if not names and isinstance(entry.get("class_names"), list):
+            names = [str(value) for value in entry["class_names"]]
+        record = _predicted(image, entry, names, str(sidecar), min_score)
         bundle = entry.get("bundle")
         record.model_version = str(bundle) if bundle else None
+        record.template = _kept_template(folder, image)
+        if image.name not in skipped:
+            record.labels = _reviewed_labels(folder / "labels" / f"{image.stem}.txt", image, record, names)
         records.append(record)
-    return records, [], []
+    return records, names, []
+
+
+def _folder_classes(folder: Path) -> list[str]:
+    path = folder / "classes.txt"
+    if not path.is_file():
+        return []
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _skipped_images(folder: Path) -> set[str]:
+    """Images whose last review decision is skip (decisions.jsonl; a torn line is ignored)."""
+    path, last = folder / "decisions.jsonl", {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+                last[PurePosixPath(str(entry["image"])).name] = entry["action"]
+            except (ValueError, KeyError, TypeError):
+                continue
+    return {name for name, action in last.items() if action == "skip"}
+
+
+def _kept_template(folder: Path, image: Path) -> Path | None:
+    candidates = sorted((folder / "templates").glob(f"{glob.escape(image.stem)}.*"))
+    return next((c for c in candidates if c.suffix.lower() in IMAGE_SUFFIXES and c.is_file()), None)
+
+
+def _reviewed_labels(
+    path: Path, image: Path, record: Predicted, names: list[str]
+) -> list[tuple[str, tuple[float, float, float, float]]] | None:
+    """The boxes of a YOLO label file in pixels with class names; None when there is no label file."""
+    if not path.is_file():
+        return None
+    if record.width is None or record.height is None:
+        record.width, record.height = _image_size(image, str(image))
+    width, height = record.width, record.height
+    labels = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        parts = line.split()
+        if not parts:
+            continue
+        try:
+            class_id, cx, cy, w, h = (float(part) for part in parts)
+        except ValueError:
+            raise DatasetError(
+                f"{path}:{number}: expected 'class cx cy w h', got {line.strip()[:60]!r}"
+            ) from None
+        if class_id != int(class_id) or not 0 <= class_id < len(names):
+            raise DatasetError(f"{path}:{number}: class {parts[0]} is not one of the {len(names)} classes")
+        box = ((cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height)
+        labels.append((names[int(class_id)], box))
+    return labels
 
 
 def _read_json_file(path: Path) -> Any:
@@ -390,11 +511,44 @@ def import_export(
     skip_missing: bool = False,
     image_key: str | None = None,
 ) -> tuple[ImportReport, int]:
-    """Import a Label Studio JSON export into the YOLO dataset `out_dir`; returns the report and the number of
-    tasks without a (non-cancelled) annotation, which are left out. Images are looked for in `images`
+    """Import a Label Studio JSON export into `split` of the YOLO dataset `out_dir`; returns the report and the
+    number of tasks without a (non-cancelled) annotation, which are left out. Images are looked for in `images`
     (default: the export's folder): the `d` path of a local-files URL below each, then the file name (an
-    upload's 8-hex prefix dropped), then the path our `export_tasks` stored in the task."""
-    export = Path(export)
+    upload's 8-hex prefix dropped), then the path our `export_tasks` stored in the task. A task's
+    `data.template` comes along into the split's template folder."""
+    parsed = _parsed_export(Path(export), images, image_key, skip_missing)
+    options = {"classes": classes, "unknown": unknown, "existing": existing, "link": link}
+    return _write_split(parsed, parsed.items, out_dir, split, options), parsed.unlabelled
+
+
+def import_export_held_out(
+    export: Path,
+    out_dir: Path,
+    *,
+    val_fraction: float = 0.2,
+    images: list[Path] | None = None,
+    classes: list[str] | None = None,
+    unknown: str = "error",
+    existing: str = "refuse",
+    link: bool = False,
+    skip_missing: bool = False,
+    image_key: str | None = None,
+) -> tuple[list[ImportReport], int]:
+    """`import_export` into train and val: `val_fraction` of the images held out (`hold_out_groups`: an image
+    and its template, and images sharing a template, stay on one side). Returns the reports of the splits
+    written (train, then val) and the number of tasks left out unlabelled."""
+    parsed = _parsed_export(Path(export), images, image_key, skip_missing)
+    options = {"classes": classes, "unknown": unknown, "existing": existing, "link": link}
+    train, val = hold_out_groups(parsed.items, val_fraction)
+    reports = [_write_split(parsed, train, out_dir, "train", options)]
+    if val:  # the dataset's data.yaml now fixes the classes (the export's, all of them, or the given ones)
+        reports.append(_write_split(parsed, val, out_dir, "val", {**options, "classes": None}, notes=False))
+    return reports, parsed.unlabelled
+
+
+def _parsed_export(
+    export: Path, images: list[Path] | None, image_key: str | None, skip_missing: bool
+) -> _Parsed:
     roots = [Path(p) for p in images] if images else [export.parent]
     parsed = _parse(export, read_export(export), roots, image_key)
     if parsed.missing and not skip_missing:
@@ -405,13 +559,23 @@ def import_export(
             "Pass --images DIR (the folder Label Studio serves local files from, or its media folder for "
             "uploads), or --skip-missing to import the rest"
         )
-    report = write_yolo(
-        parsed.items, out_dir, split=split, classes=classes, source_classes=parsed.classes,
-        unknown=unknown, existing=existing, link=link,  # type: ignore[arg-type]
-    )  # fmt: skip
-    report.skipped_images.extend(parsed.missing)
-    report.warnings[:0] = parsed.warnings
-    return report, parsed.unlabelled
+    return parsed
+
+
+def _write_split(
+    parsed: _Parsed,
+    items: list[LabelledImage],
+    out_dir: Path,
+    split: str,
+    options: dict[str, Any],
+    notes: bool = True,
+) -> ImportReport:
+    """`write_yolo` of `items` into `split`; `notes`: the export's missing images and warnings on the report."""
+    report = write_yolo(items, out_dir, split=split, source_classes=parsed.classes, **options)
+    if notes:
+        report.skipped_images.extend(parsed.missing)
+        report.warnings[:0] = parsed.warnings
+    return report
 
 
 def _parse(export: Path, tasks: list[dict[str, Any]], roots: list[Path], image_key: str | None) -> _Parsed:
@@ -424,16 +588,12 @@ def _parse(export: Path, tasks: list[dict[str, Any]], roots: list[Path], image_k
             unlabelled += 1
             continue
         url = _image_url(export, task, origin, image_key)
-        relative, _ = _url_path(url)
-        if relative and ".." in relative.replace("\\", "/").split("/"):
-            raise DatasetError(
-                f"{export}: {origin}: data.{image_key or 'image'} {url!r} leads out of the images folder "
-                "('..'); refused"
-            )
+        _refuse_climbing(export, origin, image_key or "image", url)
         image = resolve_task_image(url, roots, task["data"].get(OUR_IMAGE_KEY))
         if image is None:
             missing.append(f"{origin}: image {url!r} not found ({_looked_for(url, roots)})")
             continue
+        template = _task_template(export, task, origin, roots, warnings)
         width, height = _image_size(image, origin)
         boxes, names = [], []
         for index, region in enumerate(annotation.get("result") or []):
@@ -449,8 +609,34 @@ def _parse(export: Path, tasks: list[dict[str, Any]], roots: list[Path], image_k
                 names.append(name)
                 if name not in classes:
                     classes.append(name)
-        items.append(LabelledImage(image, _destination_name(url, image), boxes, names, origin, width, height))
+        items.append(
+            LabelledImage(image, _destination_name(url, image), boxes, names, origin, width, height, template)
+        )
     return _Parsed(items, classes, unlabelled, missing, warnings)
+
+
+def _refuse_climbing(export: Path, origin: str, key: str, url: str) -> None:
+    relative, _ = _url_path(url)
+    if relative and ".." in relative.replace("\\", "/").split("/"):
+        raise DatasetError(
+            f"{export}: {origin}: data.{key} {url!r} leads out of the images folder ('..'); refused"
+        )
+
+
+def _task_template(
+    export: Path, task: dict[str, Any], origin: str, roots: list[Path], warnings: list[str]
+) -> Path | None:
+    """The file `data.template` names (found as the image is), None when the task has none or it is missing."""
+    url = task["data"].get(TEMPLATE_KEY)
+    if not isinstance(url, str) or not url:
+        return None
+    _refuse_climbing(export, origin, TEMPLATE_KEY, url)
+    template = resolve_task_image(url, roots, task["data"].get(OUR_TEMPLATE_KEY))
+    if template is None:
+        warnings.append(
+            f"{origin}: template {url!r} not found ({_looked_for(url, roots)}); imported without it"
+        )
+    return template
 
 
 def _chosen_annotation(
@@ -486,7 +672,7 @@ def _image_url(export: Path, task: dict[str, Any], origin: str, image_key: str |
                 (
                     v
                     for k, v in data.items()
-                    if isinstance(v, str) and k != OUR_IMAGE_KEY and _looks_like_image(v)
+                    if isinstance(v, str) and k not in _NOT_IMAGES and _looks_like_image(v)
                 ),
                 None,
             )
