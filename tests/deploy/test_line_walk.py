@@ -1,22 +1,22 @@
 """What a quality engineer does after a lamp change on the line, walked with the product's own commands while a
 client posts images the whole time:
 
-serve with keep -> images of the changed line -> review in headless Chromium with real clicks (class key, draw,
-click and move, accept, next) -> `train kept/data.yaml --from line.onnx --old-data ...` (the README's command)
--> `export` (the README's command) -> `compare` on the new line's held-out images into the models folder ->
-promote (the compare gate first refuses a 'keep' without force) -> restart serve: the promoted model is live ->
-roll back. Every request the client sends is answered 200.
+serve with keep -> images of the changed line -> review in headless Chromium with real clicks (clear proposals,
+class key, draw, click and move, undo, accept, next) -> `train kept/data.yaml --from line.onnx --old-data ...`
+(the README's command) -> `export` (the README's command) -> `compare` on the new line's held-out images into the
+models folder -> promote (the compare gate first refuses a 'keep' without force) -> restart serve: the promoted
+model is live -> roll back. Every request the client sends is answered 200.
 
-Slow parts, marked: the fine-tune. By default it runs a few steps (the walk, about a minute and a half on two
-cores), too short to win anything back, so the verdict may be keep and the promotion is forced after the gate's
-refusal. With DEFECTDET_SLOW_WALK=1 the fine-tune gets two minutes and the walk asserts that compare says
-promote with a measured gain on the changed line. Skipped with the reason when playwright or Chromium is missing.
+The slow part, marked in the test: the fine-tune. Here it runs 3 steps (the whole walk takes about a minute on
+two cores), far too short to win anything back on the changed line, so compare may say keep: the walk then checks
+that the gate refuses the promotion and promotes with force. The measured before/after of a real fine-tune on a
+shifted line is a benchmark, not this test. Skipped with the reason when playwright or Chromium is missing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
 import shutil
 import socket
 import threading
@@ -33,13 +33,13 @@ from test_loop_walk import AUTH, CHANGE, TOKEN, Client
 from test_review_page import _drag, _point, _saved
 from test_server_page import BROWSER_ARGS, CHROMIUM
 
+from defectdet.export.compare_score import KEEP, PROMOTE
 from defectdet.runtime.server import ServeSettings, create_app
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
 )
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (apt-get install chromium)")
-SLOW = os.environ.get("DEFECTDET_SLOW_WALK") == "1"
 
 
 def lamp_change(image: np.ndarray) -> np.ndarray:
@@ -47,12 +47,16 @@ def lamp_change(image: np.ndarray) -> np.ndarray:
     return np.clip(image.astype(np.float32) * 0.7 + 28, 0, 255).astype(np.uint8)
 
 
-def changed_line(data_yaml: Path, out: Path) -> tuple[list[tuple[Path, Path]], Path]:
-    """The dataset's train images under the new lamp (to post: the line's new images) and its val images under
-    the new lamp with their labels and templates (the new line's held-out set, a YOLO data.yaml)."""
+def changed_line(
+    data_yaml: Path, out: Path
+) -> tuple[list[tuple[Path, Path]], Path, dict[str, list[list[float]]]]:
+    """The dataset's train images under the new lamp (to post: the line's new images), its val images under
+    the new lamp with their labels and templates (the new line's held-out set, a YOLO data.yaml), and the true
+    labels of the posted images by their bytes' sha256."""
     from defectdet.data.formats import load_dataset
 
     posted: list[tuple[Path, Path]] = []
+    truth: dict[str, list[list[float]]] = {}
     for split in ("train", "val"):
         for folder in ("images", "labels", "templates"):
             (out / folder / split).mkdir(parents=True, exist_ok=True)
@@ -66,13 +70,15 @@ def changed_line(data_yaml: Path, out: Path) -> tuple[list[tuple[Path, Path]], P
             shutil.copyfile(label, out / "labels" / split / label.name)
             if split == "train":
                 posted.append((target, template))
+                rows = [[float(v) for v in row.split()] for row in label.read_text().splitlines()]
+                truth[hashlib.sha256(target.read_bytes()).hexdigest()] = rows
     names = (data_yaml.parent / "data.yaml").read_text().split("names:", 1)[1]
     held_out = out / "data.yaml"
     held_out.write_text(
         "path: .\ntrain: images/train\nval: images/val\n"
         "templates:\n  train: templates/train\n  val: templates/val\nnames:" + names
     )
-    return posted, held_out
+    return posted, held_out, truth
 
 
 class Line:
@@ -123,40 +129,69 @@ def line(bundle_path: Path, tmp_path: Path) -> Iterator[Line]:
     running.stop()
 
 
-def _review(url: str) -> None:
-    """First image: class 2 with its key, draw a box, click it, drag it; accept ('a' goes to the next image).
-    Second image: 'n' leaves it for later. Then accept two more."""
+def _saved_one_more(page, action) -> None:
+    """Do `action` (a callable) and wait until the page saved one more decision."""
+    count = int(page.evaluate("Number(document.body.dataset.saved || 0)"))
+    action()
+    _saved(page, count + 1)
+
+
+def _label_truly(page, truth: list[list[float]]) -> None:
+    """Clear the model's proposals, then draw each true box after pressing its class key."""
+    width, height = json.loads(page.get_attribute("#canvas", "data-size"))
+    page.click("#clear-proposals")
+    for class_id, cx, cy, w, h in truth:
+        start = ((cx - w / 2) * width, (cy - h / 2) * height)
+        end = ((cx + w / 2) * width, (cy + h / 2) * height)
+        page.keyboard.press(str(int(class_id) + 1))
+        _saved_one_more(page, lambda start=start, end=end: _drag(page, start, end))
+
+
+def _shown_item(page, kept: Path, previous: str | None) -> tuple[str, str]:
+    """The name and sha256 of the image the page shows, once it is a new one and loaded."""
+    page.wait_for_function(
+        f"() => document.getElementById('item-name').textContent !== {json.dumps(previous)}"
+        " && document.getElementById('canvas').dataset.size !== undefined",
+        timeout=15_000,
+    )
+    name = page.text_content("#item-name")
+    return name, hashlib.sha256((kept / "images" / name).read_bytes()).hexdigest()
+
+
+def _review(url: str, kept: Path, truth: dict[str, list[list[float]]]) -> list[str]:
+    """As an operator: the first image gets its true boxes (class key, then draw), one box is clicked, dragged
+    away and the move undone (Ctrl+Z), then 'a' accepts; the second is left for later with 'n'; the next two get
+    their true boxes and 'a'. Returns the accepted images' names."""
+    accepted: list[str] = []
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1366, "height": 768})
             page.on("dialog", lambda dialog: dialog.accept(TOKEN))
             page.goto(url + "/review")
-            page.wait_for_function(
-                "() => document.getElementById('canvas').dataset.size !== undefined", timeout=15_000
-            )
             page.fill("#operator", "olga")
             page.keyboard.press("Enter")
-            width, height = json.loads(page.get_attribute("#canvas", "data-size"))
-            page.keyboard.press("2")
-            _drag(page, (width * 0.2, height * 0.2), (width * 0.4, height * 0.45))
-            _saved(page, 1)
-            page.mouse.click(*_point(page, width * 0.3, height * 0.3))
-            _drag(page, (width * 0.3, height * 0.3), (width * 0.4, height * 0.3))
-            _saved(page, 2)
-            first = page.text_content("#item-name")
-            page.keyboard.press("a")
-            _saved(page, 3)
-            page.wait_for_function(f"() => document.getElementById('item-name').textContent !== {first!r}")
-            second = page.text_content("#item-name")
-            page.keyboard.press("n")
-            page.wait_for_function(f"() => document.getElementById('item-name').textContent !== {second!r}")
-            for count in (4, 5):
-                page.keyboard.press("a")
-                _saved(page, count)
+            name = None
+            for step in range(4):
+                name, digest = _shown_item(page, kept, name)
+                if step == 1:
+                    page.keyboard.press("n")
+                    continue
+                _label_truly(page, truth[digest])
+                if step == 0:
+                    width, height = json.loads(page.get_attribute("#canvas", "data-size"))
+                    _, cx, cy, w, h = truth[digest][0]
+                    centre = (cx * width, cy * height)
+                    page.mouse.click(*_point(page, *centre))
+                    moved = (centre[0] + w * width, centre[1])
+                    _saved_one_more(page, lambda centre=centre, moved=moved: _drag(page, centre, moved))
+                    _saved_one_more(page, lambda: page.keyboard.press("Control+z"))
+                _saved_one_more(page, lambda: page.keyboard.press("a"))
+                accepted.append(name)
             assert page.evaluate("document.scrollingElement.scrollWidth") <= 1366
         finally:
             browser.close()
+    return accepted
 
 
 def _cli(*args: str) -> int:
@@ -181,32 +216,37 @@ def test_after_a_lamp_change_keep_review_finetune_compare_promote_restart_rollba
     line: Line, tiny_dataset: Path, tmp_path: Path
 ) -> None:
     kept, models = Path(line.settings.keep_dir), Path(line.settings.models_dir)
-    posted, held_out = changed_line(tiny_dataset, tmp_path / "new_line")
+    posted, held_out, truth = changed_line(tiny_dataset, tmp_path / "new_line")
     client = Client(line.url, posted)
     client.start()
     old_version = line.models()["live"]["model_version"]
     _wait_for(lambda: len(list((kept / "predictions").glob("*.json"))) >= 5, "serve --keep all kept nothing")
-    _review(line.url)
-    reviewed = (kept / "reviewed.txt").read_text().splitlines()
-    assert len(reviewed) == 3
+    accepted = _review(line.url, kept, truth)
+    assert [Path(row).name for row in (kept / "reviewed.txt").read_text().splitlines()] == sorted(accepted)
+    for name in accepted:  # the labels are the true boxes, the move undone
+        digest = hashlib.sha256((kept / "images" / name).read_bytes()).hexdigest()
+        saved = [
+            [float(v) for v in row.split()]
+            for row in (kept / "labels" / f"{Path(name).stem}.txt").read_text().splitlines()
+        ]
+        assert len(saved) == len(truth[digest])
+        for row, true in zip(sorted(saved), sorted(truth[digest]), strict=True):
+            assert row[0] == true[0] and all(
+                abs(a - b) < 0.02 for a, b in zip(row[1:], true[1:], strict=True)
+            )
 
-    # slow part: the fine-tune (a few steps by default; two minutes with DEFECTDET_SLOW_WALK=1)
-    budget = ["--time", "2"] if SLOW else ["--epochs", "1", "--set", "max_steps=3"]
+    # the slow part: the fine-tune, here 3 steps (too short to win anything back, so compare may say keep)
     run = tmp_path / "runs" / "line-v2"
-    assert _cli("train", kept / "data.yaml", "--from", line.served, "--old-data", tiny_dataset,
-                "--batch", "2", "--workers", "0", "--device", "cpu", "--out", run, *budget) == 0  # fmt: skip
+    assert _cli("train", kept / "data.yaml", "--from", line.served, "--old-data", tiny_dataset, "--batch", "2",
+                "--workers", "0", "--device", "cpu", "--out", run, "--epochs", "1", "--set", "max_steps=3") == 0  # fmt: skip
     assert _cli("export", run / "best.pt", "--out", models / "line-v2.onnx") == 0
     code = _cli("compare", line.served, models / "line-v2.onnx", held_out, "--out", models / "compare")
-    verdict = json.loads((models / "compare" / "compare.json").read_text())
-    assert code == (0 if verdict["verdict"]["decision"] == "promote" else 1)
-    if SLOW:
-        metrics = verdict["metrics"] if "metrics" in verdict else verdict
-        assert verdict["verdict"]["decision"] == "promote", verdict["verdict"]
-        print("compare on the changed line:", json.dumps(metrics)[:600])
+    verdict = json.loads((models / "compare" / "compare.json").read_text())["verdict"]["decision"]
+    assert verdict in (PROMOTE, KEEP) and code == (0 if verdict == PROMOTE else 1)
 
     promote = {"bundle": "line-v2.onnx", "by": "olga"}
     answer = httpx.post(line.url + "/v1/models/promote", json=promote, headers=CHANGE, timeout=120)
-    if verdict["verdict"]["decision"] != "promote":  # the gate: compare said keep
+    if verdict == KEEP:  # the gate refuses without force
         assert answer.status_code == 409 and "compare said keep" in answer.json()["error"]
         answer = httpx.post(
             line.url + "/v1/models/promote", json={**promote, "force": True}, headers=CHANGE, timeout=120
