@@ -197,9 +197,8 @@ def test_class_keys_move_undo_slider_accept_and_download(proposals: tuple[str, P
             assert saved == sorted(
                 row if isinstance(row, tuple) else (row["class_id"], row["box"]) for row in expected
             )
-            assert (
-                _canvas(page, "hidden") == "0"
-            )  # b.png: the slider is back at the threshold, nothing hidden
+            page.wait_for_function("() => document.getElementById('canvas').dataset.size === '[120,120]'")
+            assert _canvas(page, "hidden") == "0"  # b.png: the slider is back at the threshold
             with page.expect_download() as downloading:
                 page.click("#export")
             archive = tmp_path / downloading.value.suggested_filename
@@ -231,6 +230,20 @@ def test_a_bad_label_file_and_a_broken_image_are_shown_and_the_rest_is_decided(
             requests: list[str] = []
             page.on("request", lambda request: requests.append(request.url))
             assert _canvas(page, "boxes") == "1"  # no threshold recorded: the model's box is shown
+            page.click("#clear-proposals")
+            assert _canvas(page, "boxes") == "0"
+            page.click("#undo")
+            assert _canvas(page, "boxes") == "1"
+            fitted = json.loads(_canvas(page, "view"))
+            page.keyboard.down(" ")  # space + drag pans
+            _drag(page, (100, 50), (120, 60))
+            page.keyboard.up(" ")
+            panned = json.loads(_canvas(page, "view"))
+            assert panned["s"] == fitted["s"] and abs(panned["tx"] - fitted["tx"] - 20 * fitted["s"]) < 2
+            assert _canvas(page, "labels") == "0"  # panning drew nothing
+            page.click("#zoom-reset")
+            reset = json.loads(_canvas(page, "view"))
+            assert all(abs(reset[key] - fitted[key]) < 1 for key in ("s", "tx", "ty"))
             page.fill("#operator", "anna")
             page.keyboard.press("Enter")
             page.keyboard.press("a")  # accept -> next usable image: b.png with its bad label file

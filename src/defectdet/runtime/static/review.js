@@ -249,6 +249,7 @@ async function show(index) {
   rememberCurrent();
   state.index = index;
   state.image = null;
+  delete $("canvas").dataset.size;  // loading
   const item = state.items[index];
   const remembered = state.memory.get(item.name);
   state.boxes = remembered && remembered.status === item.status ? remembered.boxes : boxesOf(item);
@@ -642,7 +643,8 @@ $("canvas").addEventListener("wheel", (event) => {
 }, { passive: false });
 
 $("canvas").addEventListener("auxclick", (event) => event.preventDefault());
-window.addEventListener("resize", () => { fitView(); draw(); });
+// the stage's size follows the window and the page around it: the canvas follows, the view stays
+new ResizeObserver(() => { sizeCanvas(); draw(); }).observe($("stage"));
 
 // ------------------------------------------------------------------ keys and buttons
 function onKey(event) {
