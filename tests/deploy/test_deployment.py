@@ -385,3 +385,14 @@ def test_a_second_process_follows_the_store_and_refuses_bytes_that_do_not_hash_r
         stale = second.post("/v1/models/rollback", json={}, headers=POST)
         assert stale.status_code == 409 and "generation 3 is live" in stale.json()["error"]
         assert file_sha256(other) != report["live"]["sha256"]
+
+
+def test_serve_refuses_to_start_on_a_generation_whose_bytes_do_not_hash_right(line: dict[str, Path]) -> None:
+    served, models = line["served"], line["models"]
+    with _client(served, models) as client:
+        _ready(client)
+        body = {"bundle": "candidate.onnx", "force": True}
+        stored = client.post("/v1/models/promote", json=body, headers=POST).json()["store"]["live"]["file"]
+    (models / stored).write_bytes((models / stored).read_bytes()[:-8])
+    with pytest.raises(store.StoreError, match=r"generation 2 \(candidate.onnx\) cannot be served: .* hash"):
+        create_app(served, ServeSettings(models_dir=str(models)))

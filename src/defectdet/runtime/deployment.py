@@ -285,15 +285,7 @@ class Deployment:
     def _join_store(self) -> None:
         """Serve the store's current generation; an empty store starts with the bundle `serve` was given."""
         assert self.store is not None
-        current = self.store.current()
-        if current is None and self.live_path is not None and self.live.source is not None:
-            entry = self.store.stage(self.live_path, self.live.name)
-            if entry.sha256 != self.live.sha256:
-                raise StoreError(f"{self.live_path}: the file changed while it loaded; start again")
-            try:
-                current = self.store.commit(0, "start", entry)
-            except StaleGeneration as raced:  # another process started the store first
-                current = raced.current
+        current = self.store.current() or self._start_store()
         if current is None:
             return
         entry = Entry.of(current["live"])
@@ -302,9 +294,35 @@ class Deployment:
                 "the models store's generation %d is %s (%s): serving it instead of %s (%s)",
                 current["generation"], entry.name, entry.version, self.live.name, self.live.version,
             )  # fmt: skip
-            self.live = self._load(self.store.verified(entry), entry.sha256, rollback=True, name=entry.name)
+            try:
+                self.live = self._load(
+                    self.store.verified(entry), entry.sha256, rollback=True, name=entry.name
+                )
+            except (UploadError, StoreError) as error:
+                raise StoreError(
+                    f"{self.store.root}: generation {current['generation']} ({entry.name}) cannot be served: {error}"
+                ) from None
             self.metrics.set_drift_charts(self.live.monitor)
         self.generation = self.store_seen = current["generation"]
+
+    def _start_store(self) -> dict[str, Any] | None:
+        """Generation 1: the bundle `serve` was given (None when it has no file, or the store is read-only)."""
+        assert self.store is not None
+        if self.live_path is None or self.live.source is None:
+            return None
+        try:
+            entry = self.store.stage(self.live_path, self.live.name)
+            if entry.sha256 != self.live.sha256:
+                raise StoreError(f"{self.live_path}: the file changed while it loaded; start again")
+            return self.store.commit(0, "start", entry)
+        except StaleGeneration as raced:  # another process started the store first
+            return raced.current
+        except OSError as error:
+            logger.warning(
+                "cannot write the models store %s (%s): serving %s; promotions will be refused",
+                self.store.root, error.strerror or error, self.live.name,
+            )  # fmt: skip
+            return None
 
     # ------------------------------------------------------------------ reading
     def report(self) -> dict[str, Any]:

@@ -99,8 +99,14 @@ class ModelStore:
         self.keep = keep
         self.bundles = self.root / "bundles"
         self.generations = self.root / "history"
-        for folder in (self.bundles, self.generations):
-            folder.mkdir(parents=True, exist_ok=True)
+        try:
+            for folder in (self.bundles, self.generations):
+                folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StoreError(
+                f"{self.root}: cannot create the models store ({error.strerror or error}); the models folder "
+                "must be writable by the service"
+            ) from None
 
     # ------------------------------------------------------------------ reading
     def current(self) -> dict[str, Any] | None:
