@@ -1,7 +1,8 @@
 """The review page in headless Chromium (Debian's `chromium` through playwright), driven with the real mouse and
-keyboard at 1366x768: the class keys set the class of the next box (a drawn box is not re-classed), move, undo,
-zoom, the score slider hides near misses and `a` never accepts a hidden proposal, the saved YOLO label file,
-the browser download of the labels; a bad label file and a broken image shown as errors; no sideways scroll.
+keyboard at 1366x768: the class keys set the class of the next box (a drawn box is not re-classed), move and
+resize, undo, zoom and pan, clear proposals, the score slider hides near misses and `a` never accepts a hidden
+proposal, the saved YOLO label file, the browser download of the labels, the list filters; a bad label file and a
+broken image shown as errors; no sideways scroll.
 
 Skipped with the reason when playwright or a Chromium binary is missing.
 """
@@ -182,6 +183,12 @@ def test_class_keys_move_undo_slider_accept_and_download(proposals: tuple[str, P
             first, second = _labels(label)
             assert first[0] == 2 and _close(first[1], [10, 10, 40, 40])
             assert second[0] == 1 and _close(second[1], [60, 50, 90, 80])
+            # resize the second box: select it, drag its lower right corner 8 px right and down
+            page.mouse.click(*_point(page, 75, 65))
+            _drag(page, (90, 80), (98, 88))
+            _saved(page, 5)
+            assert _close(_labels(label)[1][1], [60, 50, 98, 88])
+            page.keyboard.press("Escape")
             # the slider reveals the near misses above it and hides them again
             page.fill("#min-score", "0.4")
             assert (_canvas(page, "boxes"), _canvas(page, "hidden")) == ("4", "1")
@@ -190,10 +197,10 @@ def test_class_keys_move_undo_slider_accept_and_download(proposals: tuple[str, P
             page.fill("#min-score", "0.4")
             page.locator("#canvas").focus()
             page.keyboard.press("a")  # accept: the two labels + the proposals shown, never the hidden one
-            _saved(page, 5)
+            _saved(page, 6)
             page.wait_for_function("() => document.getElementById('item-name').textContent === 'b.png'")
             saved = sorted((class_id, [round(v) for v in box]) for class_id, box in _labels(label))
-            expected = [(2, [10, 10, 40, 40]), (1, [60, 50, 90, 80]), DETECTION, NEAR_SHOWN]
+            expected = [(2, [10, 10, 40, 40]), (1, [60, 50, 98, 88]), DETECTION, NEAR_SHOWN]
             assert saved == sorted(
                 row if isinstance(row, tuple) else (row["class_id"], row["box"]) for row in expected
             )
@@ -216,7 +223,7 @@ def test_class_keys_move_undo_slider_accept_and_download(proposals: tuple[str, P
         assert opened.read("labels/a.txt") == label.read_bytes()
         assert "images/b.png" not in names  # not reviewed
     log = [json.loads(line) for line in (folder / "decisions.jsonl").read_text().splitlines()]
-    assert [entry["action"] for entry in log] == ["edit"] * 4 + ["accept"]
+    assert [entry["action"] for entry in log] == ["edit"] * 5 + ["accept"]
 
 
 def test_a_bad_label_file_and_a_broken_image_are_shown_and_the_rest_is_decided(
