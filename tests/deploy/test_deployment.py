@@ -305,6 +305,13 @@ def test_serve_can_start_with_a_shadow(line: dict[str, Path]) -> None:
         assert client.get("/v1/models").json()["shadow"]["name"] == "candidate.onnx"
     with pytest.raises(Exception, match="no bundle 'nope.onnx'"):
         _client(line["served"], line["models"], shadow="nope.onnx")
+    with _client(line["served"], line["models"], shadow="candidate.onnx") as client:
+        body = {"force": True}
+        assert client.post("/v1/models/promote", json=body, headers=POST).status_code == 200
+    # restarted with the same command line after its shadow was promoted: it serves it, with no shadow
+    with _client(line["served"], line["models"], shadow="candidate.onnx") as client:
+        report = client.get("/v1/models").json()
+        assert report["live"]["name"] == "candidate.onnx" and report["shadow"] is None
 
 
 def test_a_shadow_that_fails_on_an_image_is_counted_not_raised(line: dict[str, Path]) -> None:

@@ -380,10 +380,17 @@ class Deployment:
         if shadow is not None:
             shadow.submit(image, template, live_result)
 
-    def start_shadow(self, name: str) -> dict[str, Any]:
-        """Copy the candidate's bytes into the store and run that copy beside the live model."""
+    def start_shadow(self, name: str, unless_live: bool = False) -> dict[str, Any]:
+        """Copy the candidate's bytes into the store and run that copy beside the live model. `unless_live`
+        (`serve --shadow` at start): a candidate that is already live (promoted meanwhile) is no error."""
         with self._change():
-            model = self._candidate(name)
+            try:
+                model = self._candidate(name)
+            except UploadError as error:
+                if not (unless_live and "already the live model" in error.reason):
+                    raise
+                logger.warning("no shadow: %s", error.reason)
+                return self.report()
             old, self.shadow = self.shadow, ShadowRun(model, self.metrics)
             if old is not None:
                 old.stop()

@@ -630,7 +630,7 @@ def create_app(
     service = Service(predictor, settings, live_path, state_dir)
     _warn_quality(service.live.name, service.metadata)
     if settings.shadow:
-        service.deployment.start_shadow(settings.shadow)  # a bad name stops serve here, with the reason
+        service.deployment.start_shadow(settings.shadow, unless_live=True)  # a bad name stops serve here
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
