@@ -44,7 +44,7 @@ def test_predict_output_to_label_studio_and_back(
     out = tmp_path / "dataset"
     result = runner.invoke(
         app, ["labels", "import-labelstudio", str(tasks_path), str(out), "--images", str(images),
-              "--label-config", str(tmp_path / "tasks_config.xml")],
+              "--label-config", str(tmp_path / "tasks_config.xml"), "--split", "train"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     dataset = load_dataset(out, "train")
@@ -56,3 +56,5 @@ def test_predict_output_to_label_studio_and_back(
         expected = np.asarray([d["box"] for d in record["detections"]], np.float32).reshape(-1, 4)
         np.testing.assert_allclose(sample.boxes, expected, atol=1.0)
         assert [class_names[c] for c in sample.classes] == [d["class_name"] for d in record["detections"]]
+        assert record["template"] == str(golden / sample.image_path.name)  # the pair comes along
+        assert sample.template_path.read_bytes() == (golden / sample.image_path.name).read_bytes()

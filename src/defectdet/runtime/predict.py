@@ -301,7 +301,11 @@ def predict_source(
             summary.detections += len(result.detections)
             totals.append(result.timings["total"])
             labels = label_path.relative_to(out_dir).as_posix()
-            jsonl.write(json.dumps({"file": str(path), "labels": labels, **result.to_dict()}) + "\n")
+            record = {"file": str(path), "labels": labels, **result.to_dict()}
+            template = pair_template(path, template_dir, name.with_name(path.name))
+            if predictor.metadata.template and template is not None:  # the pair, for export-labelstudio
+                record["template"] = str(template)
+            jsonl.write(json.dumps(record) + "\n")
     (out_dir / "classes.txt").write_text("".join(f"{name}\n" for name in predictor.metadata.class_names))
     summary.mean_total_ms = round(float(np.mean(totals)), 3) if totals else None
     return summary

@@ -303,7 +303,11 @@ def _read_jsonl(
                 f"{path}:{number}: image {entry['file']!r} not found (relative to here, to {path.parent}{where}); "
                 "pass --images DIR"
             )
-        records.append(_predicted(image, entry, class_names, f"{path}:{number}", min_score))
+        record = _predicted(image, entry, class_names, f"{path}:{number}", min_score)
+        template = entry.get("template")
+        if isinstance(template, str):
+            record.template = _find_predicted_image(template, path, images)
+        records.append(record)
     return records, class_names, skipped
 
 
@@ -593,7 +597,7 @@ def _parse(export: Path, tasks: list[dict[str, Any]], roots: list[Path], image_k
         if image is None:
             missing.append(f"{origin}: image {url!r} not found ({_looked_for(url, roots)})")
             continue
-        template = _task_template(export, task, origin, roots, warnings)
+        template = _task_template(export, task, origin, roots, image, warnings)
         width, height = _image_size(image, origin)
         boxes, names = [], []
         for index, region in enumerate(annotation.get("result") or []):
@@ -624,14 +628,22 @@ def _refuse_climbing(export: Path, origin: str, key: str, url: str) -> None:
 
 
 def _task_template(
-    export: Path, task: dict[str, Any], origin: str, roots: list[Path], warnings: list[str]
+    export: Path, task: dict[str, Any], origin: str, roots: list[Path], image: Path, warnings: list[str]
 ) -> Path | None:
-    """The file `data.template` names (found as the image is), None when the task has none or it is missing."""
+    """The file `data.template` names, None when the task has none or it is missing: its path below the roots,
+    then the path our export stored, then its file name below the roots, never the tested image itself (a
+    template often has the image's name)."""
     url = task["data"].get(TEMPLATE_KEY)
     if not isinstance(url, str) or not url:
         return None
     _refuse_climbing(export, origin, TEMPLATE_KEY, url)
-    template = resolve_task_image(url, roots, task["data"].get(OUR_TEMPLATE_KEY))
+    relative, _ = _url_path(url)
+    candidates = [root / relative for root in roots] if relative and not Path(relative).is_absolute() else []
+    ours = task["data"].get(OUR_TEMPLATE_KEY)
+    candidates += [Path(ours)] if isinstance(ours, str) else []
+    template = next((c for c in candidates if c.is_file()), None) or resolve_task_image(url, roots)
+    if template is not None and template.resolve() == image.resolve():
+        template = None
     if template is None:
         warnings.append(
             f"{origin}: template {url!r} not found ({_looked_for(url, roots)}); imported without it"
