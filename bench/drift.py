@@ -226,7 +226,7 @@ def main() -> None:
     groups = [group_of(sample) for sample in samples]
     held_out = sorted({group_of(sample) for sample in val})
     rng = np.random.default_rng(args.seed)
-    low = meta.thresholds.min_score
+    low = meta.thresholds.score_floor
 
     def load(index: int) -> tuple[np.ndarray, np.ndarray | None]:
         sample = samples[index]
@@ -239,7 +239,7 @@ def main() -> None:
             image = camera_noise(image, rng)
         if fault is not None:
             image = fault(image)
-        return predictor.predict(image, template=template, conf=meta.thresholds.score, min_score=low)
+        return predictor.predict(image, template=template, threshold=meta.thresholds.threshold, score_floor=low)
 
     # --- 1. observations: every board once as captured (reference material), then per-group clean streams
     clean = []
@@ -332,7 +332,7 @@ def main() -> None:
             "after": delays["after"],
             "mAP50": metrics["mAP50"],
             "mAP50_95": metrics["mAP50_95"],
-            "boards_flagged": flagged(records, meta.thresholds.score),
+            "boards_flagged": flagged(records, meta.thresholds.threshold),
         }
         fault_results[name] = outcome
         rows.append(

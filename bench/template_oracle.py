@@ -89,7 +89,7 @@ def predict_records(checkpoint: Path, samples: list[Sample], threads: int) -> tu
         raise SystemExit(f"{checkpoint}: this model reads templates; the oracle is for models without them")
     class_ids = {name: index for index, name in enumerate(predictor.metadata.class_names)}
     records = [
-        to_record(sample, predictor.predict(sample.image_path, min_score=0.0), class_ids)
+        to_record(sample, predictor.predict(sample.image_path, score_floor=0.0), class_ids)
         for sample in track(samples, description="predicting held-out pairs")
     ]
     return records, list(predictor.metadata.class_names)

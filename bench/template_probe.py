@@ -49,7 +49,7 @@ def main() -> int:
     for (split, group), paths in sorted(templates.items()):
         counts: collections.Counter = collections.Counter()
         for path in paths:
-            for detection in predictor.predict(path, conf=args.conf).detections:
+            for detection in predictor.predict(path, threshold=args.conf).detections:
                 counts[detection.class_name] += 1
         groups[group] = {"split": split, "templates": len(paths), "false_calls": dict(counts)}
     rows = [

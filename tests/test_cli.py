@@ -43,7 +43,7 @@ def trained_run(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     result = runner.invoke(
         app,
         [
-            "train", str(tiny_data), "--epochs", "3", "--imgsz", "192", "--crop", "0", "--batch", "2",
+            "train", str(tiny_data), "--epochs", "3", "--input-size", "192", "--crop", "0", "--batch", "2",
             "--workers", "0", "--out", str(run), "--set", "progress=false", "--set", "warmup_steps=2",
         ],
     )  # fmt: skip
@@ -139,7 +139,7 @@ def test_val_on_a_deeppcb_list_file_writes_result_files(tmp_path: Path) -> None:
     run = tmp_path / "run"
     trained = runner.invoke(
         app,
-        ["train", str(root), "--epochs", "1", "--imgsz", "192", "--crop", "0", "--batch", "2", "--workers", "0",
+        ["train", str(root), "--epochs", "1", "--input-size", "192", "--crop", "0", "--batch", "2", "--workers", "0",
          "--out", str(run), "--set", "progress=false"],
     )  # fmt: skip
     assert trained.exit_code == 0, trained.output

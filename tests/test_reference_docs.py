@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import re
 import sys
 from pathlib import Path
 
@@ -65,3 +67,60 @@ def test_the_http_page_lists_every_route_of_the_schema() -> None:
             assert f"### `{method.upper()} {path}`" in page
     assert "/v1/detect" in document["paths"] and "/v1/review/decide" in document["paths"]
     assert "cdn" not in page.lower() and "swagger" not in page.lower()
+
+
+def test_the_bundle_format_page_names_every_metadata_field() -> None:
+    from defectdet.runtime.bundle import BundleMetadata, Thresholds
+
+    page = (ROOT / "docs" / "reference" / "bundle-format.md").read_text("utf-8")
+    missing = [
+        name
+        for model in (BundleMetadata, Thresholds)
+        for name in model.model_fields
+        if f"`{name}`" not in page
+    ]
+    assert not missing, f"docs/reference/bundle-format.md does not describe {missing}"
+
+
+PROVENANCE = re.compile(r"bench/|[Ii]ssue \d|\.\./shared|\bstop \d|\brung\b|\barms\b|EPYC|Xeon")
+API = ("train", "validate", "export", "predict", "compare", "Predictor", "serve")
+
+
+def _user_text() -> dict[str, str]:
+    """Every help text of the CLI and the docstring of every public Python name, by where it is read."""
+    import defectdet
+
+    texts = {}
+    for name, command in gen.walk(gen.cli_command()):
+        texts[name] = command.help or ""
+        texts.update({f"{name} {gen.option_names(p)}": gen.param_help(p) for p in command.params})
+    for name in defectdet.__all__[1:]:
+        value = getattr(defectdet, name)
+        texts[f"defectdet.{name}"] = (
+            inspect.getdoc(value.__call__ if inspect.ismodule(value) else value) or ""
+        )
+    texts["Predictor.predict"] = inspect.getdoc(defectdet.Predictor.predict) or ""
+    return texts
+
+
+def test_help_and_docstrings_speak_about_the_product() -> None:
+    texts = _user_text()
+    found = {where: PROVENANCE.findall(text) for where, text in texts.items() if PROVENANCE.search(text)}
+    assert not found, f"benchmark provenance, work items or local paths in user text: {found}"
+    assert PROVENANCE.findall("11x slower on an AMD EPYC (bench/results/amp_cpu.json), see issue 19") == [
+        "EPYC",
+        "bench/",
+        "issue 1",
+    ]
+
+
+def test_every_python_entry_point_has_a_docstring_example() -> None:
+    import defectdet
+
+    for name in API:
+        assert name in defectdet.__all__
+        value = getattr(defectdet, name)
+        doc = inspect.getdoc(value.__call__ if inspect.ismodule(value) else value) or ""
+        if inspect.ismodule(value):  # `export` is its callable subpackage: the function it calls documents it
+            doc = inspect.getdoc(value.export)
+        assert "Example" in doc and f"from defectdet import {name}" in doc, name

@@ -1,6 +1,7 @@
 """defectdet: industrial visual defect detection on PyTorch.
 
-Every command is also a Python API, e.g. `from defectdet import train, TrainConfig, validate`.
+Every command is also a Python API:
+`from defectdet import train, validate, export, predict, compare, Predictor, serve`.
 Exports are resolved lazily so that `import defectdet` stays cheap and torch-free parts stay torch-free.
 """
 
@@ -18,6 +19,11 @@ _EXPORTS = {
     "load_config": "defectdet.engine.config",
     "train": "defectdet.engine.trainer",
     "validate": "defectdet.engine.validate",
+    "export": "defectdet.export",  # the callable subpackage: export(checkpoint, out) -> ExportResult
+    "predict": "defectdet.export.resolve",
+    "compare": "defectdet.export.compare",
+    "Predictor": "defectdet.runtime.predictor",
+    "serve": "defectdet.runtime.server",
     "load_detector": "defectdet.engine.checkpoint",
     "build_model": "defectdet.model",
     "load_dataset": "defectdet.data.formats",

@@ -13,12 +13,45 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from defectdet.demo import DEMO_MINUTES
 from defectdet.doctor_cli import doctor_app
 from defectdet.errors import DefectDetError
 
+# option names retired for one name per concept: still accepted, with a deprecation note, and kept out of help
+RENAMED_OPTIONS = {
+    "--imgsz": "--input-size",
+    "--conf": "--threshold",
+    "--conf-from": "--threshold-from",
+    "--conf-rule": "--threshold-rule",
+    "--min-score": "--score-floor",
+}
+
+
+def current_option_names(args: list[str]) -> list[str]:
+    """`args` with each retired option name (`--conf 0.5`, `--conf=0.5`) replaced by its current one."""
+    current = []
+    for index, arg in enumerate(args):
+        if arg == "--":
+            return current + args[index:]
+        name, equals, value = arg.partition("=")
+        if name in RENAMED_OPTIONS:
+            Console(stderr=True).print(f"[yellow]{name} is deprecated: use {RENAMED_OPTIONS[name]}[/yellow]")
+            arg = RENAMED_OPTIONS[name] + equals + value
+        current.append(arg)
+    return current
+
+
+class _Commands(TyperGroup):
+    """The root command group; it reads retired option names as their current ones."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, current_option_names(args))
+
+
 app = typer.Typer(
+    cls=_Commands,
     name="defectdet",
     help="Industrial visual defect detection: synth -> check -> train -> val, on a CPU.",
     no_args_is_help=True,
@@ -127,7 +160,7 @@ def check(
 
     Exit code 1 when any file has an error, 0 when there are only warnings.
 
-    Example: defectdet check ../shared/datasets/deeppcb
+    Example: defectdet check data/line3/data.yaml
     """
     from defectdet.data.check import run_check
 
@@ -135,10 +168,12 @@ def check(
 
 
 @app.command()
-def presets(imgsz: int = typer.Option(640, help="Input size for the GFLOPs figure.")) -> None:
+def presets(
+    input_size: int = typer.Option(640, "--input-size", help="Input size for the GFLOPs figure."),
+) -> None:
     """List the model presets with parameters and GFLOPs.
 
-    Example: defectdet presets --imgsz 640
+    Example: defectdet presets --input-size 640
     """
     from rich.table import Table
 
@@ -150,12 +185,12 @@ def presets(imgsz: int = typer.Option(640, help="Input size for the GFLOPs figur
         auto_preset(layout)[0]: "with templates" if layout else "without templates"
         for layout in (True, False)
     }
-    table = Table(title=f"model presets (gray + template input, 6 classes, {imgsz}x{imgsz})")
+    table = Table(title=f"model presets (gray + template input, 6 classes, {input_size}x{input_size})")
     for column in ("preset", "params", "GFLOPs", "strides", "shipped weights", "default for"):
         table.add_column(column, justify="right" if column in ("params", "GFLOPs", "strides") else "left")
     for name in PRESETS:
         model = build_model(name, num_classes=6, in_channels=2, template=True)
-        info = model_info(model, imgsz)
+        info = model_info(model, input_size)
         layouts = [layout for layout in (True, False) if shipped_weights(name, layout) is not None]
         table.add_row(
             name,
@@ -199,7 +234,7 @@ def train(
     start_from: Path | None = typer.Option(None, "--from", help=_FROM_HELP),
     old_data: Path | None = typer.Option(None, "--old-data", help=_OLD_DATA_HELP),
     new_share: float | None = typer.Option(None, "--new-share", help=_NEW_SHARE_HELP),
-    imgsz: int | None = typer.Option(
+    input_size: int | None = typer.Option(
         None, help="Letterbox size S, a multiple of 32 (default: chosen from the image and defect sizes)."
     ),
     crop_size: int | None = typer.Option(
@@ -227,9 +262,9 @@ def train(
     amp: bool | None = typer.Option(
         None,
         "--amp/--no-amp",
-        help="Mixed precision: default fp16 on CUDA, off on CPU. On CPU it needs --set amp_dtype=bfloat16: "
-        "11x slower per step on an AMD EPYC, 1.18x faster on an Intel Xeon with AMX "
-        "(bench/results/amp_cpu.json, bench/results/amp_cpu_xeon.json).",
+        help="Mixed precision: default fp16 on CUDA, off on CPU. On CPU it needs --set amp_dtype=bfloat16 and "
+        "pays only on CPUs with bfloat16 matrix units (Intel AMX); elsewhere it is much slower (see the "
+        "training-speed benchmarks).",
     ),
     seed: int | None = typer.Option(None, help="Random seed."),
     clean_images: Path | None = typer.Option(None, "--clean-images", help=_CLEAN_IMAGES_HELP),
@@ -247,7 +282,7 @@ def train(
     from defectdet.engine.config import load_config
     from defectdet.engine.trainer import train as run_training
 
-    named = {"data": str(data), "preset": preset, "imgsz": imgsz, "crop_size": crop_size, "template": template,
+    named = {"data": str(data), "preset": preset, "input_size": input_size, "crop_size": crop_size, "template": template,
              "channels": channels, "strides": _parse_strides(strides), "epochs": epochs, "time_minutes": time,
              "batch": batch, "workers": workers, "lr": lr, "out": str(out) if out else None,
              "resume": str(resume) if resume else None, "device": device, "amp": amp, "seed": seed,
@@ -313,19 +348,20 @@ def val(
     split: str = typer.Option("val", help="Split to evaluate (a DeepPCB list file stem, e.g. test)."),
     protocol: str = typer.Option("both", help="coco|deeppcb|both."),
     out: Path | None = typer.Option(None, help="Output folder (default: runs/val/<checkpoint stem>)."),
-    conf: float | None = typer.Option(None, help="Operating threshold (default: the best-F1 threshold)."),
+    threshold: float | None = typer.Option(
+        None, help="Operating threshold (default: the best-F1 threshold)."
+    ),
     target_recall: float = typer.Option(0.99, help="Also report the threshold that reaches this recall."),
-    conf_from: str | None = typer.Option(
+    threshold_from: str | None = typer.Option(
         None,
-        "--conf-from",
         help="Choose the operating threshold on this other split of DATA (the highest one whose board escape "
         "rate there is <= --target-escape) and report the rates on --split; 'bundle': the bundle's stored threshold.",
     ),
-    target_escape: float = typer.Option(0.01, help="Escape-rate target for --conf-from."),
-    conf_rule: str = typer.Option(
+    target_escape: float = typer.Option(0.01, help="Escape-rate target for --threshold-from."),
+    threshold_rule: str = typer.Option(
         "escape",
-        help="How --conf-from chooses: 'escape' (boards, --target-escape) or 'f1' (the best box F1 there, "
-        "for box-scoring protocols such as DeepPCB's F).",
+        help="How --threshold-from chooses: 'escape' (boards, --target-escape) or 'f1' (the "
+        "best box F1 there, for box-scoring protocols such as DeepPCB's F).",
     ),
     clean_templates: bool = typer.Option(
         False,
@@ -359,8 +395,7 @@ def val(
 ) -> None:
     """Evaluate a checkpoint: COCO mAP, the DeepPCB protocol, operating point, plots and report.html.
 
-    Example: defectdet val runs/train/best.pt ../shared/datasets/deeppcb --split val --clean-templates
-    --conf-from train
+    Example: defectdet val runs/train/best.pt data/line3/data.yaml --split val --threshold-from train
     """
     from defectdet.engine.validate import ValidateSettings, validate
 
@@ -368,11 +403,11 @@ def val(
         split=split,
         protocol=protocol,
         out=out,
-        conf_threshold=conf,
+        threshold=threshold,
         target_recall=target_recall,
-        conf_from=conf_from,
+        threshold_from=threshold_from,
         target_escape=target_escape,
-        conf_rule=conf_rule,
+        threshold_rule=threshold_rule,
         clean_templates=clean_templates,
         clean_nuisance=_recapture_config(clean_nuisance, clean_shift, clean_rotation),
         register_pairs=register,
@@ -416,8 +451,8 @@ def export(
     flip_views: str = typer.Option(
         "none",
         "--flip-views",
-        help="Test-time flips averaged inside the bundle: none | lr (2 passes) | lr+ud (4 passes). More "
-        "accuracy for more latency: bench/results/flip_views_*.json.",
+        help="Test-time flips averaged inside the bundle: none | lr (2 passes) | lr+ud (4 passes): more "
+        "accuracy for more latency.",
     ),
     repeat_check: bool = REPEAT_CHECK_EXPORT,
 ) -> None:
@@ -441,7 +476,7 @@ def export(
     )
     recall = meta.thresholds.recall_threshold
     console.print(
-        f"operating threshold {meta.thresholds.score:.3f} ({meta.thresholds.score_source}); "
+        f"operating threshold {meta.thresholds.threshold:.3f} ({meta.thresholds.threshold_source}); "
         f"recall {meta.thresholds.recall_target:g} threshold: {'unreachable' if recall is None else f'{recall:.3f}'}; "
         f"drift reference: {'yes' if meta.drift_reference else 'no'}"
     )
@@ -472,7 +507,7 @@ def predict(
         ..., help="An image file, a folder of images, or a quoted glob ('dir/*.jpg')."
     ),
     templates: Path | None = typer.Option(None, help="Folder of template images, matched by file name."),
-    conf: float | None = typer.Option(
+    threshold: float | None = typer.Option(
         None, help="Operating threshold (default: the bundle's best-F1 threshold)."
     ),
     out: Path = typer.Option(Path("runs/predict"), help="Output folder."),
@@ -507,7 +542,7 @@ def predict(
         source,
         out,
         templates=templates,
-        conf=conf,
+        threshold=threshold,
         save_images=save_images,
         threads=threads,
         tiles=tiles,
@@ -851,8 +886,10 @@ def export_labelstudio(
     images: Path | None = typer.Option(
         None, help="Where the images predictions.jsonl names are now, when they moved since."
     ),
-    min_score: float | None = typer.Option(
-        None, help="Leave out detections under this score (default: the threshold each record states)."
+    score_floor: float | None = typer.Option(
+        None,
+        "--score-floor",
+        help="Leave out detections under this score (default: the threshold each record states).",
     ),
 ) -> None:
     """Images -> Label Studio import tasks (the operator's reviewed labels as annotations, the model's
@@ -869,7 +906,8 @@ def export_labelstudio(
 
     result = export_tasks(
         source, out, config_path=config, classes=names, model_version=model_version,
-        document_root=document_root, url_prefix=url_prefix, images=images, min_score=min_score,
+        document_root=document_root, url_prefix=url_prefix, images=images,
+        min_score=score_floor,
     )  # fmt: skip
     console.print(
         f"[green]wrote[/green] {result.tasks} task(s), {result.annotated} with reviewed labels, "

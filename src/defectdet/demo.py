@@ -102,7 +102,7 @@ def deploy_and_predict(checkpoint: Path, data_yaml: Path, out: Path, console: Co
     threshold = exported.metadata.thresholds
     console.print(
         f"bundle {exported.bundle} ({exported.bundle.stat().st_size / 1024:.0f} KiB): eager vs onnxruntime max "
-        f"|diff| {exported.parity_max_abs_diff:.1e}; operating threshold {threshold.score:.3f} ({threshold.score_source})"
+        f"|diff| {exported.parity_max_abs_diff:.1e}; operating threshold {threshold.threshold:.3f} ({threshold.threshold_source})"
     )
     predictor = Predictor(exported.bundle)
     drawn_dir = out / "predictions"

@@ -142,7 +142,9 @@ def loader(
     ),
     config: Path | None = typer.Option(None, help="Training YAML (as for `defectdet train --config`)."),
     batch: int | None = typer.Option(None, help="Batch size (default: the config's)."),
-    imgsz: int | None = typer.Option(None, help="Letterbox size (default: the config's)."),
+    input_size: int | None = typer.Option(
+        None, "--input-size", help="Letterbox size (default: the config's)."
+    ),
     workers: str | None = typer.Option(
         None, help="Worker counts to time, e.g. 0,1,2 (default: from the cores)."
     ),
@@ -155,7 +157,7 @@ def loader(
 ) -> None:
     """Loader speed over workers/batch/prefetch/persistent/pin, the bottleneck, and which sample breaks it.
 
-    Example: defectdet doctor loader ../shared/datasets/deeppcb --preset nano
+    Example: defectdet doctor loader data/line3/data.yaml --preset nano
     """
     from defectdet.diagnostics.loader_doctor import loader_report
     from defectdet.diagnostics.render import render_loader
@@ -170,7 +172,8 @@ def loader(
         batches_per_setting=batches,
         scan_limit=scan,
         sample_timeout=timeout,
-        overrides={key: value for key, value in {"imgsz": imgsz, "format": format}.items() if value} or None,
+        overrides={key: value for key, value in {"input_size": input_size, "format": format}.items() if value}
+        or None,
     )
     _finish(report, as_json, render_loader)
 

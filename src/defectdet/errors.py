@@ -46,3 +46,50 @@ def describe_failure(error: BaseException) -> str:
         return text
     first = text.splitlines()[0] if text else ""
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+# Names retired for one name per concept (threshold, score floor, NMS IoU, input size). Files and scripts
+# written with the old names keep working: the old name is read as the new one, with a DeprecationWarning.
+TRAIN_CONFIG_RENAMES = {
+    "imgsz": "input_size",
+    "score_threshold": "score_floor",
+    "nms_iou_threshold": "nms_iou",
+}
+
+
+def warn_renamed(old: str, new: str, where: str = "", stacklevel: int = 3) -> None:
+    """A DeprecationWarning that `old` is now called `new`."""
+    import warnings
+
+    place = f"{where}: " if where else ""
+    warnings.warn(f"{place}{old!r} is deprecated: use {new!r}", DeprecationWarning, stacklevel=stacklevel)
+
+
+def renamed_keys(
+    values: dict, renames: dict[str, str], where: str = "", warn: bool = True, stacklevel: int = 4
+) -> dict:
+    """`values` with each retired key of `renames` moved to its current name (a copy when any moved); both names
+    at once is a ConfigError naming them. `stacklevel` points the warning at the caller's caller."""
+    found = [old for old in renames if old in values]
+    if not found:
+        return values
+    values = dict(values)
+    for old in found:
+        new = renames[old]
+        if new in values:
+            raise ConfigError(f"{where or 'config'}: {old!r} and {new!r} are the same setting: keep {new!r}")
+        if warn:
+            warn_renamed(old, new, where, stacklevel=stacklevel)
+        values[new] = values.pop(old)
+    return values
+
+
+def renamed_keywords(given: dict, renames: dict[str, str], function: str) -> dict:
+    """The retired keyword arguments `given` (a function's **kwargs) under their current names, with a
+    DeprecationWarning each; a keyword that was never a name is the TypeError Python raises."""
+    unknown = sorted(set(given) - set(renames))
+    if unknown:
+        raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
+    for old in given:
+        warn_renamed(old, renames[old], f"{function}()", stacklevel=4)
+    return {renames[old]: value for old, value in given.items()}

@@ -33,12 +33,12 @@ class PostprocessSettings:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | None) -> PostprocessSettings:
-        """From a TrainConfig dict (`score_threshold`, `nms_iou_threshold`, `max_detections`), defaults for
-        missing keys."""
+        """From a TrainConfig dict (`score_floor`, `nms_iou`, `max_detections`; a checkpoint written before the
+        renaming says `score_threshold`, `nms_iou_threshold`), defaults for missing keys."""
         config = config or {}
         return cls(
-            float(config.get("score_threshold", DEFAULT_SCORE_THRESHOLD)),
-            float(config.get("nms_iou_threshold", DEFAULT_NMS_IOU)),
+            float(config.get("score_floor", config.get("score_threshold", DEFAULT_SCORE_THRESHOLD))),
+            float(config.get("nms_iou", config.get("nms_iou_threshold", DEFAULT_NMS_IOU))),
             int(config.get("max_detections", DEFAULT_MAX_DETECTIONS)),
         )
 

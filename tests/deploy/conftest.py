@@ -26,7 +26,7 @@ def trained_checkpoint(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFact
 
     run = tmp_path_factory.mktemp("deploy_run")
     config = TrainConfig(
-        data=tiny_dataset, imgsz=192, crop_size=None, epochs=3, batch=2, workers=0, out=run,
+        data=tiny_dataset, input_size=192, crop_size=None, epochs=3, batch=2, workers=0, out=run,
         progress=False, warmup_steps=2, preset="nano",
     )  # fmt: skip
     result = train(config)

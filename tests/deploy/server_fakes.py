@@ -64,8 +64,8 @@ class FakePredictor:
         self,
         image: np.ndarray,
         template: np.ndarray | None = None,
-        conf: float | None = None,
-        min_score: float | None = None,
+        threshold: float | None = None,
+        score_floor: float | None = None,
     ) -> PredictionResult:
         self.entered.set()
         self.gate.wait(30)
@@ -76,14 +76,14 @@ class FakePredictor:
             raise InputError(
                 f"template is {template.shape[1]}x{template.shape[0]}, image {image.shape[1]}x{image.shape[0]}"
             )
-        threshold = self.metadata.thresholds.score if conf is None else conf
+        threshold = self.metadata.thresholds.threshold if threshold is None else threshold
         bright = np.argwhere(image >= 240)
         detections = []
         if len(bright):
             (y1, x1), (y2, x2) = bright.min(0), bright.max(0) + 1
             box = (float(x1), float(y1), float(x2), float(y2))
             detections.append(Detection(box, 1, "short", self.score))
-        floor = threshold if min_score is None else min_score
+        floor = threshold if score_floor is None else score_floor
         detections = [detection for detection in detections if detection.score >= floor]
         return PredictionResult(
             detections=detections,

@@ -32,7 +32,7 @@ def second_checkpoint(
     from defectdet.engine.trainer import train
 
     config = small_train_config(
-        tmp_path_factory.mktemp("compare_run"), data=tiny_dataset, imgsz=192, crop_size=None, epochs=1,
+        tmp_path_factory.mktemp("compare_run"), data=tiny_dataset, input_size=192, crop_size=None, epochs=1,
         batch=2, warmup_steps=2, preset="nano", seed=1,
     )  # fmt: skip
     result = train(config)
@@ -82,8 +82,8 @@ def test_checkpoint_vs_bundle_reports_every_field_and_draws_the_disagreements(
     split_images = document["split_images"]
     for model in (old, new):
         meta = read_metadata(model["bundle"])
-        assert model["threshold"]["value"] == meta.thresholds.score
-        assert meta.thresholds.score_source in model["threshold"]["source"]
+        assert model["threshold"]["value"] == meta.thresholds.threshold
+        assert meta.thresholds.threshold_source in model["threshold"]["source"]
         assert 0.0 <= model["mAP50"] <= 1.0 and 0.0 <= model["mAP50_95"] <= model["mAP50"]
         escapes = model["escapes"]
         assert escapes["defective_images"] == split_images  # every synthetic board has defects
@@ -113,7 +113,7 @@ def test_a_worse_new_is_rejected_with_the_reason(
 ) -> None:
     """The same model with 0.99 as its stored threshold flags nothing: more escapes than OLD."""
     strict = _edited(bundle_path, tmp_path, "strict.onnx",
-                     thresholds={"score": 0.99, "score_source": "raised by hand"})  # fmt: skip
+                     thresholds={"threshold": 0.99, "threshold_source": "raised by hand"})  # fmt: skip
     result = runner.invoke(
         app, ["compare", str(bundle_path), str(strict), str(tiny_dataset), "--clean-auto", "--out",
               str(tmp_path / "out")],
@@ -123,7 +123,10 @@ def test_a_worse_new_is_rejected_with_the_reason(
     old, new = document["models"]["old"], document["models"]["new"]
     assert old["escapes"]["escaped_images"] < old["escapes"]["defective_images"], "OLD must flag a board"
     assert new["escapes"]["escaped_images"] == new["escapes"]["defective_images"]
-    assert new["threshold"] == {"value": 0.99, "source": "bundle metadata thresholds.score (raised by hand)"}
+    assert new["threshold"] == {
+        "value": 0.99,
+        "source": "bundle metadata thresholds.threshold (raised by hand)",
+    }
     assert old["mAP50"] == new["mAP50"]  # the same detections: only the threshold differs
     verdict = document["verdict"]
     assert verdict["decision"] == "keep OLD" and verdict["exit_code"] == 1

@@ -28,7 +28,7 @@ def variant(bundle: Path, out: Path, threshold: float, **changes: object) -> Pat
     0.0 every image with any detection defective."""
     shutil.copyfile(bundle, out)
     meta = read_metadata(out)
-    thresholds = meta.thresholds.model_copy(update={"score": threshold})
+    thresholds = meta.thresholds.model_copy(update={"threshold": threshold})
     write_metadata(out, meta.model_copy(update={"thresholds": thresholds, **changes}))
     return out
 

@@ -99,10 +99,11 @@ def test_bundle_metadata_round_trips_and_describes_the_model(
     assert predictor.metadata == meta
     assert meta.class_names == load_dataset(tiny_dataset, "val").class_names
     assert (meta.input_size, meta.channels, meta.template) == (192, 1, True)
-    assert "val" in meta.thresholds.score_source and 0.0 < meta.thresholds.score < 1.0
+    assert "val" in meta.thresholds.threshold_source and 0.0 < meta.thresholds.threshold < 1.0
     assert meta.metrics["split"] == "val" and 0.0 <= meta.metrics["mAP50"] <= 1.0
     checkpoint = torch.load(trained_checkpoint, map_location="cpu", weights_only=False)
-    assert meta.train_config["imgsz"] == checkpoint["config"]["imgsz"] and len(meta.config_hash) == 16
+    assert meta.train_config["input_size"] == checkpoint["config"]["input_size"]
+    assert len(meta.config_hash) == 16
     reference = meta.drift_reference
     # the drift reference profiles the training images (the val split is a few boards), groups and all
     assert reference is not None and reference["split"] == "train"
@@ -192,7 +193,7 @@ def test_predictor_accepts_paths_bytes_and_arrays_alike(bundle_path: Path, tiny_
     predictor = Predictor(bundle_path)
     sample = load_dataset(tiny_dataset, "val").samples[0]
     image, template = read_image(sample.image_path), read_image(sample.template_path)
-    expected = predictor.predict(sample.image_path, sample.template_path, min_score=0.01)
+    expected = predictor.predict(sample.image_path, sample.template_path, score_floor=0.01)
     assert expected.image_size == (image.shape[1], image.shape[0])
     assert set(expected.timings) == {"decode", "letterbox", "model", "postprocess", "total"}
     variants = [
@@ -202,13 +203,13 @@ def test_predictor_accepts_paths_bytes_and_arrays_alike(bundle_path: Path, tiny_
         (image.astype(np.uint16) * 257, template.astype(np.uint16) * 257),  # 16-bit
     ]
     for tested, reference in variants:
-        result = predictor.predict(tested, reference, min_score=0.01)
+        result = predictor.predict(tested, reference, score_floor=0.01)
         assert [d.class_id for d in result.detections] == [d.class_id for d in expected.detections]
         for ours, theirs in zip(result.detections, expected.detections, strict=True):
             assert np.abs(np.subtract(ours.box, theirs.box)).max() < 0.5
     # the verdict follows the threshold the caller gives
-    assert predictor.predict(image, template, conf=0.0).verdict == "defective"
-    assert predictor.predict(image, template, conf=1.0).verdict == "clean"
+    assert predictor.predict(image, template, threshold=0.0).verdict == "defective"
+    assert predictor.predict(image, template, threshold=1.0).verdict == "clean"
 
 
 def test_the_runtime_registers_a_shifted_template(bundle_path: Path, tiny_dataset: Path) -> None:
@@ -248,8 +249,8 @@ def test_predictor_errors_name_the_problem(bundle_path: Path, tiny_dataset: Path
         predictor.predict(image.astype(np.complex64), image)
     with pytest.raises(ImageReadError):
         predictor.predict(b"not an image at all", image)
-    with pytest.raises(InputError, match="conf"):
-        predictor.predict(image, image, conf=1.5)
+    with pytest.raises(InputError, match="threshold"):
+        predictor.predict(image, image, threshold=1.5)
 
 
 def test_predict_folder_skips_a_corrupt_file_and_writes_every_output(
@@ -273,7 +274,7 @@ def test_predict_folder_skips_a_corrupt_file_and_writes_every_output(
             str(templates),
             "--out",
             str(out),
-            "--conf",
+            "--threshold",
             "0.0",
         ],
     )
@@ -411,7 +412,7 @@ def test_tiled_runtime_matches_the_tiled_val_path(
         settings.max_detections,
     )
     monkeypatch.setattr(predictor, "run", lambda _batch: (val_outputs, None))
-    result = predictor.predict(paths[0], paths[1], conf=0.05, min_score=settings.score_threshold)
+    result = predictor.predict(paths[0], paths[1], threshold=0.05, score_floor=settings.score_threshold)
     assert result.tiles == len(batch) - 1
     record = records[0]
     assert len(record.det_boxes) == len(result.detections) > 0
@@ -419,5 +420,5 @@ def test_tiled_runtime_matches_the_tiled_val_path(
     assert np.allclose(record.det_scores, [d.score for d in result.detections], atol=1e-6)
     assert record.det_classes.tolist() == [d.class_id for d in result.detections]
 
-    untiled = Predictor(bundle_path, tiles=False).predict(paths[0], paths[1], conf=0.05)
+    untiled = Predictor(bundle_path, tiles=False).predict(paths[0], paths[1], threshold=0.05)
     assert untiled.tiles == 0 and result.to_dict()["tiles"] == result.tiles

@@ -27,7 +27,7 @@ def test_predict_output_to_label_studio_and_back(
     pred = tmp_path / "pred"
     result = runner.invoke(
         app, ["predict", str(bundle_path), str(images), "--templates", str(golden), "--out", str(pred),
-              "--conf", "0.0", "--no-save-images"],
+              "--threshold", "0.0", "--no-save-images"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in (pred / "predictions.jsonl").read_text().splitlines()]

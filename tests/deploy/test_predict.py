@@ -32,7 +32,7 @@ def _records(out: Path) -> list[dict]:
 
 
 def _predict(*args: str) -> object:
-    return runner.invoke(app, ["predict", *args, "--conf", "0.0"])
+    return runner.invoke(app, ["predict", *args, "--threshold", "0.0"])
 
 
 @pytest.mark.parametrize("raised", [NotImplementedError, TypeError, AttributeError, ValueError])

@@ -98,7 +98,7 @@ def plain_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         tmp_path_factory.mktemp("plain_data"), boards=8, seed=4, template=False, min_size=160, max_size=192
     )
     config = TrainConfig(
-        data=data, imgsz=192, crop_size=None, epochs=2, batch=2, workers=0, out=tmp_path_factory.mktemp("run"),
+        data=data, input_size=192, crop_size=None, epochs=2, batch=2, workers=0, out=tmp_path_factory.mktemp("run"),
         progress=False, warmup_steps=2, preset="nano", template=False,
     )  # fmt: skip
     return Path(train(config).last_checkpoint), data

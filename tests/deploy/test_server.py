@@ -72,10 +72,14 @@ def test_detect_answers_boxes_verdict_timings_drift(client: TestClient) -> None:
     assert len(body["model_version"]) == 12
     clean = client.post("/v1/detect", files={"image": ("b.jpg", encode(board(2, blob=False), ".jpg"))})
     assert clean.status_code == 200 and clean.json()["verdict"] == "clean"
-    strict = client.post("/v1/detect", files={"image": encode(board(1))}, data={"conf": "0.95"})
+    strict = client.post("/v1/detect", files={"image": encode(board(1))}, data={"threshold": "0.95"})
     assert strict.json()["verdict"] == "clean" and strict.json()["threshold"] == 0.95
+    old_name = client.post("/v1/detect", files={"image": encode(board(1))}, data={"conf": "0.95"})
+    assert old_name.json()["threshold"] == 0.95  # 'conf', the deprecated name, still works
+    both = {"threshold": "0.5", "conf": "0.5"}
+    _refusal(client.post("/v1/detect", files={"image": encode(board(1))}, data=both), 422, "'threshold' only")
     results = client.get("/v1/results").json()["results"]
-    assert [result["verdict"] for result in results] == ["clean", "clean", "defective"]
+    assert [result["verdict"] for result in results] == ["clean", "clean", "clean", "defective"]
 
 
 def test_every_bad_input_is_a_4xx_with_a_reason(client: TestClient) -> None:
@@ -84,11 +88,12 @@ def test_every_bad_input_is_a_4xx_with_a_reason(client: TestClient) -> None:
     _refusal(post("/v1/detect", files={"image": ("x.png", b"hello, not an image")}), 422, "image")
     _refusal(post("/v1/detect", files={"image": ("x.jpg", encode(board(3), ".jpg")[:300])}), 422, "image")
     _refusal(post("/v1/detect", files={"image": ("x.png", b"")}), 422, "empty")
-    _refusal(post("/v1/detect", files={"image": png}, data={"conf": "high"}), 422, "conf must be a number")
-    _refusal(post("/v1/detect", files={"image": png}, data={"conf": "1.5"}), 422, "conf")
+    high = post("/v1/detect", files={"image": png}, data={"threshold": "high"})
+    _refusal(high, 422, "threshold must be a number")
+    _refusal(post("/v1/detect", files={"image": png}, data={"threshold": "1.5"}), 422, "threshold")
     _refusal(post("/v1/detect", files={"image": png}, data={"conf": "nan"}), 422, "conf")
     _refusal(post("/v1/detect", files={"image": png, "extra": b"x"}), 422, "unknown form field 'extra'")
-    _refusal(post("/v1/detect", files={"conf": (None, "0.5")}), 422, "missing form field 'image'")
+    _refusal(post("/v1/detect", files={"threshold": (None, "0.5")}), 422, "missing form field 'image'")
     _refusal(post("/v1/detect", files={"image": png, "template": png}), 422, "takes no template")
     _refusal(
         post("/v1/detect", content=png, headers={"content-type": "image/png"}), 415, "multipart/form-data"
@@ -105,8 +110,8 @@ def test_every_bad_input_is_a_4xx_with_a_reason(client: TestClient) -> None:
         "ended",
     )
     twice = (
-        b'--b\r\nContent-Disposition: form-data; name="conf"\r\n\r\n0.5\r\n'
-        b'--b\r\nContent-Disposition: form-data; name="conf"\r\n\r\n0.6\r\n--b--\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="threshold"\r\n\r\n0.5\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="threshold"\r\n\r\n0.6\r\n--b--\r\n'
     )
     _refusal(
         post("/v1/detect", content=twice, headers={"content-type": "multipart/form-data; boundary=b"}),
@@ -270,7 +275,7 @@ def test_real_bundle_end_to_end(bundle_path: Path, tiny_dataset: Path) -> None:
         response = client.post(
             "/v1/detect",
             files={"image": sample.image_path.read_bytes(), "template": sample.template_path.read_bytes()},
-            data={"conf": "0.01"},
+            data={"threshold": "0.01"},
         )
         assert response.status_code == 200, response.text
         body = response.json()

@@ -171,10 +171,10 @@ def test_serve_reads_the_token_warns_beyond_loopback_and_trusts_the_bind_host(
 
 # ------------------------------------------------------------------ item 4: JSON errors, no 500
 class _Exploding(FakePredictor):
-    def predict(self, image, template=None, conf=None):  # noqa: ANN001, ANN201
+    def predict(self, image, template=None, threshold=None):  # noqa: ANN001, ANN201
         if self.calls >= 1:  # after the warm-up
             raise RuntimeError(f"session failed on {object()!r}")
-        return super().predict(image, template, conf)
+        return super().predict(image, template, threshold)
 
 
 def test_an_unexpected_exception_is_a_logged_json_500_without_addresses(

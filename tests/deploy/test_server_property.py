@@ -47,7 +47,7 @@ image_bytes = st.one_of(
         st.binary(min_size=1, max_size=32),
     ),
 )
-field_names = st.one_of(st.sampled_from(["image", "template", "conf"]), st.text(max_size=12))
+field_names = st.one_of(st.sampled_from(["image", "template", "threshold", "conf"]), st.text(max_size=12))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -55,7 +55,7 @@ field_names = st.one_of(st.sampled_from(["image", "template", "conf"]), st.text(
 def test_random_image_bytes_never_500(client: TestClient, image: bytes, conf: str | None) -> None:
     files = {"image": ("upload.bin", image, "application/octet-stream")}
     if conf is not None:
-        files["conf"] = (None, conf.encode("utf-8", "replace"))
+        files["threshold"] = (None, conf.encode("utf-8", "replace"))
     _check(client.post("/v1/detect", files=files))
 
 

@@ -56,27 +56,27 @@ def test_tiny_defects_in_big_images_get_high_resolution_and_crops() -> None:
     rng = np.random.default_rng(0)
     stats = make_stats((2048, 1536), [(s, s) for s in rng.uniform(6, 16, 200)])
     config, why = chosen(stats)
-    assert config.imgsz > 640 and config.imgsz % 32 == 0
-    assert config.crop_size and config.crop_size >= 320 and config.crop_size <= config.imgsz // 2
+    assert config.input_size > 640 and config.input_size % 32 == 0
+    assert config.crop_size and config.crop_size >= 320 and config.crop_size <= config.input_size // 2
     assert config.strides == [8, 16]  # no large boxes: no coarse level
-    assert why["imgsz"].source == "auto" and "capped" in why["imgsz"].reason
+    assert why["input_size"].source == "auto" and "capped" in why["input_size"].reason
 
 
 def test_large_defects_in_small_images_get_native_size_no_crops_and_a_coarse_level() -> None:
     rng = np.random.default_rng(1)
     stats = make_stats((200, 200), [(w, h) for w, h in rng.uniform(60, 195, (100, 2))])
     config, why = chosen(stats)
-    assert config.imgsz == 192  # the 200 px images are not upsampled to 640
+    assert config.input_size == 192  # the 200 px images are not upsampled to 640
     assert config.crop_size == 0
     assert config.strides == [8, 16, 32]
-    assert "upsample 3.2x" in why["imgsz"].reason and "stride-32" in why["strides"].reason
+    assert "upsample 3.2x" in why["input_size"].reason and "stride-32" in why["strides"].reason
 
 
 def test_deeppcb_like_data_keeps_640_with_320_crops() -> None:
     rng = np.random.default_rng(2)
     stats = make_stats((640, 640), [(w, h) for w, h in rng.uniform(18, 60, (300, 2))], with_template=50)
     config, _ = chosen(stats)
-    assert (config.imgsz, config.crop_size, config.strides, config.template) == (640, 320, [8, 16], True)
+    assert (config.input_size, config.crop_size, config.strides, config.template) == (640, 320, [8, 16], True)
     assert config.batch == 16  # the recipe that reached 0.96+ on DeepPCB
 
 
@@ -84,9 +84,12 @@ def test_large_images_with_large_defects_are_downscaled_for_whole_image_training
     stats = make_stats((2048, 2048), [(400, 300)] * 20 + [(900, 700)] * 20)
     config, why = chosen(stats)
     # whole images: below 640 down to the floor, the smallest defects still span 54 px there
-    assert config.imgsz == 320 and config.crop_size == 0 and 32 in config.strides
+    assert config.input_size == 320 and config.crop_size == 0 and 32 in config.strides
     assert config.batch == 16  # 320 px whole images: the recipe's batch
-    assert "lowered to 320" in why["imgsz"].reason and "4.0x the images per second" in why["imgsz"].reason
+    assert (
+        "lowered to 320" in why["input_size"].reason
+        and "4.0x the images per second" in why["input_size"].reason
+    )
 
 
 def test_whole_image_shrink_keeps_the_typical_defect_and_reports_what_it_loses() -> None:
@@ -94,30 +97,30 @@ def test_whole_image_shrink_keeps_the_typical_defect_and_reports_what_it_loses()
     rng = np.random.default_rng(3)
     sides = [(s, s) for s in rng.uniform(5, 10, 15)] + [(s, s) for s in rng.uniform(40, 200, 85)]
     config, why = chosen(make_stats((500, 480), sides))
-    assert config.crop_size == 0 and 320 <= config.imgsz < 512 and config.imgsz % 32 == 0
-    assert float(np.percentile([s for s, _ in sides], 25)) * config.imgsz / 500 >= 32
-    assert "15% of defects are under 12 px there" in why["imgsz"].reason
+    assert config.crop_size == 0 and 320 <= config.input_size < 512 and config.input_size % 32 == 0
+    assert float(np.percentile([s for s, _ in sides], 25)) * config.input_size / 500 >= 32
+    assert "15% of defects are under 12 px there" in why["input_size"].reason
     # a user's crop of 0 with an auto letterbox shrinks too; a user's letterbox is kept
-    assert chosen(make_stats((500, 480), sides), crop_size=0)[0].imgsz == config.imgsz
-    assert chosen(make_stats((500, 480), sides), imgsz=512)[0].imgsz == 512
+    assert chosen(make_stats((500, 480), sides), crop_size=0)[0].input_size == config.input_size
+    assert chosen(make_stats((500, 480), sides), input_size=512)[0].input_size == 512
 
 
 def test_tiles_go_on_only_where_the_letterbox_loses_small_defects_of_large_images() -> None:
     # pin-holes in 2,000 px plates letterboxed to 352: under 2 px there, so inference adds tiles
     pin_holes = make_stats((2000, 1500), [(8, 8)] * 20 + [(400, 300)] * 80)
-    config, why = chosen(pin_holes, imgsz=352)
+    config, why = chosen(pin_holes, input_size=352)
     assert config.tiles is True and why["tiles"].source == "auto"
     assert "20% of defects are under 12 px at 352" in why["tiles"].reason
     # the same plates with only large defects: whole images are enough
     large = make_stats((2000, 1500), [(400, 300)] * 100)
-    assert chosen(large, imgsz=352)[0].tiles is False
+    assert chosen(large, input_size=352)[0].tiles is False
     # DeepPCB-like: the images are the letterbox, nothing to tile
     rng = np.random.default_rng(2)
     deeppcb = make_stats((640, 640), [(w, h) for w, h in rng.uniform(18, 60, (300, 2))], with_template=50)
     config, why = chosen(deeppcb)
     assert config.tiles is False and "no image is over 1.5x" in why["tiles"].reason
     # a user's choice wins and says what the data suggested
-    config, why = chosen(pin_holes, imgsz=352, tiles=False)
+    config, why = chosen(pin_holes, input_size=352, tiles=False)
     assert (
         config.tiles is False
         and why["tiles"].source == "user"
@@ -127,9 +130,9 @@ def test_tiles_go_on_only_where_the_letterbox_loses_small_defects_of_large_image
 
 def test_user_values_win_and_are_reported_with_the_data_suggestion() -> None:
     stats = make_stats((200, 200), [(150, 150)] * 10)
-    config, why = chosen(stats, imgsz=640, crop_size=320, strides=[8], channels=3, template=False)
-    assert (config.imgsz, config.crop_size, config.strides, config.channels) == (640, 320, [8], 3)
-    assert why["imgsz"].source == "user" and "from the data: 192" in why["imgsz"].reason
+    config, why = chosen(stats, input_size=640, crop_size=320, strides=[8], channels=3, template=False)
+    assert (config.input_size, config.crop_size, config.strides, config.channels) == (640, 320, [8], 3)
+    assert why["input_size"].source == "user" and "from the data: 192" in why["input_size"].reason
     assert why["crop_size"].source == "user" and "0 (off)" in why["crop_size"].reason
 
 
@@ -137,7 +140,7 @@ def test_resumed_checkpoint_values_win_over_the_data() -> None:
     stats = make_stats((200, 200), [(150, 150)] * 10)
     previous = {"imgsz": 320, "crop_size": 0, "strides": [8, 16], "channels": 1, "template": False}
     config, choices = choose_settings(stats, TrainConfig(), previous)
-    assert (config.imgsz, config.strides) == (320, [8, 16])
+    assert (config.input_size, config.strides) == (320, [8, 16])
     assert {c.source for c in choices if c.name in previous} == {"checkpoint"}
 
 
@@ -212,15 +215,15 @@ def test_table_and_model_overrides() -> None:
     console = Console(record=True, width=200)
     console.print(choices_table(choices))
     text = console.export_text()
-    for name in ("imgsz", "crop_size", "strides", "channels", "template", "class_balance"):
+    for name in ("input_size", "crop_size", "strides", "channels", "template", "class_balance"):
         assert name in text
     assert model_overrides(config) == {"levels": (0, 1, 2)}
     assert model_overrides(TrainConfig()) == {}
 
 
 def test_config_rejects_sizes_the_model_cannot_take() -> None:
-    with pytest.raises(ConfigError, match="imgsz"):
-        config_from_dict({"imgsz": 200})
+    with pytest.raises(ConfigError, match="input_size"):
+        config_from_dict({"input_size": 200})
     with pytest.raises(ConfigError, match="crop_size"):
         config_from_dict({"crop_size": 100})
     assert config_from_dict({"crop_size": 0, "strides": [32, 8]}).strides == [8, 32]

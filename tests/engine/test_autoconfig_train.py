@@ -50,7 +50,9 @@ def test_no_template_on_a_dataset_with_templates(tmp_path, small_train_config) -
     config_text = (result.run_dir / "config.yaml").read_text()
     assert config_text.startswith("# settings chosen for this run")
     recorded = yaml.safe_load(config_text)
-    assert recorded["imgsz"] == checkpoint["config"]["imgsz"] == 192  # 160-200 px boards, no upsampling
+    assert (
+        recorded["input_size"] == checkpoint["config"]["input_size"] == 192
+    )  # 160-200 px boards, no upsampling
     assert recorded["template"] is False and recorded["crop_size"] == 0
     metrics = validate(result.last_checkpoint, data_yaml, split="val", out=tmp_path / "val", protocol="coco")
     assert "mAP50" in metrics["headline"]
@@ -81,7 +83,7 @@ def test_train_cli_prints_the_table_and_levels_travel_to_validate(tmp_path) -> N
     assert result.exit_code == 0, result.output
     for text in (
         "settings chosen for this run",
-        "imgsz",
+        "input_size",
         "crop_size",
         "strides",
         "template",
@@ -95,7 +97,7 @@ def test_train_cli_prints_the_table_and_levels_travel_to_validate(tmp_path) -> N
         and "2 defect-free images" in chosen["clean_images"]["reason"]
     )
     assert tuple(checkpoint["model_config"]["levels"]) == (0, 1, 2)
-    assert checkpoint["config"]["strides"] == [8, 16, 32] and checkpoint["config"]["imgsz"] <= 224
+    assert checkpoint["config"]["strides"] == [8, 16, 32] and checkpoint["config"]["input_size"] <= 224
     metrics = validate(
         tmp_path / "run" / "last.pt", data_yaml, split="val", out=tmp_path / "val", protocol="coco"
     )

@@ -65,8 +65,8 @@ def test_same_classes_start_exactly_and_keep_learning(boards, deployed, tmp_path
     data = build_train_data(config)
     rows = {choice.name: choice for choice in data.choices}
     built_with = load_checkpoint(deployed)["config"]
-    assert data.config.imgsz == built_with["imgsz"] and data.config.strides == built_with["strides"]
-    for name in ("imgsz", "strides", "channels", "template", "preset"):
+    assert data.config.input_size == built_with["input_size"] and data.config.strides == built_with["strides"]
+    for name in ("input_size", "strides", "channels", "template", "preset"):
         assert rows[name].source == "model" and f"[from model] {deployed.name}" in rows[name].reason
     assert rows["pretrained"].value is False and deployed.name in rows["pretrained"].reason
     assert data.config.lr == pytest.approx(DEFAULT_LEARNING_RATES["adamw"] / 10)
@@ -130,8 +130,8 @@ def test_a_removed_class_or_another_layout_is_refused(boards, deployed, tmp_path
     config = TrainConfig(**QUICK, data=boards, out=tmp_path / "b", start_from=deployed, template=False)
     with pytest.raises(ConfigError, match="field 'template': False was set, but last.pt was built with True"):
         build_train_data(config)
-    config = TrainConfig(**QUICK, data=boards, out=tmp_path / "c", start_from=deployed, imgsz=320)
-    with pytest.raises(ConfigError, match="field 'imgsz': 320 was set"):
+    config = TrainConfig(**QUICK, data=boards, out=tmp_path / "c", start_from=deployed, input_size=320)
+    with pytest.raises(ConfigError, match="field 'input_size': 320 was set"):
         build_train_data(config)
     config = TrainConfig(**QUICK, data=boards, out=tmp_path / "d", start_from=deployed, resume=deployed)
     with pytest.raises(ConfigError, match="--from and --resume"):
@@ -272,7 +272,7 @@ def test_train_cli_from_prints_the_model_rows(boards, deployed, tmp_path) -> Non
     assert result.exit_code == 0, result.output
     assert "[from model]" in result.output  # the table (wrapped to the terminal) marks the model's rows
     notes = (tmp_path / "run" / "config.yaml").read_text()
-    assert "imgsz = 192 [model]: [from model] last.pt" in notes and "0.1 x the adamw default" in notes
+    assert "input_size = 192 [model]: [from model] last.pt" in notes and "0.1 x the adamw default" in notes
     bad = CliRunner().invoke(app, [*args[:4], "--resume", str(deployed)], terminal_width=200)
     assert isinstance(bad.exception, ConfigError) and "--from and --resume exclude" in str(bad.exception)
 

@@ -34,7 +34,7 @@ def test_train_on_synthesized_dataset(tmp_path, small_train_config):
     data_yaml = synthesize_dataset(
         tmp_path / "data", boards=6, seed=0, min_size=128, max_size=160, progress=False
     )
-    config = small_train_config(tmp_path / "run", data=data_yaml, imgsz=128, crop_size=None, batch=2)
+    config = small_train_config(tmp_path / "run", data=data_yaml, input_size=128, crop_size=None, batch=2)
     result = train(config)
     assert result.state.epoch == 2 and result.best_checkpoint is not None
     rows = list(csv.DictReader((result.run_dir / "metrics.csv").open()))

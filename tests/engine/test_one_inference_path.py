@@ -24,7 +24,7 @@ def trained(tmp_path_factory, small_train_config):
         root / "data", boards=10, seed=3, min_size=128, max_size=160, progress=False
     )
     config = small_train_config(
-        root / "run", data=data_yaml, imgsz=128, crop_size=0, epochs=3, batch=4, protocol="coco"
+        root / "run", data=data_yaml, input_size=128, crop_size=0, epochs=3, batch=4, protocol="coco"
     )
     return root, data_yaml, train(config)
 
@@ -57,7 +57,7 @@ def test_clean_boards_and_threshold_from_another_split(trained) -> None:
         protocol="coco",
         out=out,
         clean_templates=True,
-        conf_from="train",
+        threshold_from="train",
     )
     choice = metrics["threshold"]
     assert choice["rule"] == "escape" and "'train'" in choice["source"] and choice["target_escape"] == 0.01
@@ -75,7 +75,7 @@ def test_clean_boards_and_threshold_from_another_split(trained) -> None:
         protocol="coco",
         clean_templates=True,
         clean_nuisance=RecaptureConfig.none(),
-        conf_threshold=0.5,
+        threshold=0.5,
         register_pairs=False,
     )
     given = validate(
@@ -85,7 +85,12 @@ def test_clean_boards_and_threshold_from_another_split(trained) -> None:
     assert given["threshold"]["rule"] == "given" and given["headline"]["conf_threshold"] == 0.5
     assert given["registration"] is None
     by_f1 = validate(
-        result.best_checkpoint, data_yaml, split="val", out=root / "f1", conf_from="train", conf_rule="f1"
+        result.best_checkpoint,
+        data_yaml,
+        split="val",
+        out=root / "f1",
+        threshold_from="train",
+        threshold_rule="f1",
     )
     assert by_f1["threshold"]["rule"] == "f1" and "'train'" in by_f1["threshold"]["source"]
     assert by_f1["headline"]["conf_threshold"] == pytest.approx(by_f1["threshold"]["threshold"])
@@ -93,12 +98,17 @@ def test_clean_boards_and_threshold_from_another_split(trained) -> None:
     at_threshold = by_f1["deeppcb"]["at_threshold"]
     assert at_threshold["threshold"] == pytest.approx(by_f1["threshold"]["threshold"])
     assert at_threshold["f_score"] <= by_f1["deeppcb"]["best"]["f_score"] + 1e-9
-    with pytest.raises(ConfigError, match="conf-rule"):
+    with pytest.raises(ConfigError, match="threshold-rule"):
         validate(
-            result.best_checkpoint, data_yaml, split="val", conf_from="train", conf_rule="x", out=root / "x"
+            result.best_checkpoint,
+            data_yaml,
+            split="val",
+            threshold_from="train",
+            threshold_rule="x",
+            out=root / "x",
         )
     with pytest.raises(ConfigError, match="another split"):
-        validate(result.best_checkpoint, data_yaml, split="val", conf_from="val", out=root / "bad")
+        validate(result.best_checkpoint, data_yaml, split="val", threshold_from="val", out=root / "bad")
 
 
 def test_clean_boards_for_a_model_without_templates(trained, tmp_path, small_train_config) -> None:
@@ -107,7 +117,7 @@ def test_clean_boards_for_a_model_without_templates(trained, tmp_path, small_tra
     config = small_train_config(
         tmp_path / "plain",
         data=data_yaml,
-        imgsz=128,
+        input_size=128,
         crop_size=0,
         epochs=1,
         batch=4,
@@ -129,9 +139,10 @@ def test_clean_boards_for_a_model_without_templates(trained, tmp_path, small_tra
 
 
 def test_validate_settings_take_keywords_over_them_and_refuse_bad_ones(tmp_path) -> None:
-    base = ValidateSettings(split="test", protocol="coco", conf_threshold=0.3)
-    merged = ValidateSettings.merged(base, {"conf_threshold": 0.6, "out": tmp_path})
-    assert (merged.split, merged.protocol, merged.conf_threshold, merged.out) == (
+    base = ValidateSettings(split="test", protocol="coco", threshold=0.3)
+    with pytest.warns(DeprecationWarning, match="'conf_threshold' is deprecated: use 'threshold'"):
+        merged = ValidateSettings.merged(base, {"conf_threshold": 0.6, "out": tmp_path})
+    assert (merged.split, merged.protocol, merged.threshold, merged.out) == (
         "test",
         "coco",
         0.6,
@@ -145,5 +156,5 @@ def test_validate_settings_take_keywords_over_them_and_refuse_bad_ones(tmp_path)
     # refused in the CLI's words before anything is loaded (the checkpoint does not exist)
     with pytest.raises(ConfigError, match="--protocol must be one of"):
         validate(tmp_path / "none.pt", tmp_path, ValidateSettings(protocol="voc"))
-    with pytest.raises(ConfigError, match="either --conf or --conf-from"):
+    with pytest.raises(ConfigError, match="either --threshold or --threshold-from"):
         validate(tmp_path / "none.pt", tmp_path, base, conf_from="train")

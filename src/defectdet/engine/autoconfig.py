@@ -1,6 +1,6 @@
 """Training settings chosen from the data: `choose_settings(stats, config) -> (config, choices)`.
 
-`TrainConfig` fields left at None mean "choose from the data": letterbox size (`imgsz`), crops
+`TrainConfig` fields left at None mean "choose from the data": letterbox size (`input_size`), crops
 (`crop_size`, 0 = none), head strides (`strides`), gray or colour (`channels`), template or not
 (`template`) and class balancing (`class_balance`). A value the user gave is kept and reported as
 such (with what the data would have suggested when it differs); on resume the checkpoint's values
@@ -11,7 +11,7 @@ box sizes of up to `max_images` sampled images, class counts over all of them, a
 dozen colour-coded files to tell colour content from gray stored as RGB.
 
 Rules (pixels are at the letterbox size S; `MIN_DEFECT_PX`, `CROP_BASE`, `LARGE_BOX_PX` below):
-- imgsz: the median long image side rounded to 32 ("native", never an upsampling default),
+- input_size: the median long image side rounded to 32 ("native", never an upsampling default),
   lowered towards 640 when 90% of defects stay >= MIN_DEFECT_PX there, capped at MAX_AUTO_IMGSZ.
   With whole-image training (no crops) every pixel is paid for at every step, so the letterbox is
   lowered further, not below WHOLE_IMAGE_FLOOR, while the 25th-percentile defect keeps
@@ -55,7 +55,7 @@ import numpy as np
 
 from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.engine.config import TrainConfig
-from defectdet.errors import ConfigError, ImageReadError
+from defectdet.errors import TRAIN_CONFIG_RENAMES, ConfigError, ImageReadError, renamed_keys
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ MAX_REPEAT = 4.0
 TILE_SHARE = 0.05  # tiles when this share of defects is under MIN_DEFECT_PX in images the letterbox shrinks
 SETTING_NAMES = (
     "preset",
-    "imgsz",
+    "input_size",
     "crop_size",
     "strides",
     "batch",
@@ -414,6 +414,8 @@ def choose_settings(
     """Fill the config's auto (None) settings from `stats`; returns the filled config and one
     Choice per setting. `previous` (a resumed checkpoint's config) wins over the data for auto fields.
     Pure: no IO."""
+    if previous is not None:  # a checkpoint written before the renaming says imgsz
+        previous = renamed_keys(previous, TRAIN_CONFIG_RENAMES, warn=False)
     choices: list[Choice] = []
     values: dict[str, Any] = {}
 
@@ -435,11 +437,11 @@ def choose_settings(
         return value
 
     auto_size, size_reason = auto_imgsz(stats)
-    if config.imgsz is None and (config.crop_size == 0 or auto_crop(stats, auto_size)[0] == 0):
+    if config.input_size is None and (config.crop_size == 0 or auto_crop(stats, auto_size)[0] == 0):
         smaller, why = shrink_whole_images(stats, auto_size)
         if why:
             auto_size, size_reason = smaller, f"{size_reason}; {why}"
-    imgsz = decide("imgsz", auto_size, size_reason)
+    imgsz = decide("input_size", auto_size, size_reason)
     crop = decide("crop_size", *auto_crop(stats, imgsz))
     decide("channels", *auto_channels(stats))
     template = decide("template", *auto_template(stats))

@@ -42,9 +42,9 @@ def load_bundle_model(path: str | Path, threads: int | None = None) -> tuple[Bun
     meta = model.metadata
     config = {
         **meta.train_config,
-        "imgsz": meta.input_size,
-        "score_threshold": meta.thresholds.min_score,
-        "nms_iou_threshold": meta.thresholds.nms_iou,
+        "input_size": meta.input_size,
+        "score_floor": meta.thresholds.score_floor,
+        "nms_iou": meta.thresholds.nms_iou,
         "max_detections": meta.thresholds.max_detections,
     }
     return model, {"config": config, "class_names": list(meta.class_names), "metrics": meta.metrics}

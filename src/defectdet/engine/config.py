@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from defectdet.data.augment import AugmentConfig
-from defectdet.errors import ConfigError
+from defectdet.errors import TRAIN_CONFIG_RENAMES, ConfigError, renamed_keys
 from defectdet.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_THRESHOLD
 
 DEFAULT_EPOCHS = 50
@@ -36,14 +36,14 @@ class TrainConfig(BaseModel):
     val_split: str | None = "val"
     format: str | None = None
     # None = chosen from the data before the first step (engine.autoconfig), printed as a table
-    imgsz: int | None = Field(None, ge=32)  # letterbox size S, a multiple of 32
+    input_size: int | None = Field(None, ge=32)  # letterbox size S (the model's input side), a multiple of 32
     crop_size: int | None = Field(None, ge=0)  # train on random crops of this size; 0 = whole images
     channels: Literal[1, 3] | None = None  # 1 gray, 3 RGB
     template: bool | None = None  # compare against the template image (needs one per image)
     strides: list[Literal[8, 16, 32]] | None = None  # feature strides the head predicts at
     class_balance: Literal["off", "repeat"] | None = None  # 'repeat': repeat images of rare classes
     tiles: bool | None = (
-        None  # inference also runs native-resolution tiles of images >= 1.5x imgsz (data.tiling)
+        None  # inference also runs native-resolution tiles of images >= 1.5x input_size (data.tiling)
     )
     # training without templates on paired data: each golden template also trains as a defect-free image
     # (None: off, engine.autoconfig says why)
@@ -109,8 +109,9 @@ class TrainConfig(BaseModel):
     # each VAL_BUDGET_SHARE of the budget, so validation does not eat a third of a short CPU budget
     val_every: int | None = Field(None, ge=1)
     protocol: Literal["coco", "deeppcb", "both"] = "both"
-    score_threshold: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)  # defaults: defectdet.postprocess
-    nms_iou_threshold: float = Field(DEFAULT_NMS_IOU, gt=0, le=1)
+    # the score floor: lowest score kept as a proposal (defaults: defectdet.postprocess)
+    score_floor: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)
+    nms_iou: float = Field(DEFAULT_NMS_IOU, gt=0, le=1)  # IoU above which NMS drops the lower-scoring box
     max_detections: int = Field(DEFAULT_MAX_DETECTIONS, ge=1)
     # align each template to its tested image (data.registration) in training and evaluation
     register_pairs: bool = True
@@ -127,7 +128,17 @@ class TrainConfig(BaseModel):
             return value
         raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {value!r}")
 
-    @field_validator("imgsz", "crop_size")
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, values: Any) -> Any:
+        """Keys retired for one name per concept (`imgsz` -> `input_size`, ...) still load, with a warning."""
+        return (
+            renamed_keys(values, TRAIN_CONFIG_RENAMES, "TrainConfig", stacklevel=5)
+            if isinstance(values, dict)
+            else values
+        )
+
+    @field_validator("input_size", "crop_size")
     @classmethod
     def _check_multiple_of_32(cls, value: int | None, info: Any) -> int | None:
         if value and value % 32:
@@ -219,6 +230,7 @@ def _format_validation_error(error: ValidationError, where: str) -> str:
 
 def config_from_dict(values: dict[str, Any], where: str = "config") -> TrainConfig:
     """Validate a plain dict; errors become ConfigError naming the field and `where` it came from."""
+    values = renamed_keys(values, TRAIN_CONFIG_RENAMES, where, warn=False)
     check_unknown_keys(values, where)
     try:
         return TrainConfig(**values)
@@ -249,10 +261,11 @@ def load_config(yaml_path: str | Path | None = None, overrides: dict[str, Any] |
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of config keys, got {type(loaded).__name__}")
+        loaded = renamed_keys(loaded, TRAIN_CONFIG_RENAMES, str(path))
         check_unknown_keys(loaded, str(path))
         values.update(loaded)
         where = str(path)
-    for key, value in (overrides or {}).items():
+    for key, value in renamed_keys(overrides or {}, TRAIN_CONFIG_RENAMES, "override").items():
         top = key.split(".")[0]
         check_unknown_keys({top: {}}, "override")
         if "." in key and top == "augment" and AugmentConfig is not None:

@@ -27,7 +27,7 @@ from defectdet.errors import CheckpointError, ConfigError
 WEIGHTS_KEY = "defectdet.weights"
 WEIGHTS_FORMAT = "defectdet-bundle-weights/1"
 CLASSIFIER_PREFIX = "head.classifiers."
-ARCHITECTURE = ("preset", "imgsz", "strides", "channels", "template")  # TrainConfig fields the model fixes
+ARCHITECTURE = ("preset", "input_size", "strides", "channels", "template")  # TrainConfig fields it fixes
 
 
 @dataclass
@@ -43,14 +43,14 @@ class StartModel:
 
     @property
     def architecture(self) -> dict[str, Any]:
-        """The TrainConfig values the model was built with (preset, imgsz, strides, channels, template)."""
+        """The TrainConfig values the model was built with (preset, input_size, strides, channels, template)."""
         from defectdet.model.detector import STRIDES_BY_LEVEL
 
         model, config = self.model_config, self.train_config
         in_channels, template = int(model["in_channels"]), bool(model["template"])
         return {
             "preset": model.get("preset") or config.get("preset"),
-            "imgsz": config.get("imgsz"),
+            "input_size": config.get("input_size") or config.get("imgsz"),
             "strides": [STRIDES_BY_LEVEL[level] for level in model["levels"]],
             "channels": in_channels // (2 if template else 1),
             "template": template,
@@ -115,7 +115,7 @@ def _read_bundle(path: Path) -> StartModel:
             f"{path}: bundle metadata field 'class_names' lists {len(metadata.class_names)} class(es) but its "
             f"embedded weights have {embedded}"
         )
-    train_config = {**metadata.train_config, "imgsz": metadata.input_size}
+    train_config = {**metadata.train_config, "input_size": metadata.input_size}
     return StartModel(
         path,
         "bundle",
@@ -190,13 +190,13 @@ def build_start_model(start: StartModel, class_names: list[str]) -> tuple[nn.Mod
 
 
 def fit_config(config: Any, start: StartModel, train_split: Any) -> Any:
-    """`config` with the model's architecture (preset, imgsz, strides, channels, template) filled in, so the
+    """`config` with the model's architecture (preset, input_size, strides, channels, template) filled in, so the
     data cannot choose another; ConfigError when a value set by the user, or the data's layout, differs."""
     architecture = start.architecture
     name = start.path.name
-    if architecture["imgsz"] is None:
-        raise ConfigError(f"{start.path}: it records no input size (imgsz); re-export or retrain it")
-    for key in ("imgsz", "strides", "channels", "template"):
+    if architecture["input_size"] is None:
+        raise ConfigError(f"{start.path}: it records no input size; re-export or retrain it")
+    for key in ("input_size", "strides", "channels", "template"):
         given = getattr(config, key)
         if given is not None and given != architecture[key]:
             raise ConfigError(

@@ -159,7 +159,7 @@ def build_train_data(config: TrainConfig) -> TrainData:
     channels = config.channels or 1
     train_set = DetectionDataset(
         train_split,
-        config.imgsz,
+        config.input_size,
         channels,
         config.template,
         config.augment,
@@ -274,7 +274,7 @@ def _with_synthetic_boards(config: TrainConfig, train_split: Any) -> tuple[Any, 
         seed=SYNTHETIC_SEED + config.seed,
         color=config.channels == 3,
         template=bool(config.template),
-        imgsz=int(config.imgsz or 640),
+        imgsz=int(config.input_size or 640),
         minutes=config.time_minutes,
         mode=config.synthetic_boards_mode,
     )
@@ -297,7 +297,7 @@ def _val_set(split: Any, config: TrainConfig, template: bool) -> Dataset | None:
         return None
     channels = config.channels or 1
     return DetectionDataset(
-        split, config.imgsz, channels, template, None, False, None, seed=config.seed,
+        split, config.input_size, channels, template, None, False, None, seed=config.seed,
         register_pairs=config.register_pairs,
     )  # fmt: skip
 
@@ -439,20 +439,49 @@ def _warn_config_changes(previous: dict, config: TrainConfig, log: logging.Logge
 
 
 def train(
-    config: TrainConfig,
+    config: TrainConfig | str | Path | None = None,
     *,
-    data: TrainData | None = None,
+    data: TrainData | str | Path | None = None,
     model: nn.Module | None = None,
+    **fields: Any,
 ) -> TrainResult:
-    """Train per `config`; `data`/`model` replace the ones built from config (tests, custom models).
+    """Train a detector; what `defectdet train` runs. Writes last.pt, best.pt, metrics.csv, plots and
+    report.html into the run folder.
 
-    Works unchanged under `torchrun --nproc_per_node N`: rank 0 logs, validates and saves.
+    `config` is a `TrainConfig`, or a YAML file of its fields; `fields` are `TrainConfig` fields set over it
+    (`data="data.yaml"`, `time_minutes=5`, `input_size=640`, ...; see the configuration reference). Settings
+    left at None are chosen from the data. A `TrainData` as `data` (or a `model`) replaces the one built from
+    the config (tests, custom models). Works unchanged under `torchrun --nproc_per_node N`: rank 0 logs,
+    validates and saves.
+
+    Example:
+        ```python
+        from defectdet import train
+
+        result = train(data="data/synth/data.yaml", time_minutes=2, out="runs/synth")
+        print(result.best_checkpoint, result.best_metrics.get("mAP50"))
+        ```
     """
+    if not isinstance(config, TrainConfig) or fields or not isinstance(data, (TrainData, type(None))):
+        config, data = _config_and_data(config, data, fields)
     context = init_distributed(config.device)
     try:
         return Trainer(config, context, data, model).run()
     finally:
         cleanup_distributed(context)
+
+
+def _config_and_data(
+    config: TrainConfig | str | Path | None, data: Any, fields: dict[str, Any]
+) -> tuple[TrainConfig, TrainData | None]:
+    """`train`'s keyword form: a config (object, YAML path or none) with `fields` and a dataset path over it."""
+    from defectdet.engine.config import load_config
+
+    if isinstance(data, (str, Path)):
+        fields, data = {**fields, "data": str(data)}, None
+    if isinstance(config, TrainConfig):
+        fields, config = {**config.model_dump(exclude_unset=True), **fields}, None
+    return load_config(config, fields), data
 
 
 class Trainer:

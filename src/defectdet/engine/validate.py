@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 from rich.console import Console
 from rich.table import Table
 
@@ -26,7 +26,7 @@ from defectdet.data.recapture import RecaptureConfig, make_clean_boards
 from defectdet.data.sample import DatasetSplit
 from defectdet.engine.checkpoint import load_detector
 from defectdet.engine.predict import DEFAULT_EVAL_BATCH, predict_records, registration_summary
-from defectdet.errors import ConfigError
+from defectdet.errors import ConfigError, renamed_keys
 from defectdet.evaluation.threshold import (
     DEFAULT_TARGET_ESCAPE,
     ThresholdChoice,
@@ -43,6 +43,13 @@ logger = logging.getLogger(__name__)
 
 PROTOCOLS = ("coco", "deeppcb", "both")
 CONF_RULES = ("escape", "f1")
+# ValidateSettings keywords retired for one name per concept; old scripts keep working, with a warning
+VALIDATE_RENAMES = {
+    "conf_threshold": "threshold",
+    "conf_from": "threshold_from",
+    "conf_rule": "threshold_rule",
+    "imgsz": "input_size",
+}
 
 
 def model_spec(
@@ -50,21 +57,21 @@ def model_spec(
     metadata: BundleMetadata | None,
     source: str | Path,
     *,
-    imgsz: int | None = None,
+    input_size: int | None = None,
     register_pairs: bool | None = None,
     tiles: bool | None = None,
     repeat_check: bool | None = None,
 ) -> ModelSpec:
     """The model's settings as `val` runs it: the bundle's (`metadata`) or the checkpoint's (`state`), then the
-    caller's explicit `imgsz`, `register_pairs`, `tiles` and `repeat_check` (None: as the model was trained or
+    caller's explicit `input_size`, `register_pairs`, `tiles` and `repeat_check` (None: as the model was trained or
     exported)."""
     if metadata is not None:
         spec = ModelSpec.from_bundle(metadata)
     else:
         spec = ModelSpec.from_checkpoint(state, source)
     update: dict[str, Any] = {}
-    if imgsz:
-        update["input_size"] = int(imgsz)
+    if input_size:
+        update["input_size"] = int(input_size)
     if register_pairs is not None:
         update["registration"] = spec.template and bool(register_pairs)
     if tiles is not None:
@@ -87,10 +94,10 @@ class ValidateSettings(BaseModel):
     """How `validate` scores a model: the split and protocol, the output folder, how the operating threshold
     is chosen, clean boards, and overrides of the model's own input settings (None: as trained/exported).
 
-    - Operating threshold: `conf_threshold` when given; else with `conf_from` (another split of the data) the
-      highest threshold whose board escape rate there is <= `target_escape` (`conf_rule="escape"`) or its best
-      pooled box F1 (`conf_rule="f1"`, for box-scoring protocols such as DeepPCB's F); `conf_from="bundle"`: a
-      bundle's stored `thresholds.score`; else the best-F1 threshold of the reported records themselves
+    - Operating threshold: `threshold` when given; else with `threshold_from` (another split of the data) the
+      highest threshold whose board escape rate there is <= `target_escape` (`threshold_rule="escape"`) or its
+      best pooled box F1 (`threshold_rule="f1"`, for box-scoring protocols such as DeepPCB's F);
+      `threshold_from="bundle"`: a bundle's stored `thresholds.threshold`; else the best-F1 threshold of the reported records themselves
       (optimistic; the report says so). `metrics["threshold"]` records the value, rule and source.
     - `clean_templates`: add a clean board per template, a recapture with `clean_nuisance` (default
       `RecaptureConfig()`; `RecaptureConfig.none()` feeds the template as its own tested image), seeded by `seed`.
@@ -108,10 +115,10 @@ class ValidateSettings(BaseModel):
     split: str = "val"
     protocol: str = "both"  # one of PROTOCOLS
     out: str | Path | None = None  # default runs/val/<checkpoint stem>
-    conf_threshold: float | None = None
-    conf_from: str | None = None
+    threshold: float | None = None
+    threshold_from: str | None = None
     target_escape: float = DEFAULT_TARGET_ESCAPE
-    conf_rule: str = "escape"  # one of CONF_RULES
+    threshold_rule: str = "escape"  # one of CONF_RULES
     target_recall: float = 0.99
     clean_templates: bool = False
     clean_nuisance: RecaptureConfig | None = None
@@ -122,30 +129,44 @@ class ValidateSettings(BaseModel):
     seed: int = 0
     batch: int = DEFAULT_EVAL_BATCH
     format: str | None = None  # dataset format (None: detected)
-    imgsz: int | None = None
+    input_size: int | None = None
     threads: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, values: Any) -> Any:
+        """Keywords retired for one name per concept (`conf_threshold` -> `threshold`, ...) still work."""
+        return (
+            renamed_keys(values, VALIDATE_RENAMES, "ValidateSettings", stacklevel=5)
+            if isinstance(values, dict)
+            else values
+        )
 
     def check(self) -> None:
         """Raise ConfigError, in the CLI's words, for values or combinations `validate` cannot run."""
         if self.protocol not in PROTOCOLS:
             raise ConfigError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
-        if self.conf_threshold is not None and self.conf_from is not None:
-            raise ConfigError("give either --conf or --conf-from, not both")
+        if self.threshold is not None and self.threshold_from is not None:
+            raise ConfigError("give either --threshold or --threshold-from, not both")
         if self.flip_views is not None:
             try:
                 check_views(self.flip_views)
             except ValueError as error:
                 raise ConfigError(f"--flip-views: {error}") from None
-        if self.conf_rule not in CONF_RULES:
-            raise ConfigError(f"--conf-rule must be one of {', '.join(CONF_RULES)}, got {self.conf_rule!r}")
-        if self.conf_from is not None and self.conf_from == self.split:
+        if self.threshold_rule not in CONF_RULES:
             raise ConfigError(
-                f"--conf-from {self.conf_from!r} is the split being reported: choose the threshold on another split"
+                f"--threshold-rule must be one of {', '.join(CONF_RULES)}, got {self.threshold_rule!r}"
+            )
+        if self.threshold_from is not None and self.threshold_from == self.split:
+            raise ConfigError(
+                f"--threshold-from {self.threshold_from!r} is the split being reported: choose the threshold on "
+                "another split"
             )
 
     @classmethod
     def merged(cls, settings: ValidateSettings | None, overrides: dict[str, Any]) -> ValidateSettings:
         """`settings` (default: all defaults) with `overrides` (field name -> value) applied over it."""
+        overrides = renamed_keys(overrides, VALIDATE_RENAMES, "validate()")
         unknown = sorted(set(overrides) - set(cls.model_fields))
         if unknown:
             raise TypeError(f"validate() got unexpected keyword argument(s): {', '.join(unknown)}")
@@ -161,9 +182,18 @@ def validate(
     console: Console | None = None,
     **overrides: Any,
 ) -> dict[str, Any]:
-    """Evaluate `checkpoint` (or a bundle) on a split of `data` per `settings` (`ValidateSettings`; its fields
-    may also be given as keywords, which apply over `settings`); writes metrics.json, plots and report.html
-    into `settings.out`. Returns the metrics, with `report` (the page's path) and `skipped_images`.
+    """Evaluate `checkpoint` (or a bundle) on a split of `data`; what `defectdet val` runs. `settings` is a
+    `ValidateSettings`; its fields may also be given as keywords, which apply over it (`split`, `threshold`,
+    `threshold_from`, `clean_templates`, `out`, ...). Writes metrics.json, plots and report.html into
+    `settings.out`. Returns the metrics, with `report` (the page's path) and `skipped_images`.
+
+    Example:
+        ```python
+        from defectdet import validate
+
+        metrics = validate("runs/synth/best.pt", "data/synth/data.yaml", split="val", out="runs/val")
+        print(metrics["mAP50"], metrics["report"])
+        ```
 
     Prediction is `engine.predict.predict_records`, the path the trainer's evaluation runs. Images are read in
     this process (no loader workers) so the per-stage timings are real.
@@ -237,13 +267,13 @@ class _ValidationRun:
             load_bundle_model(checkpoint, settings.threads) if bundle else load_detector(checkpoint)
         )
         metadata = getattr(model, "metadata", None)
-        if settings.conf_from == "bundle" and metadata is None:
-            raise ConfigError(f"--conf-from bundle: {checkpoint} is a checkpoint, not a bundle (.onnx)")
+        if settings.threshold_from == "bundle" and metadata is None:
+            raise ConfigError(f"--threshold-from bundle: {checkpoint} is a checkpoint, not a bundle (.onnx)")
         spec = model_spec(
             state,
             metadata,
             checkpoint,
-            imgsz=settings.imgsz,
+            input_size=settings.input_size,
             register_pairs=settings.register_pairs,
             tiles=settings.tiles,
             repeat_check=settings.repeat_check,
@@ -287,7 +317,7 @@ def _score(
     threshold_note = (
         f"{choice.threshold:.4g} ({choice.rule}: {choice.source})"
         if choice is not None
-        else "best F1 of these very records (optimistic: give --conf-from SPLIT or --conf)"
+        else "best F1 of these very records (optimistic: give --threshold-from SPLIT or --threshold)"
     )
     metrics = evaluate_records(
         records,
@@ -295,7 +325,7 @@ def _score(
         run.out_dir,
         settings.protocol,
         target_recall=settings.target_recall,
-        conf_threshold=None if choice is None else choice.threshold,
+        threshold=None if choice is None else choice.threshold,
         timing=timer.summary(),
         deeppcb_results_dir=deeppcb_dir,
         title=f"defectdet val: {Path(run.checkpoint).name} on {Path(run.data).name} [{split}]",
@@ -357,29 +387,31 @@ def _check_templates(dataset: DatasetSplit, use_template: bool, checkpoint: str 
 
 
 def _threshold_choice(run: _ValidationRun, settings: ValidateSettings) -> ThresholdChoice | None:
-    """The operating threshold from --conf, --conf-from SPLIT / bundle, or None (best F1 on the records)."""
+    """The operating threshold from --threshold, --threshold-from SPLIT / bundle, or None (best F1 on the records)."""
     from defectdet.data.formats import load_dataset
 
-    conf_from, checkpoint, data = settings.conf_from, run.checkpoint, run.data
-    if settings.conf_threshold is not None:
-        return ThresholdChoice(float(settings.conf_threshold), "given", "--conf")
+    conf_from, checkpoint, data = settings.threshold_from, run.checkpoint, run.data
+    if settings.threshold is not None:
+        return ThresholdChoice(float(settings.threshold), "given", "--threshold")
     if conf_from is None:
         return None
     if conf_from == "bundle":
         stored = run.metadata.thresholds
         return ThresholdChoice(
-            float(stored.score), "bundle", f"{checkpoint} thresholds.score ({stored.score_source})"
+            float(stored.threshold),
+            "bundle",
+            f"{checkpoint} thresholds.threshold ({stored.threshold_source})",
         )
     calibration = load_dataset(data, conf_from, format=settings.format)
     _check_templates(calibration, run.spec.template, checkpoint)
     records, _ = run.predict(list(calibration.samples))
     source = f"split {conf_from!r} of {data}"
     try:
-        if settings.conf_rule == "f1":
+        if settings.threshold_rule == "f1":
             return threshold_for_f1(records, len(run.class_names), source=source)
         return threshold_for_escape(records, settings.target_escape, source=source)
     except ValueError as error:
-        raise ConfigError(f"--conf-from {conf_from}: {error}") from None
+        raise ConfigError(f"--threshold-from {conf_from}: {error}") from None
 
 
 def _clean_note(clean_templates: bool, recapture: RecaptureConfig, seed: int) -> str:

@@ -12,10 +12,11 @@ import string
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
+from defectdet.errors import renamed_keywords
 from defectdet.evaluation.coco import coco_metrics
 from defectdet.evaluation.deeppcb import deeppcb_metrics, write_deeppcb_results
 from defectdet.evaluation.operating_point import confusion_matrix, operating_points
@@ -59,7 +60,7 @@ def evaluate_records(
     out_dir: str | Path,
     protocol: Protocol = "both",
     target_recall: float = 0.99,
-    conf_threshold: float | None = None,
+    threshold: float | None = None,
     timing: StageTimer | Mapping | None = None,
     *,
     plots: bool = True,
@@ -68,21 +69,26 @@ def evaluate_records(
     deeppcb_results_dir: str | Path | None = None,
     title: str = "defectdet evaluation",
     settings: Mapping | None = None,
+    **renamed: Any,
 ) -> dict:
     """Run COCO and/or DeepPCB metrics and the operating-point analysis; write `metrics.json`,
     the plots and `report.html` into `out_dir`; return the metrics dict.
 
-    The operating threshold is `conf_threshold` when given, else the best-F1 threshold at IoU 0.5.
+    The operating threshold is `threshold` when given, else the best-F1 threshold at IoU 0.5.
     `plots=False` skips the PNGs and the report (cheap per-epoch validation). `metrics_csv` defaults
     to `out_dir/metrics.csv` when that file exists (loss curves).
     """
+    if renamed:  # `conf_threshold`, the name before one name per concept
+        threshold = renamed_keywords(renamed, {"conf_threshold": "threshold"}, "evaluate_records")[
+            "threshold"
+        ]
     if protocol not in ("coco", "deeppcb", "both"):
         raise ValueError(f"protocol must be 'coco', 'deeppcb' or 'both', got {protocol!r}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     class_names = list(class_names)
 
-    operating = operating_points(records, class_names, 0.5, target_recall, conf_threshold)
+    operating = operating_points(records, class_names, 0.5, target_recall, threshold)
     chosen_threshold = operating.summary["chosen"]["threshold"]
     metrics: dict = {
         "num_images": len(records),

@@ -25,7 +25,7 @@ class ThresholdChoice:
 
     `rule`: 'escape' (the highest threshold whose board-level escape rate on the calibration boards is
     <= `target_escape`), 'f1' (the best pooled box F1 on the calibration boards), 'given' (a value passed
-    in) or 'bundle' (the bundle's `thresholds.score`).
+    in) or 'bundle' (the bundle's `thresholds.threshold`).
     `source` names the calibration data, e.g. "split 'test' of data/deeppcb". `calibration_escape_rate`
     and `defective_boards` describe the calibration boards (None for a given value). `reachable` is False
     when more than the allowed boards had no detection at all: no threshold reaches the target then.

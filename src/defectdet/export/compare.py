@@ -60,7 +60,7 @@ class _Models:
 
     @property
     def thresholds(self) -> tuple[float, float]:
-        return self.metas["old"].thresholds.score, self.metas["new"].thresholds.score
+        return self.metas["old"].thresholds.threshold, self.metas["new"].thresholds.threshold
 
 
 def _models(old: str | Path, new: str | Path, out_dir: Path) -> _Models:
@@ -228,8 +228,8 @@ def _model_entry(models: _Models, role: str, score: dict[str, Any]) -> dict[str,
         "template": meta.template,
         "precision": meta.precision,
         "threshold": {
-            "value": meta.thresholds.score,
-            "source": f"bundle metadata thresholds.score ({_source(meta)})",
+            "value": meta.thresholds.threshold,
+            "source": f"bundle metadata thresholds.threshold ({_source(meta)})",
         },
         **score,
     }
@@ -273,7 +273,27 @@ def _calls(record: ImageRecord, threshold: float, class_names: list[str]) -> dic
 
 
 def _source(meta: BundleMetadata) -> str:
-    source = meta.thresholds.score_source
+    source = meta.thresholds.threshold_source
     if source == "default":
         return "the default: no threshold was measured when it was exported"
     return source
+
+
+def compare(old: str | Path, new: str | Path, data: str | Path, **options: Any) -> dict[str, Any]:
+    """Should NEW replace OLD on the line? Both models (bundles, or checkpoints exported first) run on the same
+    held-out images, each at its own stored threshold; what `defectdet compare` runs. Returns the comparison
+    document (also written to `out/compare.json`): per model mAP, escapes, false calls and latency, the images
+    where they disagree, and `verdict` with `decision` "promote" or "keep".
+
+    `options` are those of `compare_models`: `split` (default "val"), `clean` (a folder of defect-free
+    boards), `clean_auto`, `out`, `threads`, `tolerances`, ...
+
+    Example:
+        ```python
+        from defectdet import compare
+
+        document = compare("models/line3.onnx", "runs/line3-new/best.pt", "data/line3/data.yaml")
+        print(document["verdict"]["decision"])
+        ```
+    """
+    return compare_models(old, new, data, **options)

@@ -67,7 +67,7 @@ def run_interleaved(
     def call(role: str, sample: Sample) -> PredictionResult:
         predictor = predictors[role]
         template = sample.template_path if predictor.metadata.template else None
-        return predictor.predict(sample.image_path, template, min_score=0.0)
+        return predictor.predict(sample.image_path, template, score_floor=0.0)
 
     if samples:
         for role in ROLES:

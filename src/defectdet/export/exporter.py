@@ -139,11 +139,11 @@ def base_metadata(detector: nn.Module, checkpoint: dict[str, Any]) -> BundleMeta
     thresholds = Thresholds(
         nms_iou=spec.nms_iou,
         max_detections=spec.max_detections,
-        min_score=spec.min_score,
+        score_floor=spec.min_score,
     )
     logged = metrics.get("conf_threshold")
     if isinstance(logged, float):
-        thresholds.score, thresholds.score_source = (
+        thresholds.threshold, thresholds.threshold_source = (
             logged,
             "best F1 logged by training on its validation split",
         )
@@ -342,8 +342,8 @@ def _measure(
     headline = metrics.get("headline", {})
     thresholds = metadata.thresholds.model_copy()
     if isinstance(headline.get("conf_threshold"), float):
-        thresholds.score = headline["conf_threshold"]
-        thresholds.score_source = f"best F1 on {Path(str(data)).name}, split {split}"
+        thresholds.threshold = headline["conf_threshold"]
+        thresholds.threshold_source = f"best F1 on {Path(str(data)).name}, split {split}"
     thresholds.recall_target = target_recall
     thresholds.recall_threshold = headline.get("target_recall_threshold")
     reference = None

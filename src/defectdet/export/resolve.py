@@ -1,10 +1,12 @@
-"""`resolve_bundle`: what `defectdet predict` runs on. A bundle path is used as is (torch-free: this module
-imports torch only when a checkpoint must be exported), a training checkpoint is exported first."""
+"""`resolve_bundle`: what `defectdet predict` runs on, and `predict`, its Python form. A bundle path is used as
+is (torch-free: this module imports torch only when a checkpoint must be exported), a training checkpoint is
+exported first."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from defectdet.errors import InputError
 
@@ -43,3 +45,26 @@ def _check_bundle_views(bundle: Path, flip_views: str) -> None:
             f"its graph); export its checkpoint again with `defectdet export --flip-views {flip_views}`, or "
             "predict with the checkpoint and --flip-views"
         )
+
+
+def predict(model: str | Path, source: str | Path, out: str | Path = "runs/predict", **options: Any) -> Any:
+    """Predict an image file, a folder or a glob with a bundle or a checkpoint (exported first); what
+    `defectdet predict` runs. Writes annotated images, `predictions.jsonl` and YOLO label files into `out` and
+    returns a `PredictSummary` (`images`, `defective`, `detections`, `failed`, ...).
+
+    `options` are those of `defectdet.runtime.predict.predict_source`: `templates` (a folder of templates
+    matched by file name), `threshold` (default: the bundle's), `save_images`, `threads`, `tiles`,
+    `repeat_check`. For one image at a time in your own code, use `Predictor`.
+
+    Example:
+        ```python
+        from defectdet import predict
+
+        summary = predict("runs/synth/model.onnx", "data/synth/images/val", out="runs/predict")
+        print(summary.images, summary.defective)
+        ```
+    """
+    from defectdet.runtime.predict import predict_source
+
+    options.setdefault("progress", False)
+    return predict_source(resolve_bundle(model, Path(out)), source, out, **options)

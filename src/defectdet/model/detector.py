@@ -54,7 +54,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "head_depth": 2,
         "kernel_size": 5,
     },
-    # the budget ladder's larger preset (issue 19): for an hour or more of CPU, or a GPU
+    # the largest preset: for an hour or more of CPU, or a GPU
     "base": {
         "widths": (48, 96, 192, 384),
         "depths": (1, 3, 6, 3),

@@ -4,5 +4,5 @@ command (`runtime.predict`).
 
 Nothing here imports torch (a test blocks torch and imports it): it imports only the leaf modules
 (`errors`, `_limits`, `_lazy`, `postprocess`) and `data`. Writing bundles (torch) is `defectdet.export`;
-see docs/deploy.md for the contract and docs/design/architecture.md for the package layers.
+see docs/reference/bundle-format.md for the bundle and docs/design/architecture.md for the package layers.
 """

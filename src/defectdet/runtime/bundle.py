@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from defectdet.errors import CheckpointError
+from defectdet.errors import CheckpointError, renamed_keys, warn_renamed
 from defectdet.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_THRESHOLD
 
 METADATA_KEY = "defectdet"
@@ -21,6 +21,8 @@ FORMAT_VERSION = 1
 INPUT_NAME = "images"
 PREDICTIONS_OUTPUT = "predictions"
 FEATURES_OUTPUT = "features"
+# metadata keys of bundles written before one name per concept, read as the current ones
+THRESHOLDS_RENAMES = {"score": "threshold", "score_source": "threshold_source", "min_score": "score_floor"}
 
 
 class Normalization(BaseModel):
@@ -39,21 +41,43 @@ class Letterbox(BaseModel):
 
 
 class Thresholds(BaseModel):
-    """Operating thresholds. ``score`` decides the image verdict (defective when any detection reaches it);
-    ``min_score`` is the floor below which candidates are dropped before NMS."""
+    """Operating thresholds. ``threshold`` decides the image verdict (defective when any detection reaches it);
+    ``score_floor`` is the lowest score kept as a proposal (candidates below it are dropped before NMS).
+    Bundles written before the renaming say ``score``, ``score_source`` and ``min_score``: they load as these."""
 
     model_config = ConfigDict(extra="forbid")
-    score: float = Field(0.25, ge=0, le=1)
-    score_source: str = "default"
+    threshold: float = Field(0.25, ge=0, le=1)
+    threshold_source: str = "default"
     recall_target: float = 0.99
     recall_threshold: float | None = None
     nms_iou: float = Field(DEFAULT_NMS_IOU, gt=0, le=1)
     max_detections: int = Field(DEFAULT_MAX_DETECTIONS, ge=1)
-    min_score: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)
+    score_floor: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, values: Any) -> Any:
+        return (
+            renamed_keys(values, THRESHOLDS_RENAMES, "thresholds", warn=False)
+            if isinstance(values, dict)
+            else values
+        )
+
+    @property
+    def score(self) -> float:
+        """Deprecated: `threshold`."""
+        warn_renamed("thresholds.score", "thresholds.threshold")
+        return self.threshold
+
+    @property
+    def min_score(self) -> float:
+        """Deprecated: `score_floor`."""
+        warn_renamed("thresholds.min_score", "thresholds.score_floor")
+        return self.score_floor
 
 
 class BundleMetadata(BaseModel):
-    """Everything needed to run a bundle; see docs/deploy.md."""
+    """Everything needed to run a bundle; see docs/reference/bundle-format.md."""
 
     model_config = ConfigDict(extra="forbid")
     format_version: int = FORMAT_VERSION

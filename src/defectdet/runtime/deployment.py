@@ -111,7 +111,7 @@ class ServedModel:
             "since": _iso(self.since),
             "preset": meta.preset,
             "class_names": list(meta.class_names),
-            "threshold": meta.thresholds.score,
+            "threshold": meta.thresholds.threshold,
             "precision": meta.precision,
             "input_size": meta.input_size,
             "flip_views": meta.flip_views,  # test-time flips in the graph: they multiply the model's time

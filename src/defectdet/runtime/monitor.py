@@ -8,7 +8,7 @@ NumPy + OpenCV only (no torch): it runs beside `Predictor` and inside the servic
   (a bounded sample spread over their groups: `reference_groups`, `sample_reference`) into a JSON profile
   with the spread between groups; `defectdet export` stores it as `metadata.drift_reference`.
 * `DriftMonitor` runs one EWMA chart per statistic, plus one on the activation score, with limits
-  derived from a target in-control run length (see `ewma_limit` and docs/deploy.md), widened by the
+  derived from a target in-control run length (see `ewma_limit`), widened by the
   reference's between-group spread (`group_inflation`). Degenerate images (`degenerate_reason`) are
   counted and kept out of the charts.
 """

@@ -17,7 +17,7 @@ import numpy as np
 
 from defectdet.data.formats.yolo import label_line
 from defectdet.data.imageio import IMAGE_SUFFIXES
-from defectdet.errors import InputError, describe_failure
+from defectdet.errors import InputError, describe_failure, renamed_keywords
 from defectdet.runtime.predictor import Detection, PredictionResult, Predictor
 
 logger = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ def iterate_predictions(
     predictor: Predictor,
     images: list[Path],
     templates: Path | None,
-    conf: float | None,
+    threshold: float | None,
     names: dict[Path, Path] | None = None,
 ) -> Iterator[tuple[Path, np.ndarray | None, PredictionResult | None, str | None]]:
     """(path, decoded image, result, error) per image. Every failure is caught per file (a decoder may raise
@@ -213,7 +213,7 @@ def iterate_predictions(
             image, template = predictor.load_pair(
                 path, template_path if predictor.metadata.template else None
             )
-            result = predictor.predict(image, template, conf=conf)
+            result = predictor.predict(image, template, threshold=threshold)
         except Exception as error:  # noqa: BLE001 - per file: listed, counted, and the run goes on
             yield path, None, None, _failure(path, error)
             continue
@@ -226,29 +226,36 @@ def _failure(path: Path, error: BaseException) -> str:
     return text if str(path) in text else f"{path}: {text}"
 
 
+def _template_folder(templates: str | Path | None) -> Path | None:
+    template_dir = Path(templates) if templates else None
+    if template_dir is not None and not template_dir.is_dir():
+        raise InputError(f"--templates {template_dir}: not a folder")
+    return template_dir
+
+
 def predict_source(
     model: str | Path,
     source: str | Path,
     out: str | Path,
     *,
     templates: str | Path | None = None,
-    conf: float | None = None,
+    threshold: float | None = None,
     save_images: bool = True,
     threads: int | None = None,
     progress: bool = True,
     tiles: bool | None = None,
     repeat_check: bool | None = None,
+    **renamed: Any,
 ) -> PredictSummary:
-    """Predict every image of ``source`` with ``model`` (a bundle; `defectdet predict` exports a checkpoint first
-    through `defectdet.export.resolve.resolve_bundle`); ``tiles`` and ``repeat_check`` override the bundle's."""
+    """Predict every image of ``source`` with ``model`` (a bundle; `defectdet.export.resolve.resolve_bundle` exports
+    a checkpoint); ``threshold``, ``tiles`` and ``repeat_check`` override the bundle's (``conf``: deprecated)."""
     from rich.progress import Progress
 
+    threshold = renamed_keywords(renamed, {"conf": "threshold"}, "predict_source").get("threshold", threshold)
     out_dir = Path(out)
     predictor = Predictor(_bundle_path(model), threads=threads, tiles=tiles, repeat_check=repeat_check)
     images = list_sources(source)
-    template_dir = Path(templates) if templates else None
-    if template_dir is not None and not template_dir.is_dir():
-        raise InputError(f"--templates {template_dir}: not a folder")
+    template_dir = _template_folder(templates)
     skipped = template_inputs(images, template_dir, output_names(images))
     if skipped:
         logger.info(
@@ -269,7 +276,8 @@ def predict_source(
         Progress(disable=not progress) as bar,
     ):
         task = bar.add_task("predicting", total=len(images))
-        for path, image, result, error in iterate_predictions(predictor, images, template_dir, conf, names):
+        answers = iterate_predictions(predictor, images, template_dir, threshold, names)
+        for path, image, result, error in answers:
             bar.advance(task)
             if result is None or image is None:
                 logger.warning("skipping %s: %s", path, error)

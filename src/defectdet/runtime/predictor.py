@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from defectdet.data.imageio import DEFAULT_MAX_PIXELS
-from defectdet.errors import CheckpointError, InputError
+from defectdet.errors import CheckpointError, InputError, renamed_keywords
 from defectdet.postprocess import PostprocessSettings
 from defectdet.runtime import pipeline
 from defectdet.runtime.bundle import (
@@ -36,6 +36,7 @@ from defectdet.runtime.spec import ModelSpec
 __all__ = ["Detection", "ImageInput", "PredictionResult", "Predictor", "Prepared", "session_options"]
 
 MAX_DEFAULT_THREADS = 4
+PREDICT_RENAMES = {"conf": "threshold", "min_score": "score_floor"}  # keywords before one name per concept
 
 
 @dataclass(frozen=True)
@@ -148,8 +149,18 @@ def session_options(threads: int | None = None) -> Any:
 
 
 class Predictor:
-    """Loads a bundle once; `predict` is thread-safe (onnxruntime sessions are) and allocates per call only
-    the arrays of that call."""
+    """A bundle loaded once, for one image at a time in your own code; torch-free. `predict` is thread-safe
+    (onnxruntime sessions are) and allocates per call only the arrays of that call.
+
+    Example:
+        ```python
+        from defectdet import Predictor
+
+        predictor = Predictor("model.onnx")
+        result = predictor.predict("board.png", template="golden.png")  # template: template bundles only
+        print(result.verdict, [(d.class_name, round(d.score, 2), d.box) for d in result.detections])
+        ```
+    """
 
     def __init__(
         self,
@@ -263,19 +274,31 @@ class Predictor:
         self,
         image: ImageInput,
         template: ImageInput | None = None,
-        conf: float | None = None,
-        min_score: float | None = None,
+        threshold: float | None = None,
+        score_floor: float | None = None,
+        **renamed: Any,
     ) -> PredictionResult:
-        """Detect defects in one image. The verdict is "defective" when a detection scores >= ``conf``
-        (default: the bundle's operating threshold); detections below ``min_score`` (default ``conf``) are
-        not returned."""
+        """Detect defects in one image. The verdict is "defective" when a detection scores >= ``threshold``
+        (default: the bundle's operating threshold); detections below ``score_floor`` (default ``threshold``)
+        are not returned.
+
+        Example:
+            ```python
+            result = Predictor("model.onnx").predict("board.png", template="golden.png")
+            print(result.verdict, [(d.class_name, round(d.score, 2)) for d in result.detections])
+            ```
+        """
         from defectdet.runtime.monitor import image_statistics
 
+        if renamed:  # `conf` and `min_score`, the names before one name per concept
+            given = renamed_keywords(renamed, PREDICT_RENAMES, "Predictor.predict")
+            threshold = given.get("threshold", threshold)
+            score_floor = given.get("score_floor", score_floor)
         meta = self.metadata
-        threshold = meta.thresholds.score if conf is None else float(conf)
+        threshold = meta.thresholds.threshold if threshold is None else float(threshold)
         if not 0.0 <= threshold <= 1.0:
-            raise InputError(f"conf must be within [0, 1], got {threshold}")
-        floor = threshold if min_score is None else float(min_score)
+            raise InputError(f"threshold must be within [0, 1], got {threshold}")
+        floor = threshold if score_floor is None else float(score_floor)
         started = time.perf_counter()
         decoded, decoded_template = self.load_pair(image, template)
         decoded_at = time.perf_counter()

@@ -61,7 +61,8 @@ from defectdet.runtime.workers import DriftBroadcast, bind_to_parent, remove_sta
 logger = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-FORM_FIELDS = ("image", "template", "conf")
+FORM_FIELDS = ("image", "template", "threshold")
+RENAMED_FORM_FIELDS = {"conf": "threshold"}  # still read, logged as deprecated
 CONF_FIELD_BYTES = 64
 DETECT_BODY_SCHEMA = {
     "requestBody": {
@@ -78,7 +79,11 @@ DETECT_BODY_SCHEMA = {
                             "format": "binary",
                             "description": "its defect-free template (template bundles only)",
                         },
-                        "conf": {"type": "number", "description": "verdict threshold in [0, 1]"},
+                        "threshold": {
+                            "type": "number",
+                            "description": "the threshold in [0, 1]: an image with a detection scoring at or above "
+                            "it is defective (default: the bundle's)",
+                        },
                     },
                 }
             }
@@ -329,10 +334,10 @@ class Service:
     ) -> tuple[PredictionResult, dict]:
         """Predict with `live` and update its drift charts (runs in a worker thread)."""
         if self.capture is not None and "uncertain" in self.settings.keep:  # see near misses too
-            floor = max(0.0, live.metadata.thresholds.score - self.settings.keep_margin)
-            result = live.predictor.predict(image, template=template, conf=conf, min_score=floor)
+            floor = max(0.0, live.metadata.thresholds.threshold - self.settings.keep_margin)
+            result = live.predictor.predict(image, template=template, threshold=conf, score_floor=floor)
         else:
-            result = live.predictor.predict(image, template=template, conf=conf)
+            result = live.predictor.predict(image, template=template, threshold=conf)
         drift_started = time.perf_counter()
         monitor = live.monitor
         drift = monitor.update(result.image_stats, result.features).to_dict() if monitor else _NO_DRIFT
@@ -363,7 +368,7 @@ class Service:
             return False
         kept = False
         try:
-            stored = live.metadata.thresholds.score
+            stored = live.metadata.thresholds.threshold
             level = drift.get("level")
             reasons = keep_reasons(self.settings.keep, result, level, stored, self.settings.keep_margin)
             if reasons:
@@ -424,6 +429,7 @@ class Service:
             fields = {
                 "image": self.settings.max_bytes,
                 "template": self.settings.max_bytes,
+                "threshold": CONF_FIELD_BYTES,
                 "conf": CONF_FIELD_BYTES,
             }
             reading = read_form(
@@ -443,10 +449,11 @@ class Service:
             self.metrics.reading.set(self.reading)
 
     def _fields(self, form: dict[str, Any]) -> tuple[bytes, bytes | None, float | None]:
-        """(image, template, conf) from the form; 422 for a missing image or a template the bundle does not take."""
+        """(image, template, threshold) from the form; 422 for a missing image or a template the bundle does not
+        take. The field `conf` (the threshold's name before one name per concept) is read as `threshold`."""
         if "image" not in form:
             raise UploadError(422, "missing form field 'image' (the image file to inspect)")
-        conf = _parse_conf(form["conf"].data) if "conf" in form else None
+        conf = _threshold_field(form)
         template = bytes(form["template"].data) if "template" in form else None
         if self.metadata.template and template is None:
             raise UploadError(
@@ -530,14 +537,26 @@ async def _stream(request: Request) -> AsyncIterator[bytes]:
         raise UploadError(400, "client disconnected during the upload") from None
 
 
-def _parse_conf(data: bytes) -> float:
+def _threshold_field(form: dict[str, Any]) -> float | None:
+    """The form's `threshold` (or its deprecated name `conf`), None when absent; 422 for both or a bad value."""
+    given = [name for name in ("threshold", *RENAMED_FORM_FIELDS) if name in form]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise UploadError(422, "send 'threshold' only ('conf' is its deprecated name)")
+    if given[0] in RENAMED_FORM_FIELDS:
+        logger.warning("form field 'conf' is deprecated: send 'threshold'")
+    return _parse_threshold(form[given[0]].data, given[0])
+
+
+def _parse_threshold(data: bytes, name: str = "threshold") -> float:
     text = data.decode("utf-8", "replace").strip()
     try:
         value = float(text)
     except ValueError:
-        raise UploadError(422, f"conf must be a number in [0, 1], got {text[:30]!r}") from None
+        raise UploadError(422, f"{name} must be a number in [0, 1], got {text[:30]!r}") from None
     if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-        raise UploadError(422, f"conf must be a number in [0, 1], got {text[:30]!r}")
+        raise UploadError(422, f"{name} must be a number in [0, 1], got {text[:30]!r}")
     return value
 
 
@@ -716,7 +735,7 @@ def _add_inspection_routes(app: FastAPI, service: Service, settings: ServeSettin
 
     @app.post("/v1/detect", openapi_extra=DETECT_BODY_SCHEMA, summary="Detect defects in one image")
     async def detect(request: Request) -> Response:
-        """multipart/form-data: `image` (file), `template` (file, template bundles), `conf` (number)."""
+        """multipart/form-data: `image` (file), `template` (file, template bundles), `threshold` (number)."""
         return _FastJSON(await service.detect(request))
 
     @app.get("/healthz", summary="The process is alive")
@@ -1095,8 +1114,18 @@ def serve(
     settings: ServeSettings | None = None,
     workers: int = 1,
 ) -> None:
-    """Run the service under uvicorn until interrupted (what `defectdet serve` does).
+    """Serve a bundle over HTTP until interrupted; what `defectdet serve` runs. `POST /v1/detect` answers
+    with the detections and the verdict; the HTTP API reference lists every route.
 
+    Example:
+        ```python
+        from defectdet import serve
+        from defectdet.runtime.server import ServeSettings
+
+        serve("model.onnx", host="0.0.0.0", port=8000, settings=ServeSettings(token="a-long-secret"))
+        ```
+
+    `create_app(bundle, settings)` builds the same FastAPI app without running it (tests, your own server).
     `workers` > 1: that many processes share the port; /metrics sums them (Prometheus multiprocess mode,
     in `PROMETHEUS_MULTIPROC_DIR` or a temporary folder made and removed here). Drift state, the results
     list and readiness are kept per worker process; a drift reset reaches all of them. `keep_dir` is one

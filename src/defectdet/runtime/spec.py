@@ -26,7 +26,7 @@ from defectdet.postprocess import (
 )
 from defectdet.runtime.bundle import BundleMetadata
 
-DEFAULT_INPUT_SIZE = 640  # a checkpoint whose config lacks imgsz (older runs) was trained at 640
+DEFAULT_INPUT_SIZE = 640  # a checkpoint whose config lacks input_size (older runs) was trained at 640
 DEFAULT_PAD_VALUE = 114  # data.letterbox's canvas fill
 HEAD_STRIDES = (8, 16, 32)  # model.detector.STRIDES_BY_LEVEL: a head level is an index into it
 
@@ -113,7 +113,7 @@ class ModelSpec(BaseModel):
         settings = PostprocessSettings.from_config(config)
         return cls._checked(
             source,
-            input_size=int(config.get("imgsz") or DEFAULT_INPUT_SIZE),
+            input_size=int(config.get("input_size") or config.get("imgsz") or DEFAULT_INPUT_SIZE),
             channels=channels,
             template=template,
             class_names=tuple(checkpoint.get("class_names") or ()),
@@ -141,7 +141,7 @@ class ModelSpec(BaseModel):
             tiles=metadata.tiles,
             flip_views=metadata.flip_views,
             repeat_check=metadata.repeat_check,
-            min_score=metadata.thresholds.min_score,
+            min_score=metadata.thresholds.score_floor,
             nms_iou=metadata.thresholds.nms_iou,
             max_detections=metadata.thresholds.max_detections,
             pad_value=metadata.letterbox.pad_value,

@@ -114,7 +114,7 @@ async function inspect(event) {
   form.append("image", file);
   const template = $("template").files[0];
   if (template && $("template-label").style.display !== "none") form.append("template", template);
-  if ($("conf").value !== "") form.append("conf", $("conf").value);
+  if ($("conf").value !== "") form.append("threshold", $("conf").value);
   $("status").textContent = "inspecting…";
   $("submit").disabled = true;
   try {
@@ -198,7 +198,8 @@ async function refreshModels() {
   $("shadow-rate").textContent = shadow ? (rate === null ? "shadow: no images yet" : `disagree ${(100 * rate).toFixed(1)}%`) : "no shadow";
   $("shadow-rate").className = "badge " + (!shadow || rate === null ? "unknown" : rate > 0.05 ? "warn" : "ok");
   $("shadow-summary").textContent = shadow ? `${shadow.images} images compared, ${shadow.disagreements.verdict || 0} verdicts and ` +
-    `${shadow.disagreements.boxes || 0} box sets differ, ${shadow.skipped_busy} skipped (shadow busy), ${shadow.errors} errors` : "";
+    `${shadow.disagreements.boxes || 0} box sets differ, ${shadow.skipped_busy} skipped (shadow busy), ${shadow.errors} errors; ` +
+    (shadow.compare ? `compare says ${shadow.compare.decision} (${shadow.compare.file})` : "no compare verdict on this pair (promoting asks to force)") : "";
   const chosen = $("candidate").value;
   $("candidate").innerHTML = body.candidates.map((c) => `<option>${escapeHtml(c.name)}</option>`).join("");
   if (body.candidates.some((c) => c.name === chosen)) $("candidate").value = chosen;
