@@ -345,6 +345,8 @@ def test_promote_needs_a_compare_verdict_of_promote_or_force(
         document = compare_models(served, line["candidate"], tiny_dataset, out=models / "compare")
         assert document["models"]["new"]["sha256"] == file_sha256(line["candidate"])
         assert document["verdict"]["decision"] == KEEP  # no clean image: false calls cannot be measured
+        assert client.post("/v1/models/shadow", json=body, headers=POST).status_code == 200
+        assert client.get("/v1/models").json()["shadow"]["compare"]["decision"] == KEEP  # shown before promoting
         kept = client.post("/v1/models/promote", json=body, headers=POST)
         assert kept.status_code == 409 and "compare said keep (compare/compare.json" in kept.json()["error"]
         assert client.get("/v1/models").json()["live"]["name"] == "model.onnx"

@@ -334,7 +334,7 @@ class Deployment:
             previous = {**_entry_report(stack[0]), **(self._previous_description(stack[0]) or {})}
         return {
             "live": {**self.live.describe(), "generation": self.generation},
-            "shadow": shadow.report() if shadow is not None else None,
+            "shadow": self._shadow_report(shadow) if shadow is not None else None,
             "previous": previous,
             "rollback_history": [_entry_report(item) for item in stack],
             "store": _store_report(current),
@@ -342,6 +342,13 @@ class Deployment:
             "candidates": self.candidates(),
             "history": self.history(limit=20),
         }
+
+    def _shadow_report(self, shadow: ShadowRun) -> dict[str, Any]:
+        """The shadow's figures and the compare verdict on (live, shadow) the promotion gate would use."""
+        verdict = None
+        if self.models_dir is not None:
+            verdict = compare_verdict(self.models_dir, self.live.sha256, shadow.model.sha256)
+        return {**shadow.report(), "compare": verdict}
 
     def _previous_description(self, item: dict[str, Any]) -> dict[str, Any] | None:
         previous = self.previous
