@@ -136,7 +136,7 @@ def score_bundle(plan: dict[str, Any], checkpoint: Path, out: Path) -> tuple[dic
         report["data"],
         split=report["split"],
         protocol="coco",
-        conf_from="bundle",
+        threshold_from="bundle",
         clean_templates=plan["clean_templates"],
         out=out / "val",
     )
