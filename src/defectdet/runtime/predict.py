@@ -220,6 +220,26 @@ def iterate_predictions(
         yield path, image, result, None
 
 
+def _jsonl_line(
+    path: Path,
+    labels: Path,
+    out_dir: Path,
+    result: PredictionResult,
+    predictor: Predictor,
+    templates: Path | None,
+    name: Path,
+) -> str:
+    """One line of predictions.jsonl: the file, its label file, the result and, for a model with templates, the
+    template it was paired with (the labelling tools take the pair along: export-labelstudio)."""
+    record = {"file": str(path), "labels": labels.relative_to(out_dir).as_posix(), **result.to_dict()}
+    template = (
+        pair_template(path, templates, name.with_name(path.name)) if predictor.metadata.template else None
+    )
+    if template is not None:
+        record["template"] = str(template)
+    return json.dumps(record) + "\n"
+
+
 def _failure(path: Path, error: BaseException) -> str:
     """A per-file failure as one line that names the file."""
     text = describe_failure(error)
@@ -308,12 +328,7 @@ def predict_source(
             summary.defective += result.defective
             summary.detections += len(result.detections)
             totals.append(result.timings["total"])
-            labels = label_path.relative_to(out_dir).as_posix()
-            record = {"file": str(path), "labels": labels, **result.to_dict()}
-            template = pair_template(path, template_dir, name.with_name(path.name))
-            if predictor.metadata.template and template is not None:  # the pair, for export-labelstudio
-                record["template"] = str(template)
-            jsonl.write(json.dumps(record) + "\n")
+            jsonl.write(_jsonl_line(path, label_path, out_dir, result, predictor, template_dir, name))
     (out_dir / "classes.txt").write_text("".join(f"{name}\n" for name in predictor.metadata.class_names))
     summary.mean_total_ms = round(float(np.mean(totals)), 3) if totals else None
     return summary
