@@ -1011,7 +1011,17 @@ def import_coco(
         help="Class names, comma-separated, in id order (default: OUT_DIR's data.yaml, else the export's).",
     ),
     images: list[Path] = typer.Option([], help="More folders to find images in (repeatable)."),
-    split: str = typer.Option("train", help="Split for the 'default' subset (or a single json)."),
+    split: str | None = typer.Option(
+        None,
+        help="Split for the 'default' subset (or a single json); default: train and val, see --val-fraction. "
+        "Other subsets (train, val, test) go to their own split.",
+    ),
+    val_fraction: float = typer.Option(
+        0.2,
+        "--val-fraction",
+        help="Without --split: the share of the 'default' subset held out as val (an image and its template "
+        "on one side).",
+    ),
     add_classes: bool = typer.Option(False, "--add-classes", help="Append classes not in the list to it."),
     skip_unknown: bool = typer.Option(False, "--skip-unknown", help="Drop boxes of classes not in the list."),
     existing: str = typer.Option("refuse", help=_EXISTING_HELP),
@@ -1030,7 +1040,8 @@ def import_coco(
     from defectdet.data.formats.cvat import import_coco as run_import
 
     for result in run_import(
-        export, out_dir, images=images or None, split=split, classes=_names(classes),
+        export, out_dir, images=images or None, split=split or "train", classes=_names(classes),
+        val_fraction=val_fraction if split is None else 0.0,
         unknown=_unknown_policy(add_classes, skip_unknown), existing=existing, link=link,
         skip_missing=skip_missing, keep_crowd=crowd,
     ):  # fmt: skip

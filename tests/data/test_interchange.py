@@ -380,6 +380,15 @@ def test_cvat_missing_image_is_named(tmp_path: Path, writers) -> None:
     assert result.report.labels_written == 1 and len(result.report.skipped_images) == 1
 
 
+def test_cvat_default_subset_goes_to_train_and_val_from_the_command(tmp_path: Path, writers) -> None:
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["labels", "import-coco", str(_cvat_export(tmp_path, writers)), str(out)])
+    assert result.exit_code == 0, result.output
+    train, val = load_dataset(out, "train"), load_dataset(out, "val")
+    names = sorted(s.image_path.name for s in train.samples + val.samples)
+    assert names == ["a.png", "b.png"] and train.samples and val.samples  # two images: one on each side
+
+
 # ---------------------------------------------------------------- the commands
 
 

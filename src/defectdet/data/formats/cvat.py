@@ -15,7 +15,8 @@ from pathlib import Path, PurePosixPath
 
 from defectdet.data.formats import load_json
 from defectdet.data.formats.coco import read_coco
-from defectdet.data.formats.interchange import ImportReport, LabelledImage, write_yolo
+from defectdet.data.formats.interchange import ImportReport, LabelledImage, hold_out_groups, write_yolo
+from defectdet.data.sample import DatasetSplit
 from defectdet.errors import DatasetError
 
 DEFAULT_SUBSET = "default"
@@ -64,21 +65,23 @@ def import_coco(
     link: bool = False,
     skip_missing: bool = False,
     keep_crowd: bool = True,
+    val_fraction: float = 0.0,
 ) -> list[CocoImport]:
     """Import a CVAT COCO export (a json, or the unzipped export folder) into the YOLO dataset `out_dir`.
 
-    Subset 'default' (and a single json) goes to `split`; other subsets (train, val, test) to their own split.
+    Subset 'default' (and a single json) goes to `split`, or with `val_fraction` to train and val (that share
+    held out, `hold_out_groups`: an image and its template on one side); other subsets (train, val, test) to
+    their own split. Image-level `template_file_name`s come along into the split's template folder.
     """
     files = instance_files(export)
     results = []
     for json_path in files:
         subset = subset_of(json_path)
-        target = split if len(files) == 1 or subset == DEFAULT_SUBSET else subset
-        results.append(
-            _import_one(
-                json_path, out_dir, images, target, classes, unknown, existing, link, skip_missing, keep_crowd
-            )
-        )
+        own = len(files) == 1 or subset == DEFAULT_SUBSET
+        results += _import_one(
+            json_path, out_dir, images, split if own else subset, classes, unknown, existing, link,
+            skip_missing, keep_crowd, val_fraction if own else 0.0,
+        )  # fmt: skip
     return results
 
 
@@ -93,7 +96,8 @@ def _import_one(
     link: bool,
     skip_missing: bool,
     keep_crowd: bool,
-) -> CocoImport:
+    val_fraction: float = 0.0,
+) -> list[CocoImport]:
     base = json_path.parent.parent if json_path.parent.name == "annotations" else json_path.parent
     roots = tuple(Path(p) for p in images or ()) + (base / "images" / subset_of(json_path),)
     dataset = read_coco(json_path, keep_crowd=keep_crowd, image_roots=roots, contained=True)
@@ -121,6 +125,27 @@ def _import_one(
         if isinstance(record, dict) and "id" in record and isinstance(record.get("file_name"), str)
     }
     crowd = sum(1 for a in document.get("annotations", []) if isinstance(a, dict) and a.get("iscrowd"))
+    items = _items(dataset, json_path, file_names)
+    parts = [(split, items)]
+    if val_fraction > 0:
+        train, val = hold_out_groups(items, val_fraction)
+        parts = [("train", train)] + ([("val", val)] if val else [])
+    results = []
+    for index, (name, chosen) in enumerate(parts):
+        report = write_yolo(
+            chosen, out_dir, split=name, classes=classes if index == 0 else None,
+            source_classes=dataset.class_names, unknown=unknown, existing=existing, link=link,  # type: ignore[arg-type]
+            origin_kind="image",
+        )  # fmt: skip
+        if index == 0:
+            report.skipped_images.extend(missing)
+            report.warnings[:0] = [str(p) for p in dataset.problems if p.severity == "warning"]
+        results.append(CocoImport(json_path, name, report, crowd if keep_crowd and index == 0 else 0))
+    return results
+
+
+def _items(dataset: DatasetSplit, json_path: Path, file_names: dict[str, str]) -> list[LabelledImage]:
+    """The samples as labelled images named by their `file_name` (no `..`), with their templates."""
     items = []
     for sample in dataset.samples:
         name = PurePosixPath(file_names.get(sample.image_id, sample.image_path.name))
@@ -136,13 +161,7 @@ def _import_one(
                 sample.template_path,
             )
         )
-    report = write_yolo(
-        items, out_dir, split=split, classes=classes, source_classes=dataset.class_names,
-        unknown=unknown, existing=existing, link=link, origin_kind="image",  # type: ignore[arg-type]
-    )  # fmt: skip
-    report.skipped_images.extend(missing)
-    report.warnings[:0] = [str(p) for p in dataset.problems if p.severity == "warning"]
-    return CocoImport(json_path, split, report, crowd if keep_crowd else 0)
+    return items
 
 
 def _missing_image(severity: str, message: str) -> bool:

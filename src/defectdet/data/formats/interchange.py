@@ -219,7 +219,7 @@ def hold_out_groups(
 ) -> tuple[list[LabelledImage], list[LabelledImage]]:
     """(train, val): about `fraction` of the images held out for validation, by a hash of their group's name
     (stable across runs and machines). An image and its template are one group, and images sharing a template
-    stay together; from two groups on, at least one is held out."""
+    stay together; from two groups on, at least one is held out and at least one trains."""
     if not 0 <= fraction < 1:
         raise DatasetError(f"--val-fraction must be in [0, 1), got {fraction}")
 
@@ -233,6 +233,8 @@ def hold_out_groups(
     held = {name for name in groups if bucket(name) < fraction}
     if fraction > 0 and not held and len(groups) > 1:
         held = {groups[0]}
+    if len(held) == len(groups) > 1:  # and at least one trains
+        held.discard(groups[-1])
     return [i for i in items if group(i) not in held], [i for i in items if group(i) in held]
 
 
