@@ -1,8 +1,8 @@
 """Several `serve` processes on one models store (runtime.store): a promotion or roll-back through any of them
 reaches all of them within 5 s while a client keeps posting images to every one; a process restarted later
 serves the store's current generation; two promotions at once: one wins, the other gets 409; the workers of
-`serve --workers 2` follow the store too. Real processes on loopback, real bundles (the fixture's bundle with
-its verdict threshold rewritten)."""
+`serve --workers 2 --keep all` follow the store too. Real processes on loopback, real bundles (the fixture's
+bundle with its verdict threshold rewritten)."""
 
 from __future__ import annotations
 
@@ -142,7 +142,11 @@ def test_three_processes_and_two_workers_follow_one_store(bundle_path: Path, tmp
     for name, threshold in (("B", 0.0), ("C", 0.3), ("D", 0.4), ("E", 0.6)):
         shas[name] = file_sha256(variant(bundle_path, models / f"{name}.onnx", threshold))
     fleet = [Serve(served, models, logs, f"p{index}").start() for index in range(3)]
-    workers = Serve(served, models, logs, "workers", "--workers", "2").start()
+    kept = tmp_path / "kept"
+    workers = Serve(
+        served, models, logs, "workers", "--workers", "2", "--keep", "all", "--keep-dir", str(kept)
+    )
+    workers.start()
     everyone = [*fleet, workers]
     client = Client({}, read_metadata(bundle_path).template)
     timings: dict[str, float] = {}
@@ -150,7 +154,7 @@ def test_three_processes_and_two_workers_follow_one_store(bundle_path: Path, tmp
         for process in everyone:
             process.ready()
         assert {process.models()["live"]["sha256"] for process in everyone} == {shas["A"]}
-        client.up.update({process.name: process for process in fleet})
+        client.up.update({process.name: process for process in everyone})
         client.start()
 
         started = time.monotonic()
@@ -208,6 +212,7 @@ def test_three_processes_and_two_workers_follow_one_store(bundle_path: Path, tmp
             process.stop()
     failed = [answer for answer in client.answers if answer[1] != 200]
     assert not failed, failed[:5]
+    assert any((kept / "images").iterdir())  # the workers kept what they answered
     seen = {version for _, _, version in client.answers}
     assert {shas[name][:12] for name in "ABC"} <= seen
     print(
