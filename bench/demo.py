@@ -23,7 +23,7 @@ from rich.console import Console
 
 from defectdet.demo import DEMO_MINUTES, run_demo
 
-HEADLINE_KEYS = ("mAP50", "mAP50_95", "deeppcb_F", "conf_threshold", "escape_rate", "false_call_rate")
+HEADLINE_KEYS = ("mAP50", "mAP50_95", "deeppcb_F", "threshold", "escape_rate", "false_call_rate")
 
 
 def main() -> int:

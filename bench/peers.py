@@ -125,7 +125,7 @@ def score(name: str, defective: list[ImageRecord], clean: list[ImageRecord], cla
         defective, class_names, out / name, "both", plots=False, title=f"{name} on DeepPCB"
     )
     headline = metrics["headline"]
-    threshold = headline["conf_threshold"]
+    threshold = headline["threshold"]
     flagged = sum(record.max_score >= threshold for record in clean) if threshold is not None else None
     return {
         "mAP50": headline["mAP50"],

@@ -139,7 +139,7 @@ def summarize(metrics: dict) -> dict:
         "mAP50_95": headline["mAP50_95"],
         "deeppcb_mAP": headline["deeppcb_mAP"],
         "deeppcb_F": headline["deeppcb_F"],
-        "best_f1_threshold": headline["conf_threshold"],
+        "best_f1_threshold": headline["threshold"],
         "precision": headline["precision"],
         "recall": headline["recall"],
         "f1": headline["f1"],
@@ -170,7 +170,7 @@ def training_report(checkpoint: Path, state: dict) -> dict:
         headline = (json.loads(run_metrics.read_text()).get("validation") or {}).get("headline")
         if headline:
             report["synthetic_val_final_headline"] = {
-                key: headline.get(key) for key in ("mAP50", "mAP50_95", "deeppcb_F", "conf_threshold")
+                key: headline.get(key) for key in ("mAP50", "mAP50_95", "deeppcb_F", "threshold")
             }
     return report
 
@@ -189,7 +189,7 @@ def self_check(checkpoint: Path, state: dict, out: Path) -> dict | None:
     _, _, records = peers.ours_records(checkpoint, split.samples)
     metrics = score(records, split.class_names, out, "synthetic val (self-check)")
     found = summarize(metrics)
-    fit = box_fit(records, metrics["headline"]["conf_threshold"])
+    fit = box_fit(records, metrics["headline"]["threshold"])
     return {"data": str(path), "images": len(records), **found, "box_fit": fit}
 
 
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             truth_in_source_classes(raw, mapping),
             source_names,
             target_names,
-            agnostic["headline"]["conf_threshold"],
+            agnostic["headline"]["threshold"],
         )
         if not unmatched_truth
         else {}
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         "class_agnostic": summarize(agnostic),
         "class_agnostic_nms": summarize(agnostic_nms),
         "what_the_model_calls_real_defects": called,
-        "box_fit_class_agnostic": box_fit(raw, agnostic["headline"]["conf_threshold"]),
+        "box_fit_class_agnostic": box_fit(raw, agnostic["headline"]["threshold"]),
         "synthetic_val_rescored": synthetic,
         "metrics_json": {
             "by_name": str(args.out / "by_name" / "metrics.json"),

@@ -71,7 +71,7 @@ def run_demo(
     console.print(
         f"mAP@0.5 {_fmt(headline.get('mAP50'))}, mAP@0.5:0.95 {_fmt(headline.get('mAP50_95'))}, "
         f"DeepPCB F-score {_fmt(headline.get('deeppcb_F'))}; operating threshold "
-        f"{_fmt(headline.get('conf_threshold'))}: escape rate {_fmt(headline.get('escape_rate'))}, "
+        f"{_fmt(headline.get('threshold'))}: escape rate {_fmt(headline.get('escape_rate'))}, "
         f"false-call rate on clean boards {_fmt(headline.get('false_call_rate'))}, "
         f"{_fmt(headline.get('images_per_second'))} images/s"
     )

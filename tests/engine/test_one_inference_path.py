@@ -61,7 +61,7 @@ def test_clean_boards_and_threshold_from_another_split(trained) -> None:
     )
     choice = metrics["threshold"]
     assert choice["rule"] == "escape" and "'train'" in choice["source"] and choice["target_escape"] == 0.01
-    assert metrics["headline"]["conf_threshold"] == pytest.approx(choice["threshold"])
+    assert metrics["headline"]["threshold"] == pytest.approx(choice["threshold"])
     boards = metrics["boards"]
     assert boards["clean_boards"] == val_images == metrics["clean_boards"]["count"]
     assert boards["defective_boards"] + boards["clean_boards"] == metrics["num_images"]
@@ -82,7 +82,7 @@ def test_clean_boards_and_threshold_from_another_split(trained) -> None:
         result.best_checkpoint, data_yaml, given_settings, out=root / "given"
     )  # keywords apply over
     assert (root / "given" / "report.html").is_file()
-    assert given["threshold"]["rule"] == "given" and given["headline"]["conf_threshold"] == 0.5
+    assert given["threshold"]["rule"] == "given" and given["headline"]["threshold"] == 0.5
     assert given["registration"] is None
     by_f1 = validate(
         result.best_checkpoint,
@@ -93,7 +93,7 @@ def test_clean_boards_and_threshold_from_another_split(trained) -> None:
         threshold_rule="f1",
     )
     assert by_f1["threshold"]["rule"] == "f1" and "'train'" in by_f1["threshold"]["source"]
-    assert by_f1["headline"]["conf_threshold"] == pytest.approx(by_f1["threshold"]["threshold"])
+    assert by_f1["headline"]["threshold"] == pytest.approx(by_f1["threshold"]["threshold"])
     # the DeepPCB F at that threshold is reported beside the best one
     at_threshold = by_f1["deeppcb"]["at_threshold"]
     assert at_threshold["threshold"] == pytest.approx(by_f1["threshold"]["threshold"])

@@ -108,10 +108,10 @@ def test_duplicate_ranked_above_the_true_box_lowers_ap():
 
 def test_false_detection_on_clean_image_lowers_precision_and_raises_false_calls():
     base = [record("a", [BOX_A], [0], [BOX_A], [0.9], [0]), record("clean", [], [], [], [], [])]
-    before = operating_points(base, NAMES, conf_threshold=0.5).summary["chosen"]
+    before = operating_points(base, NAMES, threshold=0.5).summary["chosen"]
     assert before["precision"] == 1.0 and before["false_call_rate"] == 0.0 and before["clean_images"] == 1
     noisy = [base[0], record("clean", [], [], [BOX_B], [0.7], [1])]
-    after = operating_points(noisy, NAMES, conf_threshold=0.5).summary["chosen"]
+    after = operating_points(noisy, NAMES, threshold=0.5).summary["chosen"]
     assert after["precision"] == pytest.approx(0.5)
     assert after["false_call_rate"] == pytest.approx(1.0)
     assert after["escape_rate"] == 0.0

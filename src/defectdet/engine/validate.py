@@ -345,7 +345,7 @@ def _score(
             "skipped_images": len(skipped),
         },
     )
-    threshold = float(metrics["headline"]["conf_threshold"])
+    threshold = float(metrics["headline"]["threshold"])
     metrics["threshold"] = (
         choice.to_dict()
         if choice is not None

@@ -259,14 +259,14 @@ def operating_points(
     class_names: Sequence[str],
     iou_threshold: float = 0.5,
     target_recall: float = 0.99,
-    conf_threshold: float | None = None,
+    threshold: float | None = None,
 ) -> OperatingPointResult:
     """Choose deployment thresholds and report box- and image-level rates at them.
 
     - `best_f1`: the threshold maximizing pooled F1 (the highest one on ties);
     - `target_recall`: the highest threshold (fewest false alarms) whose box recall >= `target_recall`,
       or `reachable: False` when no threshold gets there;
-    - `chosen`: `conf_threshold` when given, else the best-F1 threshold; the one the plots mark.
+    - `chosen`: `threshold` when given, else the best-F1 threshold; the one the plots mark.
     """
     num_classes = len(class_names)
     match = match_detections(records, num_classes, iou_threshold)
@@ -283,11 +283,11 @@ def operating_points(
 
     reaching = np.nonzero(cuts.recall >= target_recall)[0] if match.gt_counts.sum() else np.zeros(0, int)
     if len(reaching):
-        threshold = float(cuts.thresholds[reaching[0]])
+        at_recall = float(cuts.thresholds[reaching[0]])
         summary["target_recall_point"] = {
             "reachable": True,
-            **pooled_at_threshold(match, threshold),
-            **image_verdicts(records, threshold),
+            **pooled_at_threshold(match, at_recall),
+            **image_verdicts(records, at_recall),
         }
     else:
         best_recall = float(cuts.recall.max()) if len(cuts.recall) else 0.0
@@ -298,9 +298,9 @@ def operating_points(
             "note": f"not reachable: the highest recall at IoU {iou_threshold} is {best_recall:.4f} < {target_recall}",
         }
 
-    chosen = best_threshold if conf_threshold is None else float(conf_threshold)
+    chosen = best_threshold if threshold is None else float(threshold)
     summary["chosen"] = {
-        "source": "best_f1" if conf_threshold is None else "given",
+        "source": "best_f1" if threshold is None else "given",
         **pooled_at_threshold(match, chosen),
         **image_verdicts(records, chosen),
     }

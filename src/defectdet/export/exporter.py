@@ -141,7 +141,7 @@ def base_metadata(detector: nn.Module, checkpoint: dict[str, Any]) -> BundleMeta
         max_detections=spec.max_detections,
         score_floor=spec.min_score,
     )
-    logged = metrics.get("conf_threshold")
+    logged = metrics.get("threshold", metrics.get("conf_threshold"))  # conf_threshold: older checkpoints
     if isinstance(logged, float):
         thresholds.threshold, thresholds.threshold_source = (
             logged,
@@ -341,8 +341,8 @@ def _measure(
         metrics = validate(bundle, data, split=split, out=folder, target_recall=target_recall, console=None)
     headline = metrics.get("headline", {})
     thresholds = metadata.thresholds.model_copy()
-    if isinstance(headline.get("conf_threshold"), float):
-        thresholds.threshold = headline["conf_threshold"]
+    if isinstance(headline.get("threshold"), float):
+        thresholds.threshold = headline["threshold"]
         thresholds.threshold_source = f"best F1 on {Path(str(data)).name}, split {split}"
     thresholds.recall_target = target_recall
     thresholds.recall_threshold = headline.get("target_recall_threshold")
