@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ DEFAULT_KEEP = 5  # models kept for roll-back behind the live one
 STAGED_MAX_AGE_S = 7 * 24 * 3600  # copies of candidates that never went live are removed after this
 RECENT_S = 600.0  # a copy staged (or staged again) this recently stays: a shadow may be promoted from it
 COMPARE_FILE = "compare.json"
+_IN_PROCESS = threading.Lock()  # fcntl locks belong to the process: threads of one process queue here first
 
 
 class StoreError(DefectDetError):
@@ -231,7 +233,7 @@ class ModelStore:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        with open(self.root / ".lock", "a+b") as handle:
+        with _IN_PROCESS, open(self.root / ".lock", "a+b") as handle:
             fcntl.lockf(handle, fcntl.LOCK_EX)
             try:
                 yield
