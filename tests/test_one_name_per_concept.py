@@ -86,9 +86,11 @@ def test_retired_option_names_still_work_with_a_note(tmp_path: Path) -> None:
     assert current_option_names(["val", "--conf", "0.3", "--conf-from=train", "--", "--conf"]) == [
         "val", "--threshold", "0.3", "--threshold-from=train", "--", "--conf"
     ]  # fmt: skip
-    result = CliRunner().invoke(app, ["presets", "--imgsz", "64"])
-    assert result.exit_code == 0 and "--imgsz is deprecated: use --input-size" in result.output
-    assert "64x64" in result.output
+    result = CliRunner().invoke(
+        app, ["predict", str(tmp_path / "model.onnx"), str(tmp_path), "--conf", "0.5"]
+    )
+    assert "--conf is deprecated: use --threshold" in result.output
+    assert "bundle file not found" in str(result.exception)  # parsed: it failed on the missing bundle instead
 
 
 def test_http_parameters_use_the_current_names() -> None:
@@ -137,7 +139,9 @@ def test_retired_python_names_still_work_with_a_warning() -> None:
     from defectdet.runtime.bundle import BundleMetadata
 
     with pytest.warns(DeprecationWarning, match="'imgsz' is deprecated: use 'input_size'"):
-        assert TrainConfig(imgsz=320, score_threshold=0.01).input_size == 320
+        assert TrainConfig(imgsz=320).input_size == 320
+    with pytest.warns(DeprecationWarning, match="'score_threshold' is deprecated: use 'score_floor'"):
+        assert TrainConfig(score_threshold=0.01).score_floor == 0.01
     old = {"defectdet_version": "0.0.9", "created": "", "class_names": ["a"], "input_size": 64, "channels": 1,
            "template": False, "thresholds": {"score": 0.4, "score_source": "best F1", "min_score": 0.01},
            "train_config": {"imgsz": 64, "score_threshold": 0.01}}  # fmt: skip
