@@ -1149,7 +1149,7 @@ def serve(
     if not _loopback(host) and settings.token is None:
         logger.warning(
             "serving on %s without a token: anyone who can reach the port can inspect images and reset "
-            "the drift charts; pass --token-file (or set %s), and put TLS in front (README: Security)",
+            "the drift charts; pass --token-file (or set %s), and put TLS in front (docs/guides/serve.md, Security)",
             host, TOKEN_ENV,
         )  # fmt: skip
     if settings.keep and not settings.keep_max_mb:
