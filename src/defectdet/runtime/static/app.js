@@ -44,7 +44,7 @@ async function loadModel() {
   $("model-warning").textContent = warning ? "Warning: " + warning : "";
   const meta = body.metadata;
   $("model").textContent = `model ${body.model_version} · ${meta.preset || "?"} · ${meta.input_size}px · ` +
-    `classes: ${meta.class_names.join(", ")} · threshold ${meta.thresholds.score.toFixed(3)}`;
+    `classes: ${meta.class_names.join(", ")} · threshold ${meta.thresholds.threshold.toFixed(3)}`;
   $("template-label").style.display = meta.template ? "" : "none";
   $("template").required = !!meta.template;
 }
@@ -192,7 +192,10 @@ async function refreshModels() {
     ` <span class="badge alert" title="${escapeHtml(m.quality.warning)}">validation ${escapeHtml(m.quality.metric)} ${m.quality.value.toFixed(4)}: near zero</span>` : "";
   const row = (role, m) => m ? `<tr><td>${role}</td><td>${escapeHtml(m.name)}${flag(m)}</td><td>${escapeHtml(m.model_version || "")}</td>` +
     `<td>${escapeHtml(m.since || m.file || "")}</td><td>${m.threshold === undefined ? "" : m.threshold.toFixed(3)}</td></tr>` : "";
-  $("models").querySelector("tbody").innerHTML = row("live", body.live) + row("shadow", body.shadow) + row("previous", body.previous);
+  const store = body.store, served = body.live.generation;
+  const liveRole = served == null ? "live" : `live, generation ${served}` +
+    (store && store.generation !== served ? ` (store: ${store.generation}, loading)` : "");
+  $("models").querySelector("tbody").innerHTML = row(liveRole, body.live) + row("shadow", body.shadow) + row("previous", body.previous);
   const shadow = body.shadow;
   const rate = shadow && shadow.disagreement_rate !== null ? shadow.disagreement_rate : null;
   $("shadow-rate").textContent = shadow ? (rate === null ? "shadow: no images yet" : `disagree ${(100 * rate).toFixed(1)}%`) : "no shadow";
