@@ -288,13 +288,12 @@ def auto_preset(template: bool) -> tuple[str, str]:
     weights make up for its 2x compute per step from 10 minutes on."""
     if template:
         return "nano", (
-            "templates: the fastest preset; the comparison with the template does most of the work "
-            "(bench/results/scaling_deeppcb_template_nano_10min.json)"
+            "templates: the fastest preset; the comparison with the template does most of the work"
         )
     return "tiny", (
         "no templates: from its shipped weights tiny beat nano at every CPU budget measured on DeepPCB without "
-        "templates and on the surface family (bench/results/scaling.json), and on 3 of 4 other synthetic modes "
-        "(bench/results/preset_modes_5min.json); --preset nano answers ~7% faster (bench/results/latency.json)"
+        "templates and on the synthetic surfaces (see the accuracy benchmarks); --preset nano answers about 7% "
+        "faster"
     )
 
 
@@ -353,9 +352,8 @@ def auto_clean_templates(stats: SplitStats, template: bool) -> tuple[bool, str]:
         return False, "the dataset has no templates"
     return False, (
         f"the data has {stats.with_template} templates, but they stay out of a run without templates: as "
-        "extra defect-free images they lowered DeepPCB's held-out mAP@0.5 in 10 minutes "
-        "(bench/results/ablate_deeppcb_plain_nano_10min_clean_templates-*.json); `--set clean_templates=true` "
-        "adds them"
+        "extra defect-free images they lowered DeepPCB's held-out mAP@0.5 in 10 minutes; "
+        "`--set clean_templates=true` adds them"
     )
 
 
@@ -539,8 +537,7 @@ def no_clean_images_row(template: bool) -> Choice:
         "clean_images",
         None,
         "none given: `--clean-images DIR` trains on defect-free images of the line too; on a board design the "
-        "model never saw, 40 golden images lifted held-out mAP@0.5 from 0.784 to 0.866 in 10 minutes "
-        "(bench/results/new_design.json)",
+        "model never saw, 40 golden images raised held-out mAP@0.5 in 10 minutes (see the accuracy benchmarks)",
         "auto",
     )
 

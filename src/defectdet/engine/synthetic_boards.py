@@ -47,20 +47,18 @@ ALIASES = {
 }
 
 
-# what the boards cost a template model (drawn as pairs), measured against the ladder rung without them
+# what the boards cost a template model (drawn as pairs), measured against the same run without them
 TEMPLATE_COST = (
     "the template already shows what is drawn on purpose; with templates, 400 boards lowered DeepPCB held-out "
-    "mAP@0.5 from 0.984 to 0.959 at 10 minutes (bench/results/scaling_deeppcb_template_nano_10min.json, "
-    "bench/results/ablate_deeppcb_template_nano_10min_synthetic_boards-400.json)"
+    "mAP@0.5 at 10 minutes (see the accuracy benchmarks)"
 )
 # measured on one core of the 2-core machine: they cost at 10 minutes and paid at 20, 30 and 60 (15 is not
 # measured; 20 is the first budget that paid). A faster machine buys more steps a minute: advice, not a refusal.
 PAYS_FROM_MINUTES = 20
 SHORT_BUDGET_COST = (
     "under 20 minutes the boards take training steps from the line's own images: on DeepPCB without templates, "
-    "10 minutes, 400 boards lowered held-out mAP@0.5 from 0.859 to 0.846 (pin-hole 0.764 -> 0.933, every other "
-    "class lower; bench/results/ablate_deeppcb_plain_tiny_10min_synthetic_boards-{0,400}.json); at 20 minutes "
-    "they raised it from 0.858 to 0.889 (..._20min_synthetic_boards-{0,400}.json)"
+    "400 boards lowered held-out mAP@0.5 at 10 minutes (pin-hole up, every other class down) and raised it at "
+    "20 (see the accuracy benchmarks)"
 )
 
 
@@ -183,19 +181,11 @@ def no_synthetic_boards_row(template: bool, split: DatasetSplit, minutes: float 
         "synthetic_boards",
         0,
         f"none given; this data names board defects ({names}): try `--synthetic-boards "
-        f"{suggested_count(len(split.samples))}`. On DeepPCB without templates 400 boards lifted held-out "
-        "pin-hole AP50 from 0.626 to 0.914 and mAP@0.5 from 0.858 to 0.889 in 20 minutes "
-        "(bench/results/ablate_deeppcb_plain_tiny_20min_synthetic_boards-{0,400}.json; +0.029 over four seeds "
-        "on one core), but on the whole 2-core machine the run without them reached 0.908 against 0.901 "
-        "(..._20min_synthetic_boards-{0,400}_threads-2.json): they steady pin-hole and cost spur and short. "
-        "Give them 20 minutes or more: they cost accuracy at 10 (..._10min_synthetic_boards-{0,400}.json). "
-        "Drawn as designs only (`--set synthetic_boards_mode=design`) and exported with `--flip-views lr+ud` "
-        "they reached 0.930 on the whole machine, where the run without them and its flips stayed at 0.903 "
-        "(bench/results/flip_views_ablate_deeppcb_plain_tiny_20min_synthetic_boards-400_synthetic_boards_mode-"
-        "design_threads-2.json, ..._synthetic_boards-0_threads-2_stop38.json). Or train without them and export "
-        "with `--repeat-check` (detections on the design's own repeats dropped): on a slower day 0.857 -> 0.916, "
-        "0.932 with `--flip-views lr+ud` "
-        "(bench/results/repeat_check_ablate_deeppcb_plain_tiny_20min_synthetic_boards-0_threads-2_stop39.json)",
+        f"{suggested_count(len(split.samples))}`. On DeepPCB without templates they steady pin-hole and cost spur and short; give them "
+        "20 minutes or more (they cost accuracy at 10). Drawn as designs only (`--set "
+        "synthetic_boards_mode=design`) and exported with `--flip-views lr+ud` they did better; so did training "
+        "without them and exporting with `--repeat-check` (detections on the design's own repeats dropped). "
+        "See the accuracy benchmarks.",
         "auto",
     )
 
@@ -233,9 +223,7 @@ def add_synthetic_boards(
         logger.warning(
             "synthetic_boards: only %r matches a class of this data; the boards' other defects train as "
             "background. They are meant for PCB data with the board defect kinds (%s); on the synthetic surface "
-            "family 200 boards lowered held-out mAP@0.5 from 0.782 to 0.745 at 10 minutes "
-            "(bench/results/pretrained_surface_tiny_pretrained_10min.json, "
-            "bench/results/ablate_surface_tiny_10min_synthetic_boards-200.json)",
+            "family 200 boards lowered held-out mAP@0.5 at 10 minutes",
             only,
             ", ".join(CLASS_NAMES),
         )
