@@ -236,7 +236,7 @@ def render_configuration() -> str:
             "preset: tiny",
             "time_minutes: 20",
             "augment:",
-            "  hflip: 0.5",
+            "  horizontal_flip: 0.5",
             "```",
             "",
             START_MARKER,

@@ -124,3 +124,13 @@ def test_every_python_entry_point_has_a_docstring_example() -> None:
         if inspect.ismodule(value):  # `export` is its callable subpackage: the function it calls documents it
             doc = inspect.getdoc(value.export)
         assert "Example" in doc and f"from defectdet import {name}" in doc, name
+
+
+def test_the_configuration_page_example_loads(tmp_path: Path) -> None:
+    from defectdet.engine.config import load_config
+
+    page = (ROOT / "docs" / "reference" / "configuration.md").read_text("utf-8")
+    example = page.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "run.yaml").write_text(example)
+    config = load_config(tmp_path / "run.yaml")
+    assert config.time_minutes == 20 and config.augment.horizontal_flip == 0.5

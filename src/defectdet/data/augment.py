@@ -28,30 +28,29 @@ class AugmentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = True
+    enabled: bool = True  # False: no augmentation at all
     # geometry, shared by tested image, template and boxes
-    rotate_degrees: float = Field(5.0, ge=0.0, le=180.0)
-    scale: tuple[float, float] = (0.9, 1.1)
+    rotate_degrees: float = Field(5.0, ge=0.0, le=180.0)  # largest rotation, degrees
+    scale: tuple[float, float] = (0.9, 1.1)  # random zoom range
     translate: float = Field(0.05, ge=0.0, le=0.5)  # fraction of the image side
-    horizontal_flip: float = Field(0.5, ge=0.0, le=1.0)
-    vertical_flip: float = Field(0.5, ge=0.0, le=1.0)
+    horizontal_flip: float = Field(0.5, ge=0.0, le=1.0)  # probability
+    vertical_flip: float = Field(0.5, ge=0.0, le=1.0)  # probability
     fill_value: int = Field(114, ge=0, le=255)  # matches the letterbox padding
     # residual misregistration of the pair: the template alone moves by up to `pair_shift` pixels per axis
     # (of the letterboxed input) and `pair_rotate_degrees`, so the model does not read a pixel of
-    # misalignment as a defect (registration leaves ~0.1 px, DeepPCB pairs differ by 0.5 px median:
-    # bench/results/registration.json)
+    # misalignment as a defect (registration leaves ~0.1 px, DeepPCB pairs differ by 0.5 px median)
     pair_shift: float = Field(1.0, ge=0.0, le=16.0)
-    pair_rotate_degrees: float = Field(0.1, ge=0.0, le=5.0)
-    pair_jitter_prob: float = Field(0.5, ge=0.0, le=1.0)
+    pair_rotate_degrees: float = Field(0.1, ge=0.0, le=5.0)  # the template's extra rotation, at most
+    pair_jitter_prob: float = Field(0.5, ge=0.0, le=1.0)  # probability of moving the template
     # photometric, independent per image
     brightness: float = Field(0.2, ge=0.0, le=1.0)  # +- fraction of full range
-    contrast: float = Field(0.2, ge=0.0, le=1.0)
-    brightness_contrast_prob: float = Field(0.5, ge=0.0, le=1.0)
-    gamma: tuple[float, float] = (0.8, 1.25)
-    gamma_prob: float = Field(0.3, ge=0.0, le=1.0)
-    blur_prob: float = Field(0.1, ge=0.0, le=1.0)
-    blur_max_kernel: int = Field(5, ge=3, le=31)
-    noise_prob: float = Field(0.2, ge=0.0, le=1.0)
+    contrast: float = Field(0.2, ge=0.0, le=1.0)  # +- fraction
+    brightness_contrast_prob: float = Field(0.5, ge=0.0, le=1.0)  # probability
+    gamma: tuple[float, float] = (0.8, 1.25)  # gamma range
+    gamma_prob: float = Field(0.3, ge=0.0, le=1.0)  # probability
+    blur_prob: float = Field(0.1, ge=0.0, le=1.0)  # probability of a Gaussian blur
+    blur_max_kernel: int = Field(5, ge=3, le=31)  # largest blur kernel, pixels
+    noise_prob: float = Field(0.2, ge=0.0, le=1.0)  # probability of Gaussian noise
     noise_std: tuple[float, float] = (2.0, 8.0)  # gray levels
     # simulated specular highlight on the tested image only
     glare_prob: float = Field(0.15, ge=0.0, le=1.0)

@@ -31,10 +31,10 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # data
-    data: Path | None = None
-    train_split: str = "train"
-    val_split: str | None = "val"
-    format: str | None = None
+    data: Path | None = None  # data.yaml, COCO json, VOC folder or DeepPCB root
+    train_split: str = "train"  # the split trained on
+    val_split: str | None = "val"  # the split validated on; None: no validation
+    format: str | None = None  # yolo, coco, voc or deeppcb; None: detected
     # None = chosen from the data before the first step (engine.autoconfig), printed as a table
     input_size: int | None = Field(None, ge=32)  # letterbox size S (the model's input side), a multiple of 32
     crop_size: int | None = Field(None, ge=0)  # train on random crops of this size; 0 = whole images
@@ -42,9 +42,7 @@ class TrainConfig(BaseModel):
     template: bool | None = None  # compare against the template image (needs one per image)
     strides: list[Literal[8, 16, 32]] | None = None  # feature strides the head predicts at
     class_balance: Literal["off", "repeat"] | None = None  # 'repeat': repeat images of rare classes
-    tiles: bool | None = (
-        None  # inference also runs native-resolution tiles of images >= 1.5x input_size (data.tiling)
-    )
+    tiles: bool | None = None  # inference also runs native-resolution tiles of images >= 1.5x input_size
     # training without templates on paired data: each golden template also trains as a defect-free image
     # (None: off, engine.autoconfig says why)
     clean_templates: bool | None = None
@@ -58,7 +56,7 @@ class TrainConfig(BaseModel):
     # image without boxes); 'both' the two (2 N images)
     synthetic_boards_mode: Literal["defects", "design", "both"] = "defects"
     batch: int | None = Field(None, ge=1)  # None: ~16 x 320^2 pixels per step (engine.autoconfig)
-    workers: int | None = Field(None, ge=0)
+    workers: int | None = Field(None, ge=0)  # data loader processes; None: from the CPU count
     # decoded + registered + letterboxed training pairs kept in RAM (MB per loading process); None: a quarter
     # of the available memory, at most 4096; 0: off
     cache_mb: int | None = Field(None, ge=0)
@@ -77,49 +75,49 @@ class TrainConfig(BaseModel):
     new_share: float = Field(0.3, gt=0, lt=1)
 
     # budget: epochs, wall-clock minutes, or both (whichever ends first; the LR schedule follows epochs then)
-    epochs: int | None = Field(None, ge=1)
-    time_minutes: float | None = Field(None, gt=0)
+    epochs: int | None = Field(None, ge=1)  # None: 50, or none with time_minutes
+    time_minutes: float | None = Field(None, gt=0)  # wall-clock budget in minutes
     max_steps: int | None = Field(None, ge=1)  # hard stop after this many optimizer steps (smoke tests)
 
     # optimisation
-    optimizer: Literal["adamw", "sgd"] = "adamw"
+    optimizer: Literal["adamw", "sgd"] = "adamw"  # AdamW, or SGD with momentum
     lr: float | None = Field(None, gt=0)  # None: DEFAULT_LEARNING_RATES[optimizer], a tenth with start_from
     weight_decay: float | None = Field(None, ge=0)  # None: DEFAULT_WEIGHT_DECAY[optimizer]
     momentum: float = Field(0.9, ge=0, lt=1)  # SGD momentum, AdamW beta1
-    warmup_epochs: float = Field(1.0, ge=0)
+    warmup_epochs: float = Field(1.0, ge=0)  # linear learning-rate warm-up
     warmup_steps: int | None = Field(None, ge=0)  # overrides warmup_epochs when set
-    final_lr_ratio: float = Field(0.05, ge=0, le=1)
-    clip_grad_norm: float | None = Field(10.0, gt=0)
-    ema: bool = True
+    final_lr_ratio: float = Field(0.05, ge=0, le=1)  # the cosine schedule ends at lr x this
+    clip_grad_norm: float | None = Field(10.0, gt=0)  # gradient norm clipped to this; None: no clipping
+    ema: bool = True  # keep an exponential moving average of the weights (validated, saved, exported)
     ema_decay: float = Field(0.995, gt=0, lt=1)  # ~200-step horizon: CPU budgets are 1-4 thousand steps
     ema_ramp_steps: float = Field(200.0, gt=0)  # decay = ema_decay * (1 - exp(-updates / ema_ramp_steps))
     amp: bool | None = None  # None: fp16 on CUDA, off on CPU
     amp_dtype: Literal["float16", "bfloat16"] | None = None  # 'bfloat16' enables autocast on CPU
 
     # run
-    seed: int = 0
-    deterministic: bool = False
-    device: str = "auto"
-    out: Path | None = None
-    resume: Path | None = None
-    progress: bool = True
+    seed: int = 0  # random seed (data order, augmentation, initial weights)
+    deterministic: bool = False  # deterministic kernels: repeatable, slower
+    device: str = "auto"  # auto, cpu, cuda or cuda:N
+    out: Path | None = None  # the run folder; None: runs/train
+    resume: Path | None = None  # a last.pt to continue exactly from
+    progress: bool = True  # progress bars
 
     # validation
+    protocol: Literal["coco", "deeppcb", "both"] = "both"  # the metrics validation reports
     # epochs between validations; None: every epoch, or with a time budget at the first epoch end after
     # each VAL_BUDGET_SHARE of the budget, so validation does not eat a third of a short CPU budget
     val_every: int | None = Field(None, ge=1)
-    protocol: Literal["coco", "deeppcb", "both"] = "both"
     # the score floor: lowest score kept as a proposal (defaults: defectdet.postprocess)
     score_floor: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)
     nms_iou: float = Field(DEFAULT_NMS_IOU, gt=0, le=1)  # IoU above which NMS drops the lower-scoring box
-    max_detections: int = Field(DEFAULT_MAX_DETECTIONS, ge=1)
+    max_detections: int = Field(DEFAULT_MAX_DETECTIONS, ge=1)  # the most detections kept per image
     # align each template to its tested image (data.registration) in training and evaluation
     register_pairs: bool = True
 
     # diagnostics
-    grad_stats_every: int = Field(100, ge=1)
-    on_nonfinite: Literal["skip", "stop"] = "skip"
-    max_consecutive_nonfinite: int = Field(20, ge=1)
+    grad_stats_every: int = Field(100, ge=1)  # steps between gradient-statistics log lines
+    on_nonfinite: Literal["skip", "stop"] = "skip"  # on a NaN/Inf loss or gradient: skip the step or stop
+    max_consecutive_nonfinite: int = Field(20, ge=1)  # skipped steps in a row before the run stops
 
     @field_validator("device")
     @classmethod
