@@ -59,6 +59,11 @@ def test_keep_reasons_per_policy(
     assert keep_reasons(policies, _result(scores), drift, stored_threshold=0.5, margin=0.1) == expected
 
 
+def _kept_files(folder: Path) -> list[Path]:
+    """The kept images, templates and sidecars (the cap counts these; the lock and change mark are not items)."""
+    return [path for sub in ("images", "templates", "predictions") for path in (folder / sub).glob("*")]
+
+
 def _item(size: int = 1000, template: bool = False) -> KeptItem:
     image = b"\x89PNG\r\n\x1a\n" + bytes(size - 8)  # a PNG signature: kept as .png
     return KeptItem(
@@ -77,7 +82,7 @@ def test_an_item_is_the_uploaded_bytes_a_template_and_a_sidecar_written_last(tmp
     assert sidecar["reasons"] == ["flagged"] and sidecar["image"] == f"images/{name}.png"
     assert sidecar["template"] == f"templates/{name}.bin"
     assert not list(tmp_path.rglob("*.tmp"))
-    assert capture.bytes == sum(path.stat().st_size for path in tmp_path.rglob("*") if path.is_file())
+    assert capture.bytes == sum(path.stat().st_size for path in _kept_files(tmp_path))
 
 
 def test_a_failed_replace_leaves_no_partial_item(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,9 +99,7 @@ def test_a_failed_replace_leaves_no_partial_item(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(capture_module.os, "replace", replace_then_fail)
     with pytest.raises(OSError, match="No space"):
         capture.write(_item(500))
-    assert not [
-        path for path in tmp_path.rglob("*") if path.is_file() and path.name != ".keep.lock"
-    ]  # image removed, no temp file left
+    assert not _kept_files(tmp_path)  # image removed, no temp file left
     assert capture.bytes == 0 and not capture.items
 
 
@@ -107,7 +110,7 @@ def test_the_disk_cap_deletes_the_oldest_unreviewed_items_and_never_exceeds(tmp_
         item = _item(1000)
         item.sidecar["time"] = 1_700_000_000.0 + index
         names.append(capture.write(item))
-        on_disk = sum(path.stat().st_size for path in tmp_path.rglob("*") if path.is_file())
+        on_disk = sum(path.stat().st_size for path in _kept_files(tmp_path))
         assert on_disk <= 5000 and on_disk == capture.bytes
     kept = sorted(path.stem for path in (tmp_path / "images").iterdir())
     assert kept == names[-len(kept) :] and len(kept) < 8  # the newest stay
@@ -137,9 +140,7 @@ def test_a_restart_counts_what_is_there_and_removes_torn_temporary_files(tmp_pat
     again = Capture(tmp_path, max_bytes=10_000)
     assert writing.exists()
     writing.unlink()
-    assert len(again.items) == 1 and again.bytes == sum(
-        path.stat().st_size for path in tmp_path.rglob("*") if path.is_file()
-    )
+    assert len(again.items) == 1 and again.bytes == sum(path.stat().st_size for path in _kept_files(tmp_path))
     assert not list(tmp_path.rglob("*.tmp"))
 
 
@@ -352,7 +353,7 @@ def test_one_keep_folder_many_writers_one_cap_unique_names(tmp_path: Path) -> No
         thread.join()
     assert None not in names and len(set(names)) == 30  # every item kept (evicting others'), no name twice
     assert all(f"-{os.getpid()}-" in name for name in names)
-    files = [path for path in tmp_path.rglob("*") if path.is_file()]
+    files = _kept_files(tmp_path)
     assert sum(path.stat().st_size for path in files) <= 8000
     assert not [path for path in files if path.name.endswith(".tmp")]
     for sidecar in (tmp_path / "predictions").iterdir():  # every item left is whole

@@ -11,11 +11,14 @@ to a temporary file and moved into place with `os.replace`, the sidecar last. NA
 writing process's id and a random part, so names sort oldest first and never collide.
 
 One folder serves many writers: the workers of `serve --workers N` and replicas on a shared volume. Each item
-is written, and the cap enforced, under an exclusive lock on `FOLDER/.keep.lock` (flock; NFS locks too), after
-indexing the folder afresh: the cap is one cap for the folder, whichever process writes, and an item another
-process deleted is simply gone from the index. Temporary files are removed only once they are an hour old (a
-crash's; another process may be writing one now). Writing runs in one background thread fed by a bounded queue: a request never
-waits for the disk, and capture never fails a request (a disk error is logged and counted).
+is written, and the cap enforced, under an exclusive lock on `FOLDER/.keep.lock` (flock; NFS locks too); a
+writer indexes the folder again when another one changed it since its last item (`FOLDER/.keep.generation`,
+rewritten by every writer) and at least once a minute. So the cap is one cap for the folder, whichever process
+writes, and an item another process deleted is simply gone from the index. Temporary files are removed only
+once they are an hour old (a crash's; another process may be writing one now).
+
+Writing runs in one background thread fed by a bounded queue: a request never waits for the disk, and capture
+never fails a request (a disk error is logged and counted).
 
 Disk cap (`max_bytes`; `serve` keeps at most `DEFAULT_KEEP_MAX_MB` unless told otherwise): the kept images,
 templates and sidecars never exceed it. When a new item would pass it, the oldest items not yet reviewed (no
@@ -26,6 +29,7 @@ reviewed items are training data and are never deleted, so when only they are le
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -54,6 +58,8 @@ FOLDERS = ("images", "templates", "predictions")
 EXTENSIONS = {"PNG": ".png", "JPEG": ".jpg", "BMP": ".bmp", "TIFF": ".tif", "WebP": ".webp", "PNM": ".pnm"}
 DRIFT_LEVELS = ("warn", "alert")
 LOCK_FILE = ".keep.lock"
+GENERATION_FILE = ".keep.generation"  # rewritten by every writer: the others index the folder again
+RESCAN_S = 60.0
 STALE_TEMPORARY_S = 3600.0
 DEFAULT_KEEP_MAX_MB = 2000.0  # serve --keep-max-mb: the keep folder's cap unless one is given (0: none)
 EVICTION_WARNING_S = 60.0
@@ -127,7 +133,7 @@ class Capture:
         self.max_bytes = max_bytes
         self.metrics = metrics
         self.queue: queue.Queue[KeptItem | None] = queue.Queue(queue_size)
-        self.items: OrderedDict[str, list[Path]] = OrderedDict()  # name -> its files, oldest first
+        self.items: OrderedDict[str, list[str]] = OrderedDict()  # name -> its files' paths, oldest first
         self.bytes = 0
         self.counts: dict[str, int] = {}  # kept by reason, errors, dropped: for tests and the log
         self._evicted_unreported = 0
@@ -135,6 +141,8 @@ class Capture:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._sizes: dict[str, int] = {}  # path -> bytes (a kept file never changes after its os.replace)
+        self._generation = ""  # the folder's change mark as this process last indexed it
+        self._scanned = -math.inf
         for name in FOLDERS:
             (self.folder / name).mkdir(parents=True, exist_ok=True)
         with folder_lock(self.folder / LOCK_FILE):
@@ -144,7 +152,7 @@ class Capture:
     def _scan(self) -> None:
         """Index the folder as it is now (other processes keep and evict too): names sort by time. Temporary
         files older than `STALE_TEMPORARY_S` are a crash's and removed."""
-        found: dict[str, list[Path]] = {}
+        found: dict[str, list[str]] = {}
         sizes: dict[str, int] = {}
         now = time.time()
         for sub in FOLDERS:
@@ -163,11 +171,32 @@ class Capture:
                         sizes[entry.path] = self._sizes.get(entry.path) or entry.stat().st_size
                     except FileNotFoundError:  # deleted by another process meanwhile
                         continue
-                    found.setdefault(entry.name.split(".")[0], []).append(Path(entry.path))
+                    found.setdefault(entry.name.split(".")[0], []).append(entry.path)
         self._sizes = sizes
         self.items = OrderedDict((name, found[name]) for name in sorted(found))
         self.bytes = sum(sizes.values())
+        self._generation = self._read_generation()
+        self._scanned = time.monotonic()
         self._set_bytes()
+
+    def _read_generation(self) -> str:
+        try:
+            return (self.folder / GENERATION_FILE).read_text()
+        except OSError:
+            return ""
+
+    def _sync(self) -> None:
+        """Index the folder again when another writer changed it since (its change mark differs), and at least
+        every `RESCAN_S` (files deleted by hand)."""
+        if self._read_generation() != self._generation or time.monotonic() - self._scanned > RESCAN_S:
+            self._scan()
+
+    def _changed(self) -> None:
+        """A new change mark: the other writers index the folder again before their next item."""
+        self._generation = f"{os.getpid()}-{uuid.uuid4().hex}"
+        temporary = self.folder / f".{GENERATION_FILE}.{uuid.uuid4().hex[:6]}.tmp"
+        temporary.write_text(self._generation)
+        os.replace(temporary, self.folder / GENERATION_FILE)
 
     def _set_bytes(self) -> None:
         if self.metrics is not None:
@@ -234,8 +263,11 @@ class Capture:
     def write(self, item: KeptItem) -> str | None:
         """Write one item now (the thread calls this); its name, or None when it was not kept."""
         with folder_lock(self.folder / LOCK_FILE):
-            self._scan()
-            return self._write(item)
+            self._sync()
+            try:
+                return self._write(item)
+            finally:
+                self._changed()
 
     def _write(self, item: KeptItem) -> str | None:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(item.sidecar.get("time", time.time())))
@@ -268,7 +300,7 @@ class Capture:
             for path in written:
                 path.unlink(missing_ok=True)
             raise
-        self.items[name] = [path for path, _ in files]
+        self.items[name] = [str(path) for path, _ in files]
         self._sizes.update((str(path), len(data)) for path, data in files)
         self.bytes += size
         self._set_bytes()
@@ -288,8 +320,9 @@ class Capture:
             if (self.folder / "labels" / f"{name}.txt").exists():
                 continue  # reviewed: training data, never deleted
             for path in self.items.pop(name):
-                self.bytes -= self._sizes.pop(str(path), 0)
-                path.unlink(missing_ok=True)  # another process may have deleted it already
+                self.bytes -= self._sizes.pop(path, 0)
+                with contextlib.suppress(FileNotFoundError):  # another process may have deleted it already
+                    os.unlink(path)
             self._count("evicted")
             self._evicted_unreported += 1
         self._set_bytes()
