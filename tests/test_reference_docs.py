@@ -134,3 +134,11 @@ def test_the_configuration_page_example_loads(tmp_path: Path) -> None:
     (tmp_path / "run.yaml").write_text(example)
     config = load_config(tmp_path / "run.yaml")
     assert config.time_minutes == 20 and config.augment.horizontal_flip == 0.5
+
+
+def test_every_configuration_key_has_a_meaning() -> None:
+    page = (ROOT / "docs" / "reference" / "configuration.md").read_text("utf-8")
+    empty = [
+        line.split("`")[1] for line in page.splitlines() if line.startswith("| `") and line.endswith("|  |")
+    ]
+    assert not empty, f"configuration keys without a comment in the code: {empty}"

@@ -71,6 +71,9 @@ HOLD_OUT_FRACTION = 0.2  # validation share when a dataset has a single split
 
 @dataclass
 class TrainResult:
+    """What `train` returns: the run folder, the best validation metrics (`mAP50`, ...; empty without
+    validation), last.pt and best.pt (None without validation), and the final metrics and state."""
+
     run_dir: Path
     best_metrics: dict
     last_checkpoint: Path
