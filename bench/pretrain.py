@@ -113,7 +113,7 @@ def main() -> int:
     config = TrainConfig(
         data=families[0],
         preset=args.preset,
-        imgsz=IMGSZ,
+        input_size=IMGSZ,
         crop_size=0,
         channels=3,
         template=template,

@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         "training": trained,
         "inference": {
             "path": "engine.predict.predict_records (via bench/peers.ours_records)",
-            "imgsz": int(config.get("imgsz") or 640),
+            "imgsz": int(config.get("input_size") or config.get("imgsz") or 640),
             "channels": model.in_channels // (2 if model.template else 1),
             "template": bool(model.template),
             "register_pairs": True,  # peers.ours_records: predict_records' default
