@@ -9,6 +9,7 @@ EWMAs carry a `pid` label (each worker keeps its own charts).
 from __future__ import annotations
 
 import os
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -66,7 +67,7 @@ class ServiceMetrics:
     def set_drift_charts(self, monitor: DriftMonitor | None) -> None:
         """Start the drift gauges from the charts of `monitor` (at start, and when another model goes live)."""
         for gauge in (self.drift_limit, self.drift_z, self.drift_chart_level, self.drift_value):
-            gauge.clear()
+            _clear(gauge)
         if monitor is None:
             self.drift_level.set(-1)
             return
@@ -294,4 +295,6 @@ def _clear(gauge: Gauge) -> None:
     they are set to 0 first: a label set that no longer holds reads 0, not its old 1."""
     for labels in list(gauge._metrics):  # noqa: SLF001 - prometheus_client keeps no public list of children
         gauge.labels(*labels).set(0)
-    gauge.clear()
+    with warnings.catch_warnings():  # "not implemented in multi-process mode": the zeros above stand in
+        warnings.simplefilter("ignore", UserWarning)
+        gauge.clear()
