@@ -226,6 +226,7 @@ def page_real_data(results: dict[str, Result], plots: list[Callable[[], None]]) 
         "Escapes are defective images with no detection at or above the threshold; false calls are defect-free",
         "images with one. The trainer's own held-out figure is what `train` printed for its validation split;",
         "where it is well above mAP@0.5 the held-out part flatters.",
+        *_board_sentences(runs),
     )
     page.heading(2, "Per class (AP@0.5)")
     page.table(("data", "minutes", "seed", "AP@0.5 per class"), _class_rows(page, runs))
@@ -234,6 +235,22 @@ def page_real_data(results: dict[str, Result], plots: list[Callable[[], None]]) 
         *_weakest(runs),
     )
     return page
+
+
+def _board_sentences(runs: list[Result]) -> list[str]:
+    """DeepPCB without templates against its line target: defect-free boards flagged at the bundle's threshold."""
+    sentences = []
+    for result in runs:
+        boards = result.doc.get("boards") or {}
+        if result.doc["dataset"] != "deeppcb_plain" or not boards.get("clean_boards"):
+            continue
+        sentences.append(
+            f"At its bundle's threshold the {result.minutes:g}-minute DeepPCB run without templates (seed "
+            f"{result.seed()}) flags {100 * boards['false_call_rate']:.0f} % of the defect-free boards with "
+            f"{100 * boards['escape_rate']:.1f} % escapes; the line target is at most 5 % flagged at at most 2 % "
+            "escapes."
+        )
+    return sentences
 
 
 def _weakest(runs: list[Result]) -> list[str]:
