@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -648,6 +649,7 @@ def _after(seconds: float, folder: Path) -> list[Path]:
 def test_workers_keep_into_one_folder_under_one_cap_reviewed_from_any_of_them(
     bundle_path: Path, tiny_dataset: Path, tmp_path: Path
 ) -> None:
+    from defectdet.runtime.bundle import read_metadata, write_metadata
     from defectdet.runtime.review_app import create_review_app
 
     port = _free_port()
@@ -655,10 +657,18 @@ def test_workers_keep_into_one_folder_under_one_cap_reviewed_from_any_of_them(
     kept = tmp_path / "kept"
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONWARNINGS": "ignore"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(bundle_path, models / "candidate.onnx")  # another bundle (other bytes) of the same model
+    meta = read_metadata(models / "candidate.onnx")
+    write_metadata(models / "candidate.onnx", meta.model_copy(update={"created": "2000-01-01T00:00:00Z"}))
     options = ("--keep", "all", "--keep-dir", str(kept), "--keep-max-mb", "0.25")
+    options += ("--models-dir", str(models), "--shadow", "candidate.onnx")
     process = _start_workers(bundle_path, port, env, *options)
     try:
         workers = {str(pid) for pid in _workers_of(process.pid)}
+        for _ in range(4):  # every worker runs the shadow
+            assert httpx.get(base + "/v1/models").json()["shadow"]["name"] == "candidate.onnx"
         writers: set[str] = set()
         for _ in range(10):  # until both workers kept something
             assert all(answer["kept"] for answer in _post_samples(base, tiny_dataset, 6))
