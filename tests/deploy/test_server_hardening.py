@@ -496,6 +496,9 @@ def test_deeply_nested_or_huge_json_is_a_4xx_on_every_json_route(tmp_path: Path)
             _json_error(client.post(route, content=nested, headers=headers), 400, "nests 20001 levels")
             huge = b'{"by": "' + b"x" * (2 << 20) + b'"}'
             _json_error(client.post(route, content=huge, headers=headers), 413, "at most")
+        untyped = client.post("/v1/detect", content=b"x" * (2 << 20), headers={"X-Defectdet-Request": "1"})
+        if app is service_app:  # an upload without a Content-Type is read as JSON, and says so
+            _json_error(untyped, 413, "without a Content-Type")
         fine = {
             "image": "a.png",
             "action": "edit",

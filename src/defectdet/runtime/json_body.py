@@ -59,7 +59,8 @@ class JSONBodyLimit:
                 return  # nobody left to answer
             body += message.get("body", b"")
             if len(body) > self.max_bytes:
-                await _refuse(send, 413, f"a JSON body is at most {self.max_bytes:,} bytes")
+                reason = f"a JSON body (or one without a Content-Type) is at most {self.max_bytes:,} bytes"
+                await _refuse(send, 413, reason)
                 return
             if not message.get("more_body", False):
                 break
