@@ -55,3 +55,22 @@ def test_the_settings_table_says_how_the_held_out_split_was_grouped(
     assert row.value == f"{len(built.val.split.samples)} images, {len(val_parts)} groups"
     assert "8 groups of 32 images" in row.reason and "series 24" in row.reason
     assert "too small to trust" in row.reason and "too small to trust" in caplog.text  # < 20 images held out
+
+
+def test_val_on_the_training_data_scores_the_held_out_groups_only(tmp_path: Path) -> None:
+    from defectdet.engine.trainer import train
+    from defectdet.engine.validate import validate
+
+    data = _series_coco(tmp_path, parts=8, frames=4)
+    config = TrainConfig(
+        data=data, input_size=96, batch=4, max_steps=1, workers=0, progress=False, out=tmp_path / "run"
+    )
+    built = build_train_data(config)
+    result = train(built.config, data=built)
+    held = len(built.val.split.samples)
+    metrics = validate(result.last_checkpoint, data, split="val", protocol="coco", out=tmp_path / "val")
+    assert metrics["num_images"] == held < 32  # not the images it trained on
+    other = tmp_path / "other.json"  # the same images under another dataset: every image is scored
+    other.write_text(data.read_text())
+    metrics = validate(result.last_checkpoint, other, split="val", protocol="coco", out=tmp_path / "val2")
+    assert metrics["num_images"] == 32

@@ -26,7 +26,7 @@ from defectdet.data.recapture import RecaptureConfig, make_clean_boards
 from defectdet.data.sample import DatasetSplit
 from defectdet.engine.checkpoint import load_detector
 from defectdet.engine.predict import DEFAULT_EVAL_BATCH, predict_records, registration_summary
-from defectdet.errors import ConfigError, renamed_keys
+from defectdet.errors import ConfigError, DatasetError, renamed_keys
 from defectdet.evaluation.threshold import (
     DEFAULT_TARGET_ESCAPE,
     ThresholdChoice,
@@ -259,7 +259,6 @@ class _ValidationRun:
 
     @classmethod
     def load(cls, checkpoint: str | Path, data: str | Path, settings: ValidateSettings) -> _ValidationRun:
-        from defectdet.data.formats import load_dataset
         from defectdet.engine.bundle_model import is_bundle, load_bundle_model
 
         bundle = is_bundle(checkpoint)
@@ -282,7 +281,8 @@ class _ValidationRun:
             model, spec, settings.flip_views, checkpoint, bundle, (state or {}).get("config")
         )
         split = settings.split
-        dataset = load_dataset(data, split, format=settings.format)
+        trained = (state or {}).get("config") or (metadata.train_config if metadata is not None else {})
+        dataset = _scored_split(data, split, settings.format, trained)
         class_names = list(spec.class_names or dataset.class_names)
         if len(class_names) != len(dataset.class_names):
             raise ConfigError(
@@ -384,6 +384,36 @@ def _check_templates(dataset: DatasetSplit, use_template: bool, checkpoint: str 
             f"{checkpoint} was trained with templates but {missing.image_path} has none; "
             "give the split templates (data.yaml `templates:`) or use a model trained without them"
         )
+
+
+def _scored_split(data: str | Path, split: str, format: str | None, trained: dict[str, Any]) -> DatasetSplit:
+    """`split` of `data`; when the model was trained on `data` and the dataset has no separate `split` (the
+    reader gives the training images again), the trainer's grouped hold-out of them: scoring (and choosing a
+    threshold on) the images the model trained on would flatter it."""
+    from defectdet.data.formats import load_dataset
+    from defectdet.data.holdout import hold_out, same_images
+
+    dataset = load_dataset(data, split, format=format)
+    train_split = str(trained.get("train_split") or "train")
+    trained_on = trained.get("data")
+    if split == train_split or not trained_on or Path(str(trained_on)).resolve() != Path(str(data)).resolve():
+        return dataset
+    try:
+        train = load_dataset(data, train_split, format=format)
+    except DatasetError:
+        return dataset
+    if not same_images(train, dataset):
+        return dataset
+    held = hold_out(train)[1]
+    logger.warning(
+        "%s has no separate %r split and the model trained on it: scoring the training's grouped hold-out "
+        "(%d of %d images)",
+        data,
+        split,
+        len(held.samples),
+        len(dataset.samples),
+    )
+    return held
 
 
 def _threshold_choice(run: _ValidationRun, settings: ValidateSettings) -> ThresholdChoice | None:
