@@ -567,7 +567,7 @@ def compare(
     new: Path = typer.Argument(..., help="The candidate: a bundle (.onnx) or a checkpoint (exported first)."),
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
     split: str = typer.Option(
-        "val", help="Held-out split to compare on (a dataset without one: the training's hash hold-out)."
+        "val", help="Held-out split to compare on (a dataset without one: the training's grouped hold-out)."
     ),
     format: str | None = typer.Option(None, "--format", help="yolo|coco|voc|deeppcb (default: detected)."),
     clean: Path | None = typer.Option(
