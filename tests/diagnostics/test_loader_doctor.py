@@ -133,7 +133,7 @@ def test_loader_report_on_a_dataset_folder_names_a_truncated_image(tmp_path):
         workers=[0],
         seconds_per_setting=0.2,
         batches_per_setting=1,
-        overrides={"imgsz": 64, "crop_size": None},
+        overrides={"input_size": 64, "crop_size": None},
         time_model=False,
     )
     assert report.scan.scanned == report.samples > 1
