@@ -251,7 +251,8 @@ def render_configuration() -> str:
 
 
 class _SchemaPredictor:
-    """Just enough of a `Predictor` for the app to build its routes (nothing is run)."""
+    """Just enough of a `Predictor` for the app to build its routes and answer one example request: it
+    'detects' the bright square of `EXAMPLE_IMAGE` as one open circuit."""
 
     path = None
 
@@ -259,9 +260,57 @@ class _SchemaPredictor:
         from defectdet.runtime.bundle import BundleMetadata
 
         self.metadata = BundleMetadata(
-            defectdet_version="schema", created="", class_names=["defect"], input_size=32, channels=1,
+            defectdet_version="schema", created="", class_names=["open", "short"], input_size=64, channels=1,
             template=True,
         )  # fmt: skip
+
+    def predict(self, image: Any, template: Any = None, threshold: float | None = None, **_: Any) -> Any:
+        import numpy as np
+
+        from defectdet.runtime.monitor import image_statistics
+        from defectdet.runtime.predictor import Detection, PredictionResult
+
+        threshold = self.metadata.thresholds.threshold if threshold is None else threshold
+        found = [Detection((24.0, 16.0, 40.0, 28.0), 0, "open", 0.91)] if image.max() > 200 else []
+        return PredictionResult(
+            detections=found,
+            verdict="defective" if any(d.score >= threshold for d in found) else "clean",
+            threshold=threshold,
+            image_size=(image.shape[1], image.shape[0]),
+            timings={"decode": 0.0, "letterbox": 0.0, "model": 0.0, "postprocess": 0.0, "total": 0.0},
+            image_stats=image_statistics(image),
+            features=np.zeros(1, np.float32),
+        )
+
+
+def _example_images() -> tuple[bytes, bytes]:
+    """A 64 x 48 board with a bright square, and its template without it (PNG bytes)."""
+    import cv2
+    import numpy as np
+
+    template = np.full((48, 64), 90, np.uint8)
+    image = template.copy()
+    image[16:28, 24:40] = 250
+    return cv2.imencode(".png", image)[1].tobytes(), cv2.imencode(".png", template)[1].tobytes()
+
+
+def detect_example() -> dict[str, Any]:
+    """The answer of `POST /v1/detect` to the example images, from the app itself; measured times replaced by
+    a placeholder so the page does not change from run to run."""
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from defectdet.runtime.server import create_app
+
+    image, template = _example_images()
+    with TestClient(create_app(_SchemaPredictor()), base_url="http://localhost") as client:
+        while client.get("/readyz").status_code != 200:
+            time.sleep(0.05)
+        files = {"image": ("board.png", image), "template": ("golden.png", template)}
+        answer = client.post("/v1/detect", files=files).json()
+    answer["timings_ms"] = {name: "<ms>" for name in answer.get("timings_ms", {})}
+    return answer
 
 
 def openapi_schema() -> dict[str, Any]:
@@ -350,7 +399,18 @@ def _operation(path: str, method: str, operation: dict[str, Any], document: dict
     return [*lines, ""]
 
 
-def render_http(document: dict[str, Any] | None = None) -> str:
+def _compact_lists(text: str) -> str:
+    """Indented JSON with each list of plain values on one line."""
+    import re
+
+    return re.sub(
+        r"\[\s*([^\[\]{}]*?)\s*\]",
+        lambda m: "[" + ", ".join(m.group(1).split(",\n")).replace("  ", "") + "]",
+        text,
+    )
+
+
+def render_http(document: dict[str, Any] | None = None, example: dict[str, Any] | None = None) -> str:
     """The markdown of docs/reference/http-api.md."""
     document = document or openapi_schema()
     lines = [
@@ -367,7 +427,14 @@ def render_http(document: dict[str, Any] | None = None) -> str:
         "model routes act with `--models-dir`.",
         "",
         "```bash",
-        "curl -F image=@board.png http://127.0.0.1:8000/v1/detect",
+        "curl -F image=@board.png -F template=@golden.png http://127.0.0.1:8000/v1/detect",
+        "```",
+        "",
+        "answers (a template bundle with the classes open and short; times in milliseconds; the fields of one "
+        "detection and of the result are described in [the bundle format](bundle-format.md#the-result-of-one-image)):",
+        "",
+        "```json",
+        _compact_lists(json.dumps(example if example is not None else detect_example(), indent=2)),
         "```",
         "",
     ]
