@@ -67,6 +67,8 @@ def test_the_http_page_lists_every_route_of_the_schema() -> None:
             assert f"### `{method.upper()} {path}`" in page
     assert "/v1/detect" in document["paths"] and "/v1/review/decide" in document["paths"]
     assert "cdn" not in page.lower() and "swagger" not in page.lower()
+    undescribed = [line for line in page.splitlines() if line.startswith("| `") and line.endswith("|  |")]
+    assert not undescribed, f"HTTP parameters or fields without a description: {undescribed}"
 
 
 def test_the_bundle_format_page_names_every_metadata_field() -> None:

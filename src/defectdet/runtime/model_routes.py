@@ -33,10 +33,16 @@ class ModelChange(BaseModel):
     the compare gate and the store generation the change is based on."""
 
     model_config = ConfigDict(extra="forbid")
-    bundle: str | None = Field(None, max_length=204)
-    by: str | None = Field(None, max_length=80)
-    force: bool = False
-    generation: int | None = Field(None, ge=0)
+    bundle: str | None = Field(
+        None,
+        max_length=204,
+        description="a bundle's file name in the models folder (promote: default the shadow)",
+    )
+    by: str | None = Field(None, max_length=80, description="who asks (logged with the change)")
+    force: bool = Field(False, description="promote without a compare verdict of 'promote'")
+    generation: int | None = Field(
+        None, ge=0, description="the store generation the decision was made on (refused when it moved on)"
+    )
 
 
 def models_router(deployment: Deployment) -> APIRouter:

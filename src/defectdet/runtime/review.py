@@ -34,6 +34,7 @@ from typing import Any
 
 import cv2
 from fastapi import APIRouter, Request
+from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, Response
 from starlette.background import BackgroundTask
 
@@ -565,11 +566,15 @@ def review_router(folder: ReviewFolder, export_name: str = "annotations.coco.jso
         return folder.listing()
 
     @router.get("/v1/review/image/{name}", summary="One image as PNG")
-    async def image(name: str) -> Response:
+    async def image(
+        name: str = PathParam(description="the image's file name, as /v1/review/items lists it"),
+    ) -> Response:
         return Response(folder.render(folder.image_path(name)), media_type="image/png")
 
     @router.get("/v1/review/template/{name}", summary="The template of one image as PNG")
-    async def template(name: str) -> Response:
+    async def template(
+        name: str = PathParam(description="the image's file name, as /v1/review/items lists it"),
+    ) -> Response:
         path = folder.template_path(folder.image_path(name))
         if path is None:
             raise UploadError(404, f"{name[:80]} has no template")
