@@ -227,6 +227,7 @@ def page_real_data(results: dict[str, Result], plots: list[Callable[[], None]]) 
         "images with one. The trainer's own held-out figure is what `train` printed for its validation split;",
         "where it is well above mAP@0.5 the held-out part flatters.",
         *_board_sentences(runs),
+        *_step_sentences(runs),
     )
     page.heading(2, "Per class (AP@0.5)")
     page.table(("data", "minutes", "seed", "AP@0.5 per class"), _class_rows(page, runs))
@@ -250,6 +251,23 @@ def _board_sentences(runs: list[Result]) -> list[str]:
             f"{100 * boards['escape_rate']:.1f} % escapes; the line target is at most 5 % flagged at at most 2 % "
             "escapes."
         )
+    return sentences
+
+
+def _step_sentences(runs: list[Result]) -> list[str]:
+    """Where seeds of one dataset and budget took different numbers of steps: the load changed during a run."""
+    sentences = []
+    for dataset, label in LABELS.items():
+        for minutes in sorted({r.minutes for r in runs if r.doc["dataset"] == dataset}):
+            same = [r for r in runs if r.doc["dataset"] == dataset and r.minutes == minutes]
+            steps = [int(r.doc.get("steps") or 0) for r in same]
+            if len(same) > 1 and max(steps) > 1.2 * min(steps):
+                probes = [r.doc["speed_probe"]["ms_per_step"] for r in same]
+                sentences.append(
+                    f"The {len(same)} runs of {label} at {minutes:g} minutes took {min(steps):,} to {max(steps):,} "
+                    f"steps at speed probes of {min(probes):.0f} to {max(probes):.0f} ms: the probe is taken once "
+                    "before training and does not see load that changes during a run on a shared machine."
+                )
     return sentences
 
 
