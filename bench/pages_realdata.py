@@ -124,7 +124,7 @@ def _run_rows(page: Page, runs: list[Result]) -> list[list[Any]]:
                 f"{result.minutes:g}",
                 result.seed(),
                 f"{result.cpu}, {threads_text(result.threads)}",
-                f1(doc["speed_probe"]["ms_per_step"]),
+                _probe(doc["speed_probe"]),
                 f"{doc.get('steps') or 0:,}",
                 f3(doc.get("mAP50")),
                 f3(doc.get("mAP50_95")),
@@ -136,6 +136,11 @@ def _run_rows(page: Page, runs: list[Result]) -> list[list[Any]]:
             ]
         )
     return rows
+
+
+def _probe(probe: dict[str, Any]) -> str:
+    after = probe.get("ms_per_step_after")
+    return f1(probe["ms_per_step"]) + ("" if after is None else f" / {f1(after)} after")
 
 
 def _class_rows(page: Page, runs: list[Result]) -> list[list[Any]]:
@@ -210,7 +215,7 @@ def page_real_data(results: dict[str, Result], plots: list[Callable[[], None]]) 
             "minutes",
             "seed",
             "machine",
-            "speed probe, ms/step",
+            "speed probe, ms/step (before / after training)",
             "steps",
             "mAP@0.5",
             "mAP@0.5:0.95",

@@ -16,8 +16,8 @@ exported and scored through the torch-free runtime at the bundle's own threshold
   validation split; the bundle's threshold is chosen on that split and reported on it too (optimistic for the
   escapes and false calls, not for mAP), clean boards are the templates recaptured (`val --clean-templates`).
 
-Before training, a speed probe times a fixed small workload (nano, batch 8 of 256 px, fp32) in the same process,
-so runs on machines of different speed can be compared. A run from a tree with uncommitted code is refused
+Before training (and again after it), a speed probe times a fixed small workload (nano, batch 8 of 256 px, fp32)
+in the same process, so runs on machines of different speed can be compared. A run from a tree with uncommitted code is refused
 unless `--allow-dirty` (then the file says `dirty: true`). Writes
 `bench/results/realdata_<dataset>_<minutes>min_seed<k>[_<tag>].json`.
 """
@@ -149,6 +149,7 @@ def run(dataset: str, minutes: float, seed: int, args: argparse.Namespace, dirty
     threads = args.threads
     probe_ms = speed_probe(threads or _torch_threads())
     plan, data, result, timings = train_run(dataset, minutes, seed, work, args.shared)
+    probe_after_ms = speed_probe(threads or _torch_threads())  # the load may have changed while it trained
     metrics, thresholds = score_bundle(plan, result.last_checkpoint, work)
     headline = metrics.get("headline", {})
     boards = metrics.get("boards") or {}
@@ -160,7 +161,7 @@ def run(dataset: str, minutes: float, seed: int, args: argparse.Namespace, dirty
         "threads": threads,
         "dirty": dirty,
         "note": "a shared machine (other work ran beside it; see environment.machine.load_average)",
-        "speed_probe": {**PROBE, "ms_per_step": probe_ms},
+        "speed_probe": {**PROBE, "ms_per_step": probe_ms, "ms_per_step_after": probe_after_ms},
         "settings": (data.config.to_dict() if data.config else {}),
         "choices": [choice.to_dict() for choice in data.choices],
         "checkpoint": "last (the final weights)",
