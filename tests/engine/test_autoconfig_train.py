@@ -128,7 +128,7 @@ def test_clean_images_join_the_training_split_without_boxes(tmp_path, small_trai
     assert len(data.train.split.samples) == len(labelled.train.split.samples) + 3
     assert {c.name: c for c in data.choices}["clean_images"].value == str(clean)
     unset = {c.name: c for c in labelled.choices}["clean_images"]  # the row says what the option is for
-    assert unset.value is None and "--clean-images DIR" in unset.reason and "new_design.json" in unset.reason
+    assert unset.value is None and "--clean-images DIR" in unset.reason and "benchmarks" in unset.reason
     with pytest.raises(ConfigError, match="clean_images.*template"):  # a template model needs a pair
         build_train_data(small_train_config(tmp_path / "run1", data=data_yaml, clean_images=clean))
     with pytest.raises(ConfigError, match="clean_images.*not a folder"):
