@@ -301,7 +301,7 @@ def detect_example() -> dict[str, Any]:
 
     from fastapi.testclient import TestClient
 
-    from defectdet.runtime.server import create_app
+    from defectdet.serve.server import create_app
 
     image, template = _example_images()
     with TestClient(create_app(_SchemaPredictor()), base_url="http://localhost") as client:
@@ -318,7 +318,7 @@ def openapi_schema() -> dict[str, Any]:
     import tempfile
 
     from defectdet import __version__
-    from defectdet.runtime.server import ServeSettings, create_app
+    from defectdet.serve.server import ServeSettings, create_app
 
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "kept").mkdir()

@@ -42,8 +42,10 @@ LAYERS: dict[str, int] = {
     "engine": 5,
     "diagnostics": 6,
     "export": 6,
+    # the service (server, review, models store, metrics, static pages) on the runtime; only the CLI imports it
     "demo": 7,
     "doctor_cli": 7,
+    "serve": 7,
     "cli": 8,
 }
 
@@ -171,6 +173,8 @@ def test_the_checker_sees_the_known_edges() -> None:
     for edge in [("demo", "export"), ("engine", "runtime"), ("engine", "model"), ("runtime", "data")]:
         assert edge in edges, edge
     assert ("engine", "diagnostics") not in edges and ("data", "model") not in edges
+    assert ("serve", "runtime") in edges
+    assert {source for source, target in edges if target == "serve"} == {"cli"}  # the service's one user
 
 
 def test_architecture_doc_draws_the_same_table() -> None:

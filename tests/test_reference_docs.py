@@ -123,8 +123,9 @@ def test_every_python_entry_point_has_a_docstring_example() -> None:
         assert name in defectdet.__all__
         value = getattr(defectdet, name)
         doc = inspect.getdoc(value.__call__ if inspect.ismodule(value) else value) or ""
-        if inspect.ismodule(value):  # `export` is its callable subpackage: the function it calls documents it
-            doc = inspect.getdoc(value.export)
+        # a callable subpackage (export, serve): its function of the same name documents it
+        if inspect.ismodule(value):
+            doc = inspect.getdoc(getattr(value, name))
         assert "Example" in doc and f"from defectdet import {name}" in doc, name
 
 

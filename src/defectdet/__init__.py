@@ -23,7 +23,7 @@ _EXPORTS = {
     "predict": "defectdet.export.resolve",
     "compare": "defectdet.export.compare",
     "Predictor": "defectdet.runtime.predictor",
-    "serve": "defectdet.runtime.server",
+    "serve": "defectdet.serve",  # the callable subpackage: serve(bundle, host, port, settings, workers)
     "load_detector": "defectdet.engine.checkpoint",
     "build_model": "defectdet.model",
     "load_dataset": "defectdet.data.formats",

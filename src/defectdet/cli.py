@@ -688,8 +688,8 @@ def serve(
 
     Example: defectdet serve model.onnx --keep flagged,uncertain --keep-dir kept --keep-max-mb 2000 --models-dir models
     """
-    from defectdet.runtime.server import TOKEN_ENV
-    from defectdet.runtime.server import serve as run_service
+    from defectdet.serve.server import TOKEN_ENV
+    from defectdet.serve.server import serve as run_service
 
     given = {"max_concurrency": max_concurrency, "max_queue": max_queue, "max_bytes": max_bytes,
              "max_pixels": max_pixels, "threads": threads, "max_connections": max_connections}  # fmt: skip
@@ -705,7 +705,7 @@ def _serve_settings(
 ):
     """`serve`'s ServeSettings: the limits given (None: the defaults), the token, the allowed hosts and the
     keep options; a bad value or combination is a BadParameter naming it."""
-    from defectdet.runtime.server import LOOPBACK_HOSTS, ServeSettings
+    from defectdet.serve.server import LOOPBACK_HOSTS, ServeSettings
 
     try:
         settings = ServeSettings(
@@ -760,9 +760,9 @@ def review(
 
     Example: defectdet review kept/ --operator anna   (then open http://127.0.0.1:8001/review)
     """
-    from defectdet.runtime.review import ReviewFolder
-    from defectdet.runtime.review_app import run_review
-    from defectdet.runtime.server import LOOPBACK_HOSTS, TOKEN_ENV, ServeSettings
+    from defectdet.serve.review import ReviewFolder
+    from defectdet.serve.review_app import run_review
+    from defectdet.serve.server import LOOPBACK_HOSTS, TOKEN_ENV, ServeSettings
 
     names = [name.strip() for name in classes.split(",") if name.strip()] if classes else None
     review_folder = ReviewFolder(folder, names, operator)

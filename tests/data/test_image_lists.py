@@ -20,8 +20,8 @@ def _image(path: Path) -> Path:
 
 
 def test_a_name_with_a_line_break_stays_out_of_reviewed_txt(tmp_path: Path) -> None:
-    from defectdet.runtime.review import ReviewFolder
-    from defectdet.runtime.upload import UploadError
+    from defectdet.serve.review import ReviewFolder
+    from defectdet.serve.upload import UploadError
 
     for name in ("a.png", "b\nc.png", "d\u2028e.png", "f\rg.png"):
         _image(tmp_path / "images" / name)

@@ -36,7 +36,7 @@ def _board(path: Path, value: int, size: tuple[int, int] = (80, 60)) -> Path:
 def _keep_folder(root: Path) -> dict[str, list]:
     """A served keep folder after review: 8 images with templates and model predictions (class 'spur' only);
     6 reviewed with the operator's boxes, one skipped, one not reviewed. Returns the reviewed boxes by name."""
-    from defectdet.runtime.review import ReviewFolder
+    from defectdet.serve.review import ReviewFolder
 
     reviewed = {}
     for index in range(8):

@@ -14,10 +14,10 @@ import pytest
 from fastapi.testclient import TestClient
 from server_fakes import FakePredictor, board, encode
 
-from defectdet.runtime import capture as capture_module
-from defectdet.runtime.capture import Capture, KeptItem, keep_reasons, parse_keep
 from defectdet.runtime.predictor import Detection, PredictionResult
-from defectdet.runtime.server import ServeSettings, create_app
+from defectdet.serve import capture as capture_module
+from defectdet.serve.capture import Capture, KeptItem, keep_reasons, parse_keep
+from defectdet.serve.server import ServeSettings, create_app
 
 
 def _result(scores: list[float], threshold: float = 0.5) -> PredictionResult:
@@ -253,7 +253,7 @@ def test_keep_and_review_run_on_a_real_bundle_with_torch_unimportable(
         + f"""
 import json, pathlib
 from fastapi.testclient import TestClient
-from defectdet.runtime.server import ServeSettings, create_app
+from defectdet.serve.server import ServeSettings, create_app
 settings = ServeSettings(keep=("all", "uncertain"), keep_dir={str(kept)!r}, keep_margin=1.0)
 app = create_app({str(bundle_path)!r}, settings)
 with TestClient(app, base_url="http://localhost") as client:
@@ -312,7 +312,7 @@ def test_keep_has_a_default_cap_and_the_cap_warns_when_it_deletes(
     unlimited = ServeSettings(keep=("all",), keep_dir=str(tmp_path / "kept"), keep_max_mb=0)
     assert create_app(FakePredictor(), unlimited).state.service.capture.max_bytes is None
     capture = Capture(tmp_path / "small", max_bytes=3000)
-    with caplog.at_level(logging.WARNING, logger="defectdet.runtime.capture"):
+    with caplog.at_level(logging.WARNING, logger="defectdet.serve.capture"):
         for _ in range(6):
             assert capture.write(_item(1000)) is not None
     warnings = [record.getMessage() for record in caplog.records if "cap" in record.getMessage()]
@@ -326,7 +326,7 @@ def test_serve_warns_at_start_when_keep_has_no_cap(
     from typer.testing import CliRunner
 
     from defectdet.cli import app
-    from defectdet.runtime import server
+    from defectdet.serve import server
 
     monkeypatch.setattr(server, "_run_uvicorn", lambda app, config: None)
     keep = ["serve", str(bundle_path), "--keep", "flagged", "--keep-dir", str(tmp_path / "k")]
@@ -362,7 +362,7 @@ def test_one_keep_folder_many_writers_one_cap_unique_names(tmp_path: Path) -> No
 
 
 def test_decisions_made_by_another_process_are_seen_and_kept_in_reviewed_txt(tmp_path: Path) -> None:
-    from defectdet.runtime.review import ReviewFolder
+    from defectdet.serve.review import ReviewFolder
 
     for index in range(3):
         Capture(tmp_path).write(

@@ -1,4 +1,4 @@
-"""Shadow, promotion and roll-back in `serve --models-dir` (runtime.deployment, runtime.model_routes), on real
+"""Shadow, promotion and roll-back in `serve --models-dir` (serve.deployment, serve.model_routes), on real
 bundles: the fixture's bundle with its verdict threshold rewritten, so that two bundles disagree on purpose."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import pytest
 from fastapi.testclient import TestClient
 from server_fakes import CLASS_NAMES, FakePredictor, board, encode
 
-from defectdet.runtime import store
 from defectdet.runtime.bundle import read_metadata, write_metadata
-from defectdet.runtime.deployment import Deployment, ServedModel, disagreement, file_sha256
-from defectdet.runtime.metrics import ServiceMetrics
 from defectdet.runtime.predictor import Detection, PredictionResult
-from defectdet.runtime.server import ServeSettings, create_app
-from defectdet.runtime.upload import UploadError
+from defectdet.serve import store
+from defectdet.serve.deployment import Deployment, ServedModel, disagreement, file_sha256
+from defectdet.serve.metrics import ServiceMetrics
+from defectdet.serve.server import ServeSettings, create_app
+from defectdet.serve.upload import UploadError
 
 POST = {"X-Defectdet-Request": "1"}
 
@@ -346,7 +346,9 @@ def test_promote_needs_a_compare_verdict_of_promote_or_force(
         assert document["models"]["new"]["sha256"] == file_sha256(line["candidate"])
         assert document["verdict"]["decision"] == KEEP  # no clean image: false calls cannot be measured
         assert client.post("/v1/models/shadow", json=body, headers=POST).status_code == 200
-        assert client.get("/v1/models").json()["shadow"]["compare"]["decision"] == KEEP  # shown before promoting
+        assert (
+            client.get("/v1/models").json()["shadow"]["compare"]["decision"] == KEEP
+        )  # shown before promoting
         kept = client.post("/v1/models/promote", json=body, headers=POST)
         assert kept.status_code == 409 and "compare said keep (compare/compare.json" in kept.json()["error"]
         assert client.get("/v1/models").json()["live"]["name"] == "model.onnx"

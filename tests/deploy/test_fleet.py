@@ -1,4 +1,4 @@
-"""Several `serve` processes on one models store (runtime.store): a promotion or roll-back through any of them
+"""Several `serve` processes on one models store (serve.store): a promotion or roll-back through any of them
 reaches all of them within 5 s while a client keeps posting images to every one; a process restarted later
 serves the store's current generation; two promotions at once: one wins, the other gets 409; the workers of
 `serve --workers 2 --keep all` follow the store too. Real processes on loopback, real bundles (the fixture's
@@ -22,7 +22,7 @@ from server_fakes import board, encode
 from test_deployment import variant
 
 from defectdet.runtime.bundle import read_metadata
-from defectdet.runtime.deployment import file_sha256
+from defectdet.serve.deployment import file_sha256
 
 CHANGE = {"X-Defectdet-Request": "1"}
 CONVERGE_S = 5.0

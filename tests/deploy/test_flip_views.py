@@ -60,7 +60,7 @@ def test_unknown_views_are_refused_naming_the_option(trained_checkpoint: Path, t
 
 
 def test_the_service_says_which_views_a_served_model_runs(flipped_bundle: Path, bundle_path: Path) -> None:
-    from defectdet.runtime.deployment import ServedModel
+    from defectdet.serve.deployment import ServedModel
 
     assert ServedModel.of(Predictor(flipped_bundle)).describe()["flip_views"] == "lr+ud"
     assert ServedModel.of(Predictor(bundle_path)).describe()["flip_views"] == "none"

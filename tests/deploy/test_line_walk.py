@@ -34,7 +34,7 @@ from test_review_page import _drag, _point, _saved
 from test_server_page import BROWSER_ARGS, CHROMIUM
 
 from defectdet.export.compare_score import KEEP, PROMOTE
-from defectdet.runtime.server import ServeSettings, create_app
+from defectdet.serve.server import ServeSettings, create_app
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed (pip install playwright)"

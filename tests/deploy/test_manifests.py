@@ -190,7 +190,7 @@ def test_ignore_files_hold_the_same_lines() -> None:
 def exported_metric_names() -> set[str]:
     """Series names the service's registry exposes: counters with _total, histograms' _bucket/_sum/_count."""
     pytest.importorskip("prometheus_client")
-    from defectdet.runtime.metrics import ServiceMetrics
+    from defectdet.serve.metrics import ServiceMetrics
 
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     metrics = ServiceMetrics(["open", "short"], None)

@@ -109,8 +109,8 @@ def test_the_setting_travels_from_export_to_predictor_val_and_the_service(
 ) -> None:
     from defectdet.engine.validate import validate
     from defectdet.export.exporter import export_bundle
-    from defectdet.runtime.deployment import ServedModel
     from defectdet.runtime.predictor import Predictor
+    from defectdet.serve.deployment import ServedModel
 
     checkpoint, data = plain_run
     bundle = export_bundle(checkpoint, tmp_path / "checked.onnx", repeat_check=True).bundle

@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from server_fakes import FakePredictor, board, encode
 
 from defectdet.data.formats import load_dataset
-from defectdet.runtime.review import ReviewFolder
-from defectdet.runtime.review_app import create_review_app
-from defectdet.runtime.server import ServeSettings, create_app
+from defectdet.serve.review import ReviewFolder
+from defectdet.serve.review_app import create_review_app
+from defectdet.serve.server import ServeSettings, create_app
 
 CLASSES = ["open", "short", "mousebite"]
 POST_HEADERS = {"X-Defectdet-Request": "1"}

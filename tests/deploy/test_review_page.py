@@ -24,9 +24,9 @@ from server_fakes import board, encode
 from test_review import BAD_LABEL, CLASSES, make_folder
 from test_server_page import BROWSER_ARGS, CHROMIUM
 
-from defectdet.runtime.review import ReviewFolder
-from defectdet.runtime.review_app import create_review_app
-from defectdet.runtime.server import ServeSettings
+from defectdet.serve.review import ReviewFolder
+from defectdet.serve.review_app import create_review_app
+from defectdet.serve.server import ServeSettings
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed (pip install playwright)"

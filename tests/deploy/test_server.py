@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from server_fakes import FakePredictor, board, encode
 from torch_blocker import BLOCK_TORCH
 
-from defectdet.runtime.server import ServeSettings, create_app
+from defectdet.serve.server import ServeSettings, create_app
 
 
 def _client(predictor: FakePredictor, **settings: int) -> TestClient:
@@ -294,7 +294,7 @@ def test_serve_command_runs_uvicorn_with_the_limits(
     from typer.testing import CliRunner
 
     from defectdet.cli import app as cli
-    from defectdet.runtime import server
+    from defectdet.serve import server
 
     calls = []
     monkeypatch.setattr(server, "_run_uvicorn", lambda app, config: calls.append((app, config)))
@@ -313,7 +313,7 @@ def test_serve_command_runs_uvicorn_with_the_limits(
 
 
 def test_answer_json_handles_numpy_and_non_finite_values() -> None:
-    from defectdet.runtime.server import _FastJSON
+    from defectdet.serve.server import _FastJSON
 
     body = json.loads(
         _FastJSON({"a": np.float32(0.5), "b": [np.int64(3)], "c": float("nan"), "d": np.ones(2)}).body
@@ -333,7 +333,7 @@ def test_service_runs_with_torch_unimportable(bundle_path: Path, tiny_dataset: P
         + f"""
 import time
 from fastapi.testclient import TestClient
-from defectdet.runtime.server import create_app
+from defectdet.serve.server import create_app
 with TestClient(create_app({str(bundle_path)!r}), base_url="http://localhost") as client:
     while client.get("/readyz").status_code != 200:
         time.sleep(0.05)

@@ -32,8 +32,8 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from server_fakes import FakePredictor, board, encode
 
-from defectdet.runtime import server as server_module
-from defectdet.runtime.server import ServeSettings, create_app, uvicorn_config
+from defectdet.serve import server as server_module
+from defectdet.serve.server import ServeSettings, create_app, uvicorn_config
 
 BASE = "http://127.0.0.1"
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,7 +191,7 @@ def test_an_unexpected_exception_is_a_logged_json_500_without_addresses(
 
 
 def test_error_lines_drop_addresses_but_keep_sizes() -> None:
-    from defectdet.runtime.server import _one_line
+    from defectdet.serve.server import _one_line
 
     assert _one_line(f"bad {object()!r} here") == "bad <object object> here"
     assert _one_line("ptr 0x7f3a2b1c4d5e\nnext") == "ptr next"
@@ -473,7 +473,7 @@ def test_two_workers_share_one_metrics_view(bundle_path: Path, tmp_path: Path) -
 
 # ------------------------------------------------------------------ JSON bodies: size and nesting
 def test_json_depth_counts_brackets_outside_strings_only() -> None:
-    from defectdet.runtime.json_body import json_depth
+    from defectdet.serve.json_body import json_depth
 
     assert json_depth(b"3") == 0 and json_depth(b'{"a": [1, {"b": []}]}') == 4
     assert json_depth(b'{"a": "[[[[\\"[[[", "b": ["]]]"]}') == 2
@@ -481,7 +481,7 @@ def test_json_depth_counts_brackets_outside_strings_only() -> None:
 
 
 def test_deeply_nested_or_huge_json_is_a_4xx_on_every_json_route(tmp_path: Path) -> None:
-    from defectdet.runtime.review_app import create_review_app
+    from defectdet.serve.review_app import create_review_app
 
     (tmp_path / "images").mkdir()
     cv2.imwrite(str(tmp_path / "images" / "a.png"), board(1))
@@ -653,7 +653,7 @@ def test_workers_keep_into_one_folder_under_one_cap_reviewed_from_any_of_them(
     bundle_path: Path, tiny_dataset: Path, tmp_path: Path
 ) -> None:
     from defectdet.runtime.bundle import read_metadata, write_metadata
-    from defectdet.runtime.review_app import create_review_app
+    from defectdet.serve.review_app import create_review_app
 
     port = _free_port()
     base = f"http://127.0.0.1:{port}"

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_fakes import FakePredictor, board, encode
 
-from defectdet.runtime.server import ServeSettings, create_app
+from defectdet.serve.server import ServeSettings, create_app
 
 PNG = encode(board(0, size=64))
 JPEG = encode(board(1, size=64), ".jpg")

@@ -1,4 +1,4 @@
-"""The models store on its own (runtime.store): generations, compare-and-swap between processes, the roll-back
+"""The models store on its own (serve.store): generations, compare-and-swap between processes, the roll-back
 history and its cap, checked bytes, and finding a compare verdict. Plain files stand for bundles: the store
 never opens them as models."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from defectdet.runtime import store
-from defectdet.runtime.store import (
+from defectdet.serve import store
+from defectdet.serve.store import (
     Entry,
     ModelStore,
     StaleGeneration,

@@ -91,7 +91,7 @@ def test_result_files_of_a_reviewed_folder_keep_its_images_subfolder(tmp_path):
     import cv2
 
     from defectdet.data.formats import load_dataset
-    from defectdet.runtime.review import ReviewFolder
+    from defectdet.serve.review import ReviewFolder
 
     kept = tmp_path / "kept"
     (kept / "images").mkdir(parents=True)

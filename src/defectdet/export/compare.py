@@ -42,9 +42,8 @@ from defectdet.export.compare_score import (
     score_model,
     to_record,
 )
-from defectdet.runtime.bundle import BundleMetadata, read_metadata
+from defectdet.runtime.bundle import BundleMetadata, file_sha256, read_metadata
 from defectdet.runtime.predictor import Predictor
-from defectdet.runtime.store import file_sha256
 
 __all__ = ["KEEP", "PROMOTE", "RULE", "Tolerances", "compare_models"]
 

@@ -117,6 +117,15 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes: the identity of a bundle for `compare` verdicts and the models store."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def parse_metadata(text: str | None, source: str | Path) -> BundleMetadata:
     """Parse the JSON stored under ``metadata_props["defectdet"]``; a clear error when absent or invalid."""
     if not text:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from defectdet.errors import DefectDetError
 
 if TYPE_CHECKING:
-    from defectdet.runtime.review import ReviewFolder
+    from defectdet.serve.review import ReviewFolder
 
 TOP_LEVEL_SUFFIXES = (".yaml", ".txt", ".jsonl", ".json")
 

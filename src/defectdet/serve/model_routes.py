@@ -1,4 +1,4 @@
-"""The model routes of `serve`: what is live, shadow a candidate, promote it, roll back (`runtime.deployment`).
+"""The model routes of `serve`: what is live, shadow a candidate, promote it, roll back (`serve.deployment`).
 
     GET  /v1/models            live (with the store generation served here), shadow (with its disagreement
                                rate), previous, the roll-back history, the store's current generation,
@@ -24,8 +24,8 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from defectdet.runtime.deployment import Deployment
-from defectdet.runtime.upload import UploadError
+from defectdet.serve.deployment import Deployment
+from defectdet.serve.upload import UploadError
 
 
 class ModelChange(BaseModel):

@@ -42,9 +42,9 @@ from defectdet.data.formats.interchange import CocoImage, coco_document
 from defectdet.data.formats.yolo import fits_image_list, label_line
 from defectdet.data.imageio import IMAGE_SUFFIXES, read_image, read_image_size, read_text_file
 from defectdet.errors import DefectDetError
-from defectdet.runtime.capture import atomic_write, folder_lock
-from defectdet.runtime.review_download import write_dataset_zip
-from defectdet.runtime.upload import UploadError
+from defectdet.serve.capture import atomic_write, folder_lock
+from defectdet.serve.review_download import write_dataset_zip
+from defectdet.serve.upload import UploadError
 
 ACTIONS = ("accept", "edit", "clean", "skip")
 LABELLED = frozenset({"accept", "edit", "clean"})

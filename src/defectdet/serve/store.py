@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from defectdet.errors import DefectDetError
+from defectdet.runtime.bundle import file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -81,14 +82,6 @@ class Entry:
     @classmethod
     def of(cls, record: dict[str, Any]) -> Entry:
         return cls(str(record["name"]), str(record["sha256"]), str(record["file"]))
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class ModelStore:

@@ -48,8 +48,8 @@ from typing import TYPE_CHECKING, Any
 from defectdet.data.imageio import image_format
 
 if TYPE_CHECKING:
-    from defectdet.runtime.metrics import ServiceMetrics
     from defectdet.runtime.predictor import PredictionResult
+    from defectdet.serve.metrics import ServiceMetrics
 
 logger = logging.getLogger(__name__)
 

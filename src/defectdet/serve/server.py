@@ -47,16 +47,16 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from defectdet.data.imageio import decode_image, decode_pair
 from defectdet.errors import DefectDetError, ImageReadError, ImageTooLargeError
-from defectdet.runtime.capture import DEFAULT_KEEP_MAX_MB, Capture, KeptItem, keep_reasons, parse_keep
-from defectdet.runtime.deployment import Deployment, ServedModel
-from defectdet.runtime.json_body import JSONBodyLimit
-from defectdet.runtime.metrics import ServiceMetrics
 from defectdet.runtime.model_quality import validation_quality
-from defectdet.runtime.model_routes import models_router
 from defectdet.runtime.predictor import PredictionResult, Predictor
-from defectdet.runtime.review import PAGE_HEADERS, ReviewFolder, review_router
-from defectdet.runtime.upload import UploadError, read_form
-from defectdet.runtime.workers import DriftBroadcast, bind_to_parent, remove_stale_state, state_folder_name
+from defectdet.serve.capture import DEFAULT_KEEP_MAX_MB, Capture, KeptItem, keep_reasons, parse_keep
+from defectdet.serve.deployment import Deployment, ServedModel
+from defectdet.serve.json_body import JSONBodyLimit
+from defectdet.serve.metrics import ServiceMetrics
+from defectdet.serve.model_routes import models_router
+from defectdet.serve.review import PAGE_HEADERS, ReviewFolder, review_router
+from defectdet.serve.upload import UploadError, read_form
+from defectdet.serve.workers import DriftBroadcast, bind_to_parent, remove_stale_state, state_folder_name
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class ServeSettings:
     header_timeout_s: float = 10.0
     keep_alive_s: int = 5
     max_connections: int | None = None
-    keep: tuple[str, ...] = ()  # capture policies (runtime.capture); () keeps nothing
+    keep: tuple[str, ...] = ()  # capture policies (serve.capture); () keeps nothing
     keep_dir: str | None = None  # kept items, and the folder /review works on
     keep_margin: float = 0.1
     keep_max_mb: float | None = DEFAULT_KEEP_MAX_MB  # None: the default; 0: no cap (serve warns)
@@ -1120,7 +1120,7 @@ def serve(
     Example:
         ```python
         from defectdet import serve
-        from defectdet.runtime.server import ServeSettings
+        from defectdet.serve.server import ServeSettings
 
         serve("model.onnx", host="0.0.0.0", port=8000, settings=ServeSettings(token="a-long-secret"))
         ```
@@ -1202,7 +1202,7 @@ def _serve_workers(bundle: str | Path, host: str, port: int, settings: ServeSett
     if settings.token:
         os.environ[TOKEN_ENV] = settings.token
     try:
-        target = "defectdet.runtime.server:worker_app"
+        target = "defectdet.serve.server:worker_app"
         _run_uvicorn(target, uvicorn_config(target, host, port, settings, workers=workers))
     finally:
         for key, value in saved.items():

@@ -8,7 +8,7 @@ live model (replacing the file in the models folder afterwards changes nothing);
 verdict of "promote" for the pair, or `force`. `POST /v1/models/rollback` brings back the model before,
 and the one before that on a second roll-back, down the store's history.
 
-Every promotion and roll-back is a generation of the models store (`runtime.store`) that all processes
+Every promotion and roll-back is a generation of the models store (`serve.store`) that all processes
 serving the line share: each process polls the store and loads the generation's bundle (its sha256
 checked) beside the live model, then swaps. A swap is one reference assignment: a request takes the live
 model once, when its inference starts, and finishes on it, so no request is dropped or answered by half of
@@ -34,9 +34,10 @@ from typing import Any
 import numpy as np
 
 from defectdet.errors import DefectDetError
+from defectdet.runtime.bundle import file_sha256
 from defectdet.runtime.model_quality import validation_quality
 from defectdet.runtime.monitor import DriftMonitor
-from defectdet.runtime.store import (
+from defectdet.serve.store import (
     DEFAULT_KEEP,
     STORE_DIR,
     Entry,
@@ -44,9 +45,8 @@ from defectdet.runtime.store import (
     StaleGeneration,
     StoreError,
     compare_verdict,
-    file_sha256,
 )
-from defectdet.runtime.upload import UploadError
+from defectdet.serve.upload import UploadError
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """`defectdet review FOLDER`: the review page and its API on their own, without a bundle. No torch import.
 
-The same routes as `serve --keep-dir` (`runtime.review.review_router`) behind the service's guards: Host check,
+The same routes as `serve --keep-dir` (`serve.review.review_router`) behind the service's guards: Host check,
 the optional token on every route but the page and its static files, cross-site refusals, and on every POST
 the `X-Defectdet-Request` header and a JSON body. Errors are JSON `{"error", "status"}`.
 """
@@ -16,9 +16,9 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from defectdet.errors import DefectDetError
-from defectdet.runtime.json_body import JSONBodyLimit
-from defectdet.runtime.review import ReviewFolder, review_router
-from defectdet.runtime.server import (
+from defectdet.serve.json_body import JSONBodyLimit
+from defectdet.serve.review import ReviewFolder, review_router
+from defectdet.serve.server import (
     STATIC_DIR,
     ServeSettings,
     _error,
@@ -28,7 +28,7 @@ from defectdet.runtime.server import (
     _run_uvicorn,
     uvicorn_config,
 )
-from defectdet.runtime.upload import UploadError
+from defectdet.serve.upload import UploadError
 
 
 def create_review_app(folder: ReviewFolder | str | Path, settings: ServeSettings | None = None) -> FastAPI:
