@@ -371,6 +371,9 @@ def test_a_second_process_follows_the_store_and_refuses_bytes_that_do_not_hash_r
         _ready(first)
         _ready(second)
         follower = second.app.state.service.deployment
+        follower._stop.set()  # this test calls follow() itself: the background poll must not race it
+        if follower._watcher is not None:
+            follower._watcher.join(timeout=10)
         body = {"bundle": "candidate.onnx", "force": True}
         assert first.post("/v1/models/promote", json=body, headers=POST).status_code == 200
         assert follower.follow() is True
