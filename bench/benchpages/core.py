@@ -49,7 +49,7 @@ class Result:
 
     @property
     def threads(self) -> str:
-        threads = self.doc.get("threads")
+        threads = self.doc.get("threads", (self.doc.get("settings") or {}).get("threads"))
         if isinstance(threads, int):
             return str(threads)
         return str(self.cores) if self.cores else "-"
