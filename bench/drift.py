@@ -239,7 +239,9 @@ def main() -> None:
             image = camera_noise(image, rng)
         if fault is not None:
             image = fault(image)
-        return predictor.predict(image, template=template, threshold=meta.thresholds.threshold, score_floor=low)
+        return predictor.predict(
+            image, template=template, threshold=meta.thresholds.threshold, score_floor=low
+        )
 
     # --- 1. observations: every board once as captured (reference material), then per-group clean streams
     clean = []

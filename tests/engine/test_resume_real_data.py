@@ -27,7 +27,9 @@ def run(boards: Path, small_train_config):
     3 steps per epoch; crops of 64 from 96 canvases, default augmentation."""
 
     def train_boards(out: Path, workers: int, **overrides):
-        values = dict(data=boards, val_split=None, input_size=96, crop_size=64, batch=2, workers=workers, seed=7)
+        values = dict(
+            data=boards, val_split=None, input_size=96, crop_size=64, batch=2, workers=workers, seed=7
+        )
         return train(small_train_config(out, **{**values, **overrides}))
 
     return train_boards
