@@ -114,7 +114,7 @@ async function inspect(event) {
   form.append("image", file);
   const template = $("template").files[0];
   if (template && $("template-label").style.display !== "none") form.append("template", template);
-  if ($("conf").value !== "") form.append("threshold", $("conf").value);
+  if ($("threshold").value !== "") form.append("threshold", $("threshold").value);
   $("status").textContent = "inspecting…";
   $("submit").disabled = true;
   try {
