@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from defectdet.errors import CheckpointError, renamed_keys, warn_renamed
 from defectdet.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_THRESHOLD
@@ -23,6 +24,26 @@ PREDICTIONS_OUTPUT = "predictions"
 FEATURES_OUTPUT = "features"
 # metadata keys of bundles written before one name per concept, read as the current ones
 THRESHOLDS_RENAMES = {"score": "threshold", "score_source": "threshold_source", "min_score": "score_floor"}
+# a companion capture's name: a plane name of the bundle, a multipart field of the service, a data.yaml key
+COMPANION_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+RESERVED_PLANE_NAMES = ("image", "template", "threshold", "score_floor", "nms_iou")
+
+
+def check_companion_names(names: list[str] | tuple[str, ...], field: str = "companions") -> list[str]:
+    """`names` as a list when each is a valid, unreserved, unrepeated companion name; ValueError naming `field`."""
+    seen: set[str] = set()
+    for name in names:
+        if not isinstance(name, str) or not COMPANION_NAME.match(name):
+            raise ValueError(
+                f"{field}: companion name {name!r} must start with a letter and hold at most 32 letters, "
+                "digits, '_' or '-'"
+            )
+        if name in RESERVED_PLANE_NAMES:
+            raise ValueError(f"{field}: {name!r} is a reserved name ({', '.join(RESERVED_PLANE_NAMES)})")
+        if name in seen:
+            raise ValueError(f"{field}: companion {name!r} is named twice")
+        seen.add(name)
+    return list(names)
 
 
 class Normalization(BaseModel):
@@ -88,6 +109,8 @@ class BundleMetadata(BaseModel):
     input_size: int = Field(ge=32)
     channels: int = Field(ge=1, le=3)
     template: bool
+    # aligned companion captures the model also takes, in input-plane order after the image (and template)
+    companions: list[str] = Field(default_factory=list)
     normalization: Normalization = Field(default_factory=Normalization)
     letterbox: Letterbox = Field(default_factory=Letterbox)
     thresholds: Thresholds = Field(default_factory=Thresholds)
@@ -102,10 +125,20 @@ class BundleMetadata(BaseModel):
     repeat_check: bool = False  # drop detections on repeated design (runtime.repeat_check; no template only)
     precision: str = "fp32"
 
+    @field_validator("companions")
+    @classmethod
+    def _companion_names(cls, names: list[str]) -> list[str]:
+        return check_companion_names(names)
+
+    @property
+    def planes(self) -> list[str]:
+        """The named input planes in graph order: ``image``, ``template`` when it reads one, each companion."""
+        return ["image", *(["template"] if self.template else []), *self.companions]
+
     @property
     def input_channels(self) -> int:
-        """C of the graph input: c, or 2c with a template."""
-        return self.channels * (2 if self.template else 1)
+        """C of the graph input: `channels` per plane."""
+        return self.channels * len(self.planes)
 
     def to_json(self) -> str:
         return self.model_dump_json()
