@@ -12,6 +12,9 @@ exported and scored through the torch-free runtime at the bundle's own threshold
   the bundle's threshold is chosen on that held-out part, and everything is reported on AGDD's own `val.json`
   (other capture sessions). Both lightings as two planes of one input is not measured: the product has no
   companion-capture input yet.
+- `agdd_pair`: AGDD's `_L1` images with their `_L2` capture as the second plane, through the template input
+  (`template_file_name`): what a second aligned plane is worth with the template path as it is (registration
+  and the difference plane included). Same split and threshold as above.
 - `deeppcb_plain` / `deeppcb_template`: DeepPCB without / with its templates, held-out board groups as the
   validation split; the bundle's threshold is chosen on that split and reported on it too (optimistic for the
   escapes and false calls, not for mAP), clean boards are the templates recaptured (`val --clean-templates`).
@@ -36,7 +39,7 @@ from typing import Any
 from common import RESULTS_DIR, limit_threads, print_table, uncommitted_code, write_result
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
-DATASETS = ("agdd_1light", "agdd_2light", "deeppcb_plain", "deeppcb_template")
+DATASETS = ("agdd_1light", "agdd_2light", "agdd_pair", "deeppcb_plain", "deeppcb_template")
 DEFAULT_RUNS = ((10, 0), (10, 1), (30, 0), (60, 0))  # (minutes, seed)
 WORK = Path("runs/bench_realdata")
 PROBE = {"preset": "nano", "batch": 8, "crop": 256, "steps": 8}
@@ -53,11 +56,45 @@ def speed_probe(threads: int) -> float:
     return time_steps(PROBE["preset"], PROBE["batch"], PROBE["crop"], PROBE["steps"], threads, None)
 
 
-def _coco_subset(source: Path, target: Path, keep) -> Path:
-    """`source` COCO json with only the images whose file name passes `keep`, file names made absolute."""
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`key=value` TrainConfig overrides (`augment.noise_prob=0`: a dotted key sets a nested field); values are
+    read as YAML (`0.5`, `false`, `null`, `[8, 16]`)."""
+    import yaml
+
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--set {item!r}: expected key=value")
+        *parents, leaf = key.strip().split(".")
+        node = overrides
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise SystemExit(f"--set {item!r}: {part} is set both as a value and as a group")
+        node[leaf] = yaml.safe_load(text)
+    return overrides
+
+
+def _merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overrides.items():
+        merged[key] = _merged(merged.get(key) or {}, value) if isinstance(value, dict) else value
+    return merged
+
+
+def _pair(record: dict[str, Any]) -> dict[str, Any]:
+    """An `_L1` record with its `_L2` capture as the template plane."""
+    return dict(record, template_file_name=record["file_name"].replace("_L1.png", "_L2.png"))
+
+
+def _coco_subset(source: Path, target: Path, keep, change=None) -> Path:
+    """`source` COCO json with only the images whose file name passes `keep`, file names made absolute, each
+    record passed through `change` when given."""
     document = json.loads(source.read_text())
     images = [dict(r, file_name=str(source.parent / "images" / r["file_name"])) for r in document["images"]]
     images = [r for r in images if keep(Path(r["file_name"]).name)]
+    images = [change(r) for r in images] if change else images
     ids = {r["id"] for r in images}
     subset = {
         **document,
@@ -71,7 +108,7 @@ def _coco_subset(source: Path, target: Path, keep) -> Path:
 
 def agdd_plan(dataset: str, work: Path, shared: Path) -> dict[str, Any]:
     """Train on AGDD train.json (the trainer's grouped hold-out validates), threshold on that held-out part,
-    report on val.json; one lighting keeps the `_L1` images."""
+    report on val.json; one lighting keeps the `_L1` images, the pair gives each its `_L2` as the template."""
     from defectdet.data.formats import load_dataset
     from defectdet.data.holdout import hold_out
 
@@ -80,9 +117,10 @@ def agdd_plan(dataset: str, work: Path, shared: Path) -> dict[str, Any]:
     def keep(name: str) -> bool:
         return dataset == "agdd_2light" or name.endswith("_L1.png")
 
+    change = _pair if dataset == "agdd_pair" else None
     folder = work / "data" / dataset
-    train = _coco_subset(root / "train.json", folder / "train.json", keep)
-    val = _coco_subset(root / "val.json", folder / "val.json", keep)
+    train = _coco_subset(root / "train.json", folder / "train.json", keep, change)
+    val = _coco_subset(root / "val.json", folder / "val.json", keep, change)
     held = {s.image_path.name for s in hold_out(load_dataset(train, "train"))[1].samples}
     heldout = _coco_subset(train, folder / "heldout" / "heldout.json", lambda name: name in held)
     return {
@@ -105,14 +143,15 @@ def deeppcb_plan(dataset: str, shared: Path) -> dict[str, Any]:
 
 
 def train_run(
-    dataset: str, minutes: float, seed: int, work: Path, shared: Path
+    dataset: str, minutes: float, seed: int, work: Path, shared: Path, overrides: dict[str, Any]
 ) -> tuple[dict[str, Any], Any, Any, dict]:
-    """Train with the defaults; returns (plan, TrainData config, TrainResult, timings)."""
+    """Train with the defaults (and `overrides`); returns (plan, TrainData config, TrainResult, timings)."""
     from defectdet.engine.config import TrainConfig
     from defectdet.engine.trainer import build_train_data, train
 
     plan = agdd_plan(dataset, work, shared) if dataset.startswith("agdd") else deeppcb_plan(dataset, shared)
-    config = TrainConfig(**plan["train"], time_minutes=minutes, seed=seed, out=work / "run", progress=False)
+    base = {**plan["train"], "time_minutes": minutes, "seed": seed, "out": work / "run", "progress": False}
+    config = TrainConfig(**_merged(base, overrides))
     data = build_train_data(config)
     started = time.perf_counter()
     result = train(data.config or config, data=data)
@@ -148,7 +187,8 @@ def run(dataset: str, minutes: float, seed: int, args: argparse.Namespace, dirty
     work = WORK / name
     threads = args.threads
     probe_ms = speed_probe(threads or _torch_threads())
-    plan, data, result, timings = train_run(dataset, minutes, seed, work, args.shared)
+    overrides = parse_overrides(args.set)
+    plan, data, result, timings = train_run(dataset, minutes, seed, work, args.shared, overrides)
     probe_after_ms = speed_probe(threads or _torch_threads())  # the load may have changed while it trained
     metrics, thresholds = score_bundle(plan, result.last_checkpoint, work)
     headline = metrics.get("headline", {})
@@ -160,6 +200,7 @@ def run(dataset: str, minutes: float, seed: int, args: argparse.Namespace, dirty
         "seed": seed,
         "threads": threads,
         "dirty": dirty,
+        "overrides": overrides,
         "note": "a shared machine (other work ran beside it; see environment.machine.load_average)",
         "speed_probe": {**PROBE, "ms_per_step": probe_ms, "ms_per_step_after": probe_after_ms},
         "settings": (data.config.to_dict() if data.config else {}),
@@ -185,6 +226,20 @@ def run(dataset: str, minutes: float, seed: int, args: argparse.Namespace, dirty
     path = write_result(name, body)
     print_table(name, ["figure", "value"], [[k, body[k]] for k in ("mAP50", "mAP50_95", "steps")])
     return path
+
+
+def _check_overrides(overrides: dict[str, Any], tag: str) -> None:
+    """Refuse overrides TrainConfig does not take, and an experiment that would write a defaults' file name."""
+    from pydantic import ValidationError
+
+    from defectdet.engine.config import TrainConfig
+
+    if not tag:
+        raise SystemExit("--set makes an experiment: name it with --tag")
+    try:
+        TrainConfig(**overrides)
+    except ValidationError as error:
+        raise SystemExit(f"--set: {error}") from None
 
 
 def _torch_threads() -> int:
@@ -226,6 +281,14 @@ def main() -> int:
     parser.add_argument("--seed", type=int, action="append", help="default: 0 and 1 at 10 minutes, else 0")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--tag", default="", help="appended to the file name")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a training setting changed from the defaults (an experiment; needs --tag), e.g. "
+        "augment.noise_prob=0; repeatable",
+    )
     parser.add_argument("--shared", type=Path, default=SHARED, help="the folder holding agdd/ and deeppcb/")
     parser.add_argument("--allow-dirty", action="store_true", help="run from uncommitted code (recorded)")
     parser.add_argument("--summary", action="store_true", help="aggregate the result files, train nothing")
@@ -233,6 +296,8 @@ def main() -> int:
     if args.summary:
         print(f"wrote {summary()}")
         return 0
+    if args.set:
+        _check_overrides(parse_overrides(args.set), args.tag)
     changed = uncommitted_code()
     if changed and not args.allow_dirty:
         raise SystemExit(f"uncommitted code ({', '.join(changed)}): commit it, or pass --allow-dirty")

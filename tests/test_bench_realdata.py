@@ -74,3 +74,27 @@ def test_agdd_one_lighting_plan(tmp_path: Path) -> None:
     assert held_names and held_names < names
     assert not names & {Path(record["file_name"]).name for record in val["images"]}
     assert all(Path(record["file_name"]).is_file() for record in val["images"])
+
+
+def test_set_overrides_are_parsed_nested_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    overrides = realdata.parse_overrides(["input_size=640", "augment.noise_prob=0", "augment.gamma=[1, 1]"])
+    assert overrides == {"input_size": 640, "augment": {"noise_prob": 0, "gamma": [1, 1]}}
+    merged = realdata._merged({"seed": 0, "augment": {"blur_prob": 0.0}}, overrides)
+    assert merged["augment"] == {"blur_prob": 0.0, "noise_prob": 0, "gamma": [1, 1]} and merged["seed"] == 0
+    with pytest.raises(SystemExit, match="key=value"):
+        realdata.parse_overrides(["input_size"])
+    with pytest.raises(SystemExit, match="--tag"):
+        realdata._check_overrides(overrides, "")
+    with pytest.raises(SystemExit, match="no_such_setting"):
+        realdata._check_overrides({"no_such_setting": 1}, "t")
+    realdata._check_overrides(overrides, "t")
+
+
+@pytest.mark.skipif(not (AGDD / "train.json").is_file(), reason="needs ../shared/datasets/agdd")
+def test_agdd_pair_plan_gives_each_l1_image_its_l2_capture_as_template(tmp_path: Path) -> None:
+    plan = realdata.agdd_plan("agdd_pair", tmp_path, AGDD.parent)
+    for part in (plan["train"], plan["threshold_on"], plan["report_on"]):
+        records = json.loads(Path(part["data"]).read_text())["images"]
+        assert records and all(r["file_name"].endswith("_L1.png") for r in records)
+        assert all(Path(r["template_file_name"]).is_file() for r in records)
+        assert all(r["template_file_name"] == r["file_name"][: -len("_L1.png")] + "_L2.png" for r in records)
