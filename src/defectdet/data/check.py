@@ -2,7 +2,7 @@
 
 Errors (unreadable image, class out of range, box outside the image or without area, label
 without image, malformed line) make `CheckReport.has_errors` true; warnings (duplicates, tiny
-boxes, missing templates) do not.
+boxes, missing templates or companions, a companion of another size than its image) do not.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ class SplitStats:
     boxes_per_class: list[int] = field(default_factory=list)
     templates_found: int = 0
     templates_missing: int = 0
+    companions_found: dict[str, int] = field(default_factory=dict)  # per declared companion name
+    companions_missing: dict[str, int] = field(default_factory=dict)
     sizes: list[tuple[int, int]] = field(default_factory=list)
 
     def size_summary(self) -> dict[str, tuple[int, int, int]]:
@@ -92,6 +94,7 @@ def check_dataset(
     class_names = datasets[0].class_names if datasets else []
     images = {sample.image_path for dataset in datasets for sample in dataset.samples}
     templates = {s.template_path for d in datasets for s in d.samples if s.template_path is not None}
+    templates |= {path for d in datasets for s in d.samples for path in s.companion_paths.values()}
     results = _inspect_images(sorted(images | templates), deep, workers)
     problems: list[Problem] = []
     for dataset in datasets:
@@ -144,6 +147,9 @@ def _split_stats(
     dataset: DatasetSplit, results: dict[Path, _ImageResult], problems: list[Problem]
 ) -> SplitStats:
     stats = SplitStats(dataset.split, boxes_per_class=[0] * dataset.num_classes)
+    for name in dataset.companion_names:
+        stats.companions_found[name] = sum(1 for sample in dataset.samples if name in sample.companion_paths)
+        stats.companions_missing[name] = len(dataset.samples) - stats.companions_found[name]
     for sample in dataset.samples:
         stats.images += 1
         if len(sample.classes) == 0:
@@ -158,6 +164,7 @@ def _split_stats(
             continue
         stats.sizes.append(size)
         _compare_size(sample, size, problems)
+        _compare_companion_sizes(sample, size, results, problems)
     if dataset.has_templates:
         stats.templates_missing = stats.images - stats.templates_found
     else:
@@ -193,6 +200,23 @@ def _compare_size(sample, size: tuple[int, int], problems: list[Problem]) -> Non
                     "error",
                     sample.source or str(sample.image_path),
                     f"{sample.image_path.name}: box ({box}) is outside the {width}x{height} image",
+                )
+            )
+
+
+def _compare_companion_sizes(
+    sample, size: tuple[int, int], results: dict[Path, _ImageResult], problems: list[Problem]
+) -> None:
+    """A companion should be its image's size (training resizes it to the image, inference refuses it)."""
+    for name, path in sample.companion_paths.items():
+        companion_size = results[path].size
+        if companion_size is not None and companion_size != size:
+            problems.append(
+                Problem(
+                    "warning",
+                    str(path),
+                    f"companion '{name}' is {companion_size[0]}x{companion_size[1]} but its image "
+                    f"{sample.image_path.name} is {size[0]}x{size[1]}",
                 )
             )
 
@@ -266,6 +290,12 @@ def render_check_report(report: CheckReport, console: Console) -> None:
     counts.add_row("boxes: total", *[str(sum(s.boxes_per_class)) for s in report.splits])
     counts.add_row("templates found", *[str(s.templates_found) for s in report.splits])
     counts.add_row("templates missing", *[str(s.templates_missing) for s in report.splits])
+    for name in dict.fromkeys(name for split in report.splits for name in split.companions_found):
+        for kind in ("found", "missing"):
+            counts.add_row(
+                f"companion {name} {kind}",
+                *[str(getattr(s, f"companions_{kind}").get(name, "-")) for s in report.splits],
+            )
     console.print(counts)
 
     sizes = Table(title="image size (min / median / max)")

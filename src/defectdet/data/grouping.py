@@ -3,7 +3,8 @@
 Three rules join images into one group (union-find, deterministic):
 
 - **companion captures and templates**: file stems that differ only by a capture tag (`_L1`/`_L2`, `_cam2`,
-  `_light1`, `_test`/`_temp`, ...) and images that share a template file;
+  `_light1`, `_test`/`_temp`, ...) and images that share a file (a template, a companion capture, or one
+  image that is another's companion);
 - **file-name series**: stems ending in a frame number. A prefix that itself holds a digit (`C0001_0003`) names
   one series: all its frames are one group. A prefix of letters only (`frame_0001`, `crazing_12`) is often a
   naming scheme rather than one part, so runs of consecutive numbers are cut into blocks of `SERIES_BLOCK`;
@@ -95,6 +96,7 @@ def group_samples(samples: Sequence[Sample], signatures: bool = True) -> Groupin
     rules["companion"] += _join_by_key(
         union, [str(s.template_path) if s.template_path is not None else None for s in samples]
     )
+    rules["companion"] += _join_shared_files(union, samples)
     rules["series"] = _join_by_key(union, _series_keys(samples))
     checked = signatures and 1 < len(samples) <= MAX_SIGNATURE_IMAGES
     if checked:
@@ -131,6 +133,23 @@ def _series_keys(samples: Sequence[Sample]) -> list[str | None]:
             keys[index] = f"{prefix}#{block}"
             previous = number
     return keys
+
+
+def _join_shared_files(union: _UnionFind, samples: Sequence[Sample]) -> int:
+    """Join samples whose image or companion files overlap (a file given as one image's companion and as an
+    image of its own, or one companion shared by two images)."""
+    if not any(sample.companion_paths for sample in samples):
+        return 0
+    first_of: dict[str, int] = {}
+    joined = 0
+    for index, sample in enumerate(samples):
+        for path in (sample.image_path, *sample.companion_paths.values()):
+            key = str(path.resolve())
+            if key in first_of:
+                joined += union.union(first_of[key], index)
+            else:
+                first_of[key] = index
+    return joined
 
 
 def _join_by_key(union: _UnionFind, keys: Sequence[str | None]) -> int:

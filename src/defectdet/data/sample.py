@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
 import numpy as np
+
+from defectdet.errors import DatasetError
+
+COMPANION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
+# names a companion cannot take: the other planes and the request fields they share a namespace with
+RESERVED_NAMES = frozenset({"image", "template", "threshold", "score_floor", "nms_iou"})
 
 
 @dataclass
@@ -15,7 +23,8 @@ class Sample:
 
     `boxes` are xyxy float32 pixels of the original image, `classes` int64 0-based ids.
     `source` names the label file (and `source_line` the first line) the boxes came from,
-    so later errors can point back to it.
+    so later errors can point back to it. `companion_paths` maps a companion name to the file of that aligned
+    extra capture (another lighting, focus or band) of the same part.
     """
 
     image_path: Path
@@ -26,11 +35,13 @@ class Sample:
     image_id: str = ""
     width: int | None = None  # from the label file when it states it (COCO/VOC), else None
     height: int | None = None
+    companion_paths: dict[str, Path] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.image_path = Path(self.image_path)
         if self.template_path is not None:
             self.template_path = Path(self.template_path)
+        self.companion_paths = {name: Path(path) for name, path in self.companion_paths.items()}
         self.boxes = np.asarray(self.boxes, dtype=np.float32).reshape(-1, 4)
         self.classes = np.asarray(self.classes, dtype=np.int64).reshape(-1)
         if len(self.boxes) != len(self.classes):
@@ -39,6 +50,39 @@ class Sample:
             )
         if not self.image_id:
             self.image_id = self.image_path.stem
+
+
+def companion_name_problem(name: object) -> str | None:
+    """Why `name` cannot name a companion, or None when it can."""
+    if not isinstance(name, str) or not COMPANION_NAME.fullmatch(name):
+        return (
+            f"companion name {name!r} must start with a letter and hold only letters, digits, '_' and '-' "
+            "(at most 32 characters)"
+        )
+    if name in RESERVED_NAMES:
+        return f"companion name {name!r} is reserved (reserved: {', '.join(sorted(RESERVED_NAMES))})"
+    return None
+
+
+def check_companion_name(name: object, where: str) -> str:
+    """`name` when it can name a companion; else DatasetError starting with `where` (file and field)."""
+    problem = companion_name_problem(name)
+    if problem is not None:
+        raise DatasetError(f"{where}: {problem}")
+    return str(name)
+
+
+def common_companions(samples: Iterable[Sample], names: Iterable[str] | None = None) -> list[str]:
+    """The companion names every sample has, in the order of `names` (default: first seen); [] without samples."""
+    samples = list(samples)
+    if not samples:
+        return []
+    order = (
+        list(names)
+        if names is not None
+        else list(dict.fromkeys(n for s in samples for n in s.companion_paths))
+    )
+    return [name for name in order if all(name in sample.companion_paths for sample in samples)]
 
 
 def id_path(image_id: str, suffix: str) -> PurePosixPath:
@@ -77,6 +121,7 @@ class DatasetSplit:
     split: str
     root: Path
     problems: list[Problem] = field(default_factory=list)
+    companion_names: list[str] = field(default_factory=list)  # declared order, which is the planes' order
 
     @property
     def num_classes(self) -> int:
@@ -85,3 +130,20 @@ class DatasetSplit:
     @property
     def has_templates(self) -> bool:
         return any(s.template_path is not None for s in self.samples)
+
+
+def missing_companions(dataset: DatasetSplit, where: str) -> list[Problem]:
+    """One warning per companion that some images lack, with the count (each image is warned about apart)."""
+    problems = []
+    for name in dataset.companion_names:
+        missing = sum(1 for sample in dataset.samples if name not in sample.companion_paths)
+        if missing:
+            problems.append(
+                Problem(
+                    "warning",
+                    where,
+                    f"split '{dataset.split}': {missing} of {len(dataset.samples)} images have no companion "
+                    f"'{name}'; they are left out when training with it",
+                )
+            )
+    return problems

@@ -2,8 +2,9 @@
 
 The json is the split (named by its stem). Category ids may be arbitrary; sorted ids map to
 0..K-1. Image `file_name`s resolve against the json's folder, an `images/` folder beside it,
-or the same two one level up (the `annotations/` + `images/` layout). Our extension: an image
-record may carry `template_file_name`. Crowd annotations (`iscrowd: 1`) are skipped by `load`
+or the same two one level up (the `annotations/` + `images/` layout). Our extensions: an image
+record may carry `template_file_name` and `companions: {name: file_name}` (aligned extra captures, resolved like
+`file_name`; the order names first appear in is the order of the model's input planes). Crowd annotations (`iscrowd: 1`) are skipped by `load`
 (`read_coco(keep_crowd=True)` keeps them: CVAT writes a mask as a crowd annotation with a real box). CVAT's
 `attributes.rotation` (degrees about the box centre) turns the box into its axis-aligned envelope.
 """
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from defectdet.data.formats import check_box, is_coco_json, load_json, order_splits
-from defectdet.data.sample import DatasetSplit, Problem, Sample
+from defectdet.data.sample import DatasetSplit, Problem, Sample, check_companion_name, missing_companions
 from defectdet.errors import DatasetError
 
 
@@ -39,8 +40,8 @@ def read_coco(
     contained: bool = False,
 ) -> DatasetSplit:
     """One COCO json (or the `split` json of a folder); `image_roots` are more folders to find images in.
-    `contained` (an import from a labelling tool): a `file_name` or `template_file_name` that is absolute or
-    climbs out with `..` is an error instead of a path to follow."""
+    `contained` (an import from a labelling tool): a `file_name`, `template_file_name` or companion file name
+    that is absolute or climbs out with `..` is an error instead of a path to follow."""
     if path.is_dir():
         by_stem = {json_path.stem: json_path for json_path in _json_files(path)}
         if split not in by_stem:
@@ -52,11 +53,47 @@ def read_coco(
     json_name = str(path)
     problems: list[Problem] = []
     category_index, class_names = _categories(path, document)
+    companion_names = _companion_names(path, _records(path, document, "images"))
     samples_by_id: dict[Any, Sample] = {}
     for position, record in enumerate(_records(path, document, "images")):
         sample = _image_sample(path, position, record, problems, image_roots, contained)
         if sample is not None:
             samples_by_id[record["id"]] = sample
+    boxes, classes = _annotations(path, document, samples_by_id, category_index, problems, keep_crowd)
+    for image_id, sample in samples_by_id.items():
+        sample.boxes = np.asarray(boxes[image_id], np.float32).reshape(-1, 4)
+        sample.classes = np.asarray(classes[image_id], np.int64)
+    samples = list(samples_by_id.values())
+    dataset = DatasetSplit(samples, class_names, "coco", path.stem, path.parent, problems, companion_names)
+    problems.extend(missing_companions(dataset, json_name))
+    return dataset
+
+
+def _companion_names(path: Path, records: list[dict[str, Any]]) -> list[str]:
+    """Every companion name of the image records, in the order they first appear; a bad name is an error."""
+    names: dict[str, None] = {}
+    for position, record in enumerate(records):
+        companions = record.get("companions")
+        if companions is None:
+            continue
+        where = f"{path}: images[{position}] (id {record.get('id', '?')}): field 'companions'"
+        if not isinstance(companions, dict) or not all(isinstance(v, str) for v in companions.values()):
+            raise DatasetError(f"{where} must map a companion name to a file name, got {companions!r}")
+        for name in companions:
+            names.setdefault(check_companion_name(name, where), None)
+    return list(names)
+
+
+def _annotations(
+    path: Path,
+    document: dict[str, Any],
+    samples_by_id: dict[Any, Sample],
+    category_index: dict[Any, int],
+    problems: list[Problem],
+    keep_crowd: bool,
+) -> tuple[dict[Any, list[tuple[float, float, float, float]]], dict[Any, list[int]]]:
+    """The checked boxes and class indices of each image id; bad annotations become problems."""
+    json_name = str(path)
     known_images = {record.get("id") for record in document.get("images", []) if isinstance(record, dict)}
     boxes: dict[Any, list[tuple[float, float, float, float]]] = {image_id: [] for image_id in samples_by_id}
     classes: dict[Any, list[int]] = {image_id: [] for image_id in samples_by_id}
@@ -103,10 +140,7 @@ def read_coco(
         if checked is not None:
             boxes[image_id].append(checked)
             classes[image_id].append(category_index[annotation["category_id"]])
-    for image_id, sample in samples_by_id.items():
-        sample.boxes = np.asarray(boxes[image_id], np.float32).reshape(-1, 4)
-        sample.classes = np.asarray(classes[image_id], np.int64)
-    return DatasetSplit(list(samples_by_id.values()), class_names, "coco", path.stem, path.parent, problems)
+    return boxes, classes
 
 
 def _rotated_envelope(
@@ -185,8 +219,14 @@ def _image_sample(
     if "id" not in record or not isinstance(file_name, str):
         problems.append(Problem("error", str(path), f"{where}: needs 'id' and 'file_name'"))
         return None
-    for field in ("file_name", "template_file_name"):
-        value = record.get(field)
+    companions = record.get("companions")
+    companions = companions if isinstance(companions, dict) else {}
+    fields = [
+        ("file_name", record.get("file_name")),
+        ("template_file_name", record.get("template_file_name")),
+    ]
+    fields += [(f"companions.{name}", value) for name, value in companions.items()]
+    for field, value in fields:
         if contained and isinstance(value, str) and leaves_folder(value):
             problems.append(
                 Problem(
@@ -204,6 +244,17 @@ def _image_sample(
         template_path = resolve_image(path.parent, template_name, image_roots)
         if template_path is None:
             problems.append(Problem("warning", str(path), f"{where}: template {template_name!r} not found"))
+    companion_paths = {}
+    for name, companion_name in companions.items():
+        found = resolve_image(path.parent, str(companion_name), image_roots)
+        if found is None:
+            problems.append(
+                Problem(
+                    "warning", str(path), f"{where}: companion '{name}' file {companion_name!r} not found"
+                )
+            )
+        else:
+            companion_paths[str(name)] = found
     width, height = record.get("width"), record.get("height")
     return Sample(
         image_path,
@@ -214,6 +265,7 @@ def _image_sample(
         image_id=str(record["id"]),
         width=int(width) if isinstance(width, (int, float)) and width > 0 else None,
         height=int(height) if isinstance(height, (int, float)) and height > 0 else None,
+        companion_paths=companion_paths,
     )
 
 

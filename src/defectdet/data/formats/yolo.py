@@ -4,7 +4,9 @@ A split is a folder of images, a list of folders, or a .txt list of image paths.
 at the image path with its last `images` folder replaced by `labels` and the suffix `.txt`
 (or beside the image when there is no `images` folder). A missing label file means a clean image.
 Optional `templates: {split: folder}` (or one folder for all splits) holds each image's
-defect-free template under the same file name.
+defect-free template under the same file name. Optional `companions: {name: folder}` (or
+`{name: {split: folder}}`) names aligned extra captures of each image (another lighting, focus or band),
+found the same way; their declared order is the order of the model's input planes.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import yaml
 
 from defectdet.data.formats import IMAGE_SUFFIXES, check_box, list_images, order_splits
 from defectdet.data.imageio import read_image_size, read_text_file
-from defectdet.data.sample import DatasetSplit, Problem, Sample
+from defectdet.data.sample import DatasetSplit, Problem, Sample, check_companion_name, missing_companions
 from defectdet.errors import DatasetError, ImageReadError, describe_failure
 
 SPLIT_KEYS = ("train", "val", "test")
@@ -50,6 +52,7 @@ def load(path: Path, split: str) -> DatasetSplit:
     problems: list[Problem] = []
     entries = _split_images(yaml_path, root, split, spec, problems)  # (image, folder it came from or None)
     template_folder = _template_folder(root, config.get("templates"), split)
+    companion_folders = _companion_folders(yaml_path, root, config.get("companions"), split)
     samples: list[Sample] = []
     label_folders: dict[Path, Path] = {}
     for image_path, base in entries:
@@ -62,9 +65,15 @@ def load(path: Path, split: str) -> DatasetSplit:
         sample.image_id = _image_id(image_path, base, root)
         if template_folder is not None:
             sample.template_path = _find_template(template_folder, image_path, base, problems)
+        for name, folder in companion_folders.items():
+            found = _find_template(folder, image_path, base, problems, f"companion '{name}'")
+            if found is not None:
+                sample.companion_paths[name] = found
         samples.append(sample)
     _report_orphan_labels(label_folders, {image for image, _ in entries}, problems)
-    return DatasetSplit(samples, class_names, "yolo", split, root, problems)
+    dataset = DatasetSplit(samples, class_names, "yolo", split, root, problems, list(companion_folders))
+    problems.extend(missing_companions(dataset, str(yaml_path)))
+    return dataset
 
 
 def label_path_for(image_path: Path) -> Path:
@@ -262,7 +271,33 @@ def _template_folder(root: Path, templates: Any, split: str) -> Path | None:
     return folder if folder.is_absolute() else root / folder
 
 
-def _find_template(folder: Path, image_path: Path, base: Path | None, problems: list[Problem]) -> Path | None:
+def _companion_folders(yaml_path: Path, root: Path, companions: Any, split: str) -> dict[str, Path]:
+    """{name: folder} of the companions declared for `split`, in declared order."""
+    if not companions:
+        return {}
+    if not isinstance(companions, dict):
+        raise DatasetError(
+            f"{yaml_path}: field 'companions' must map a companion name to a folder (or to {{split: folder}})"
+        )
+    folders = {}
+    for name, entry in companions.items():
+        check_companion_name(name, f"{yaml_path}: field 'companions'")
+        if isinstance(entry, dict):
+            entry = entry.get(split)
+        elif not isinstance(entry, str):
+            raise DatasetError(
+                f"{yaml_path}: field 'companions.{name}' must be a folder or a {{split: folder}} mapping"
+            )
+        folder = _template_folder(root, entry, split)
+        if folder is not None:
+            folders[name] = folder
+    return folders
+
+
+def _find_template(
+    folder: Path, image_path: Path, base: Path | None, problems: list[Problem], what: str = "template"
+) -> Path | None:
+    """The file in `folder` at the image's path below its split folder, else of its name, else of its stem."""
     candidates = []
     if base is not None:
         candidates.append(folder / image_path.relative_to(base))
@@ -275,7 +310,7 @@ def _find_template(folder: Path, image_path: Path, base: Path | None, problems: 
     ):  # saved in another format
         if candidate.suffix.lower() in IMAGE_SUFFIXES and candidate.is_file():
             return candidate
-    problems.append(Problem("warning", str(image_path), f"template not found (looked for {candidates[0]})"))
+    problems.append(Problem("warning", str(image_path), f"{what} not found (looked for {candidates[0]})"))
     return None
 
 
