@@ -19,7 +19,7 @@ import re
 import stat
 import struct
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -132,21 +132,49 @@ def decode_pair(
     bit_depth: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """`read_pair` on bytes already in memory."""
+    image, template = decode_planes(
+        [image_data, template_data], [image_name, template_name], channels, max_pixels, bit_depth
+    )
+    return image, template
+
+
+def read_planes(
+    paths: Sequence[str | Path],
+    channels: int = 1,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    bit_depth: int | None = None,
+) -> list[np.ndarray]:
+    """`read_pair` for any number of aligned planes (image, template, companion captures): ONE intensity
+    mapping for all of them."""
+    paths = [Path(path) for path in paths]
+    return decode_planes([read_file_bytes(path) for path in paths], paths, channels, max_pixels, bit_depth)
+
+
+def decode_planes(
+    datas: Sequence[bytes],
+    names: Sequence[str | Path],
+    channels: int = 1,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    bit_depth: int | None = None,
+) -> list[np.ndarray]:
+    """`read_planes` on bytes already in memory. Deep planes share one mapping when they are all integer (the
+    deepest effective bit depth, or `bit_depth`) or all float (the highest peak); 8-bit planes are kept as
+    they are, and a mix of integer and float deep planes maps each plane on its own."""
     bit_depth = _check_bit_depth(bit_depth)
-    image = _decode_raw(image_data, Path(image_name), channels, max_pixels)
-    template = _decode_raw(template_data, Path(template_name), channels, max_pixels)
-    deep = [array for array in (image, template) if array.dtype != np.uint8]
-    if len(deep) == 2:
+    planes = [
+        _decode_raw(data, Path(name), channels, max_pixels) for data, name in zip(datas, names, strict=True)
+    ]
+    deep = [array for array in planes if array.dtype != np.uint8]
+    if len(deep) >= 2:
         if all(np.issubdtype(array.dtype, np.integer) for array in deep):
             shared = bit_depth or max(effective_bit_depth(array) for array in deep)
-            return _to_uint8(image, shared), _to_uint8(template, shared)
+            return [array if array.dtype == np.uint8 else _to_uint8(array, shared) for array in planes]
         if all(np.issubdtype(array.dtype, np.floating) for array in deep):
             peak = max(_float_peak(array) for array in deep)
-            return _to_uint8(image, float_peak=peak), _to_uint8(template, float_peak=peak)
-    as_uint8 = [
-        array if array.dtype == np.uint8 else _to_uint8(array, bit_depth) for array in (image, template)
-    ]
-    return as_uint8[0], as_uint8[1]
+            return [
+                array if array.dtype == np.uint8 else _to_uint8(array, float_peak=peak) for array in planes
+            ]
+    return [array if array.dtype == np.uint8 else _to_uint8(array, bit_depth) for array in planes]
 
 
 def effective_bit_depth(image: np.ndarray) -> int:
