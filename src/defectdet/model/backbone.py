@@ -1,4 +1,4 @@
-"""Input fusion (normalization + template difference) and a depthwise-separable backbone."""
+"""Input fusion (normalization, template difference, companion planes) and a depthwise-separable backbone."""
 
 from __future__ import annotations
 
@@ -52,31 +52,42 @@ class SeparableBlock(nn.Module):
 
 
 class InputFusion(nn.Module):
-    """Normalizes [0, 1] input; with a template appends the signed difference.
+    """Normalizes [0, 1] input; with a template appends the signed difference; companions follow as they are.
 
-    Input channels are ``[tested (c), template (c)]`` when ``template`` is true.
-    Output is ``[tested, template, tested - template]`` (3c channels), so the stem
-    sees the change directly, the way AOI compares a board to its golden image.
+    Input channels are ``[tested (c), template (c) if template, companion_1 (c), ..., companion_k (c)]``.
+    Output is ``[tested, template, tested - template]`` (the template part only with a template) followed by the
+    normalized companions, so the stem sees the change directly, the way AOI compares a board to its golden
+    image, and each aligned companion capture (another lighting, focus or band) beside it.
     """
 
-    def __init__(self, in_channels: int, template: bool) -> None:
+    def __init__(self, in_channels: int, template: bool, companions: int = 0) -> None:
         super().__init__()
-        if template and in_channels % 2:
-            raise ValueError(f"template input needs an even channel count, got {in_channels}")
+        planes = 1 + int(template) + companions
+        if companions < 0 or in_channels % planes:
+            raise ValueError(
+                f"{in_channels} input channels do not split into {planes} planes "
+                f"(tested image{', template' if template else ''}, {companions} companion(s))"
+            )
         self.in_channels = in_channels
         self.template = template
-        self.out_channels = in_channels // 2 * 3 if template else in_channels
+        self.companions = companions
+        self.channels = in_channels // planes  # c: the channels of one plane
+        self.out_channels = self.channels * (3 if template else 1) + self.channels * companions
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         # images: (B, C, H, W) in [0, 1]
-        if not self.template:
+        if not self.template and not self.companions:
             return (images - INPUT_MEAN) / INPUT_STD
-        half = self.in_channels // 2
-        tested, reference = images[:, :half], images[:, half:]
-        difference = (tested - reference) / INPUT_STD  # (B, c, H, W), zero where unchanged
-        return torch.cat(
-            [(tested - INPUT_MEAN) / INPUT_STD, (reference - INPUT_MEAN) / INPUT_STD, difference], 1
-        )
+        c = self.channels
+        tested = images[:, :c]
+        parts = [(tested - INPUT_MEAN) / INPUT_STD]
+        if self.template:
+            reference = images[:, c : 2 * c]
+            difference = (tested - reference) / INPUT_STD  # (B, c, H, W), zero where unchanged
+            parts += [(reference - INPUT_MEAN) / INPUT_STD, difference]
+        if self.companions:
+            parts.append((images[:, c * (1 + int(self.template)) :] - INPUT_MEAN) / INPUT_STD)
+        return torch.cat(parts, 1)
 
 
 class Backbone(nn.Module):

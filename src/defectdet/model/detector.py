@@ -10,6 +10,7 @@ each file with the exact training settings it ran with.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -89,8 +90,10 @@ class Detector(nn.Module):
         self.num_classes = int(config["num_classes"])
         self.in_channels = int(config["in_channels"])
         self.template = bool(config["template"])
+        # aligned companion captures stacked after the tested image (and template); absent in older configs
+        self.companions = [str(name) for name in config.get("companions") or []]
         self.strides = tuple(STRIDES_BY_LEVEL[level] for level in config["levels"])
-        self.fusion = InputFusion(self.in_channels, self.template)
+        self.fusion = InputFusion(self.in_channels, self.template, len(self.companions))
         self.backbone = Backbone(
             self.fusion.out_channels, tuple(config["widths"]), tuple(config["depths"]), config["kernel_size"]
         )
@@ -170,17 +173,29 @@ class Detector(nn.Module):
 
 
 def build_model(
-    preset: str, num_classes: int, in_channels: int, template: bool, **overrides: Any
+    preset: str,
+    num_classes: int,
+    in_channels: int,
+    template: bool,
+    companions: Sequence[str] = (),
+    **overrides: Any,
 ) -> Detector:
-    """Builds a :class:`Detector` from a named preset; ``overrides`` replace preset keys."""
+    """Builds a :class:`Detector` from a named preset; ``overrides`` replace preset keys.
+
+    ``in_channels`` is ``c x (1 + template + len(companions))`` with ``c`` 1 (gray) or 3 (RGB): the tested
+    image, its template when ``template``, then one plane of ``c`` channels per named companion capture."""
     if preset not in PRESETS:
         raise ConfigError(f"model.preset: unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
     if num_classes < 1:
         raise ConfigError(f"model.num_classes: must be >= 1, got {num_classes}")
-    valid_channels = (2, 6) if template else (1, 3)
+    companions = _checked_companions(companions)
+    planes = 1 + int(bool(template)) + len(companions)
+    valid_channels = (planes, 3 * planes)
     if in_channels not in valid_channels:
+        with_companions = f", companions={companions}" if companions else ""
         raise ConfigError(
-            f"model.in_channels: {in_channels} is invalid with template={template}; use one of {valid_channels}"
+            f"model.in_channels: {in_channels} is invalid with template={template}{with_companions}; "
+            f"use one of {valid_channels}"
         )
     unknown = set(overrides) - set(PRESETS[preset]) - {"loss"}
     if unknown:
@@ -197,8 +212,23 @@ def build_model(
         "num_classes": int(num_classes),
         "in_channels": int(in_channels),
         "template": bool(template),
+        "companions": companions,
     }
     return Detector(config)
+
+
+def _checked_companions(companions: Sequence[str]) -> list[str]:
+    """The companion names as a list; ConfigError for a non-string, an empty name or a repeated one."""
+    if isinstance(companions, str):
+        raise ConfigError(f"model.companions: a list of names, got the string {companions!r}")
+    names = list(companions)
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"model.companions: every companion needs a name, got {name!r}")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ConfigError(f"model.companions: {repeated} named more than once")
+    return names
 
 
 def detector_from_config(config: dict[str, Any]) -> Detector:

@@ -3,7 +3,9 @@
 Nothing is downloaded: `bench/pretrain.py` (`make pretrain`) trains each preset on `synth --kind pcb`
 and `--kind surface` images and writes `weights/<preset>_<layout>.pt`, layout ``template`` (tested
 image + golden template) or ``plain`` (tested image only). The files are RGB; a gray model gets the
-stem summed over the colour channels, which is exact for a gray image shown as RGB.
+stem summed over the colour channels, which is exact for a gray image shown as RGB. A model that also takes
+companion captures gets the layout's weights with the stem's companion input channels at zero: it starts out
+answering exactly as the model without them, and training teaches it what the companions add.
 
 `transfer_weights` copies every tensor whose name and shape match, except the class logits (the
 classes differ between datasets). Levels, widths or a head the file lacks start from random weights,
@@ -79,7 +81,7 @@ class TransferReport:
     source: str
     copied: int = 0  # tensors copied
     total: int = 0  # tensors in the model
-    stem: str = "copied"  # copied | summed to gray | summed to colour
+    stem: str = "copied"  # copied | summed to gray | spread over colour; companion planes at zero
     left_random: list[str] = field(default_factory=list)  # model tensors that kept their initialization
     provenance: dict[str, Any] = field(default_factory=dict)
 
@@ -102,6 +104,28 @@ def _adapt_stem(weight: torch.Tensor, wanted_channels: int, groups: int) -> tupl
     if have == 1 and want == 3:
         return torch.cat([part.repeat(1, 3, 1, 1) / 3 for part in parts], 1), "spread over colour"
     return None
+
+
+def _companion_stem(
+    weight: torch.Tensor, target: torch.Tensor, config: dict[str, Any]
+) -> tuple[torch.Tensor, str] | None:
+    """The stem weight for `target`'s input channels: the layout's own channels (adapted to gray or colour
+    when needed) followed by zeros for the companion planes, so the companions add nothing until trained."""
+    companions = len(config.get("companions") or [])
+    planes = 1 + int(bool(config.get("template"))) + companions
+    extra = int(config.get("in_channels", 0)) // planes * companions
+    base_channels = target.shape[1] - extra
+    stem = "copied"
+    if weight.shape[1] != base_channels:
+        adapted = _adapt_stem(weight, base_channels, 3 if config.get("template") else 1)
+        if adapted is None:
+            return None
+        weight, stem = adapted
+    if extra:
+        zeros = weight.new_zeros((weight.shape[0], extra, *weight.shape[2:]))
+        weight = torch.cat([weight, zeros], 1)
+        stem += f", {companions} companion plane(s) at zero"
+    return weight, stem
 
 
 def transfer_weights(model: nn.Module, path: str | Path) -> TransferReport:
@@ -130,8 +154,9 @@ def transfer_weights(model: nn.Module, path: str | Path) -> TransferReport:
         if source is None or name.startswith(SKIPPED_PREFIXES):
             report.left_random.append(name)
             continue
-        if source.shape != target.shape and name == STEM_KEY:
-            adapted = _adapt_stem(source, target.shape[1], 3 if config.get("template") else 1)
+        # with companions the stem always changes: gray + 2 companions has the RGB stem's shape
+        if name == STEM_KEY and (source.shape != target.shape or config.get("companions")):
+            adapted = _companion_stem(source, target, config)
             if adapted is not None:
                 source, report.stem = adapted
         if source.shape != target.shape:
