@@ -15,6 +15,8 @@ exported and scored through the torch-free runtime at the bundle's own threshold
 - `agdd_pair`: AGDD's `_L1` images with their `_L2` capture as the second plane, through the template input
   (`template_file_name`): what a second aligned plane is worth with the template path as it is (registration
   and the difference plane included). Same split and threshold as above.
+- `agdd_companion`: the same pairs with `_L2` as a companion capture (`companions: {"L2": ...}`): stacked as an
+  extra plane as it is, no registration, no difference plane.
 - `deeppcb_plain` / `deeppcb_template`: DeepPCB without / with its templates, held-out board groups as the
   validation split; the bundle's threshold is chosen on that split and reported on it too (optimistic for the
   escapes and false calls, not for mAP), clean boards are the templates recaptured (`val --clean-templates`).
@@ -39,7 +41,7 @@ from typing import Any
 from common import RESULTS_DIR, limit_threads, print_table, uncommitted_code, write_result
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
-DATASETS = ("agdd_1light", "agdd_2light", "agdd_pair", "deeppcb_plain", "deeppcb_template")
+DATASETS = ("agdd_1light", "agdd_2light", "agdd_pair", "agdd_companion", "deeppcb_plain", "deeppcb_template")
 DEFAULT_RUNS = ((10, 0), (10, 1), (30, 0), (60, 0))  # (minutes, seed)
 WORK = Path("runs/bench_realdata")
 PROBE = {"preset": "nano", "batch": 8, "crop": 256, "steps": 8}
@@ -83,9 +85,18 @@ def _merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _l2(record: dict[str, Any]) -> str:
+    return record["file_name"].replace("_L1.png", "_L2.png")
+
+
 def _pair(record: dict[str, Any]) -> dict[str, Any]:
     """An `_L1` record with its `_L2` capture as the template plane."""
-    return dict(record, template_file_name=record["file_name"].replace("_L1.png", "_L2.png"))
+    return dict(record, template_file_name=_l2(record))
+
+
+def _companion(record: dict[str, Any]) -> dict[str, Any]:
+    """An `_L1` record with its `_L2` capture as the companion `L2`."""
+    return dict(record, companions={"L2": _l2(record)})
 
 
 def _coco_subset(source: Path, target: Path, keep, change=None) -> Path:
@@ -108,7 +119,8 @@ def _coco_subset(source: Path, target: Path, keep, change=None) -> Path:
 
 def agdd_plan(dataset: str, work: Path, shared: Path) -> dict[str, Any]:
     """Train on AGDD train.json (the trainer's grouped hold-out validates), threshold on that held-out part,
-    report on val.json; one lighting keeps the `_L1` images, the pair gives each its `_L2` as the template."""
+    report on val.json; one lighting keeps the `_L1` images, the pair gives each its `_L2` as the template,
+    the companion dataset as the companion `L2`."""
     from defectdet.data.formats import load_dataset
     from defectdet.data.holdout import hold_out
 
@@ -117,7 +129,7 @@ def agdd_plan(dataset: str, work: Path, shared: Path) -> dict[str, Any]:
     def keep(name: str) -> bool:
         return dataset == "agdd_2light" or name.endswith("_L1.png")
 
-    change = _pair if dataset == "agdd_pair" else None
+    change = {"agdd_pair": _pair, "agdd_companion": _companion}.get(dataset)
     folder = work / "data" / dataset
     train = _coco_subset(root / "train.json", folder / "train.json", keep, change)
     val = _coco_subset(root / "val.json", folder / "val.json", keep, change)

@@ -98,3 +98,7 @@ def test_agdd_pair_plan_gives_each_l1_image_its_l2_capture_as_template(tmp_path:
         assert records and all(r["file_name"].endswith("_L1.png") for r in records)
         assert all(Path(r["template_file_name"]).is_file() for r in records)
         assert all(r["template_file_name"] == r["file_name"][: -len("_L1.png")] + "_L2.png" for r in records)
+    companion = realdata.agdd_plan("agdd_companion", tmp_path / "c", AGDD.parent)
+    records = json.loads(Path(companion["report_on"]["data"]).read_text())["images"]
+    assert records and all(Path(r["companions"]["L2"]).name.endswith("_L2.png") for r in records)
+    assert not any("template_file_name" in r for r in records)
