@@ -1,10 +1,10 @@
-"""Box-aware training augmentation for a tested image and its (optional) aligned template.
+"""Box-aware training augmentation for a tested image and its (optional) aligned template and companion captures.
 
 Geometry (flips, rotate/scale/translate) is sampled once as one affine matrix and applied with the same
-`cv2.warpAffine` call to the tested image and the template, and to the boxes, so the pair stays
-pixel-aligned by construction. Photometric changes (brightness, contrast, gamma, blur, noise) are sampled
-independently for each image because the template and the tested board come from different exposures;
-simulated glare touches the tested image only.
+`cv2.warpAffine` call to the tested image, the template, every companion and the boxes, so the planes stay
+pixel-aligned by construction (up to the small pair jitter the template and each companion get on their own).
+Photometric changes (brightness, contrast, gamma, blur, noise) are sampled independently for each plane because
+the planes come from different exposures; simulated glare touches the tested image only.
 
 Why not albumentations for the geometry: its Compose with bbox bookkeeping and `additional_targets`
 adds more Python time than the two warps it wraps cost, and flips followed by an Affine warp twice.
@@ -15,6 +15,7 @@ normal bank instead of fresh Gaussian draws per image (albumentations' GaussNois
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import albumentations as A
@@ -36,9 +37,9 @@ class AugmentConfig(BaseModel):
     horizontal_flip: float = Field(0.5, ge=0.0, le=1.0)  # probability
     vertical_flip: float = Field(0.5, ge=0.0, le=1.0)  # probability
     fill_value: int = Field(114, ge=0, le=255)  # matches the letterbox padding
-    # residual misregistration of the pair: the template alone moves by up to `pair_shift` pixels per axis
-    # (of the letterboxed input) and `pair_rotate_degrees`, so the model does not read a pixel of
-    # misalignment as a defect (registration leaves ~0.1 px, DeepPCB pairs differ by 0.5 px median)
+    # residual misregistration of the pair: the template (and each companion, drawn apart) moves by up to
+    # `pair_shift` pixels per axis (of the letterboxed input) and `pair_rotate_degrees`, so the model does not
+    # read a pixel of misalignment as a defect (registration leaves ~0.1 px, DeepPCB pairs differ by 0.5 px median)
     pair_shift: float = Field(1.0, ge=0.0, le=16.0)
     pair_rotate_degrees: float = Field(0.1, ge=0.0, le=5.0)  # the template's extra rotation, at most
     pair_jitter_prob: float = Field(0.5, ge=0.0, le=1.0)  # probability of moving the template
@@ -105,7 +106,8 @@ def transform_boxes(boxes: np.ndarray, matrix: np.ndarray) -> np.ndarray:
 
 
 class Augmenter:
-    """Callable `(image, template | None, boxes, classes) -> (image, template, boxes, classes)`.
+    """Callable `(image, template | None, boxes, classes) -> (image, template, boxes, classes)`; `augment` also
+    takes the companion captures.
 
     Images are uint8 HxW or HxWx3; boxes float xyxy pixels. Returns float32 (N, 4) boxes and int64 (N,)
     classes; N may drop to 0. With `active=False` it only normalises dtypes (validation / disabled).
@@ -118,6 +120,9 @@ class Augmenter:
         self.active = active and config.enabled
         self._noise_bank: np.ndarray | None = None
         self._bank_seed = seed  # the noise bank depends on the construction seed only (see `_bank`)
+        self._photometric_companions: list[
+            A.Compose | None
+        ] = []  # one per companion position, made on first use
         if self.active:
             self._photometric_image = self._build_photometric(config)
             self._photometric_template = self._build_photometric(config)
@@ -126,13 +131,12 @@ class Augmenter:
     def reseed(self, seed: int) -> None:
         """Restart every random stream from `seed` (independent streams derived from it). Cheap enough to
         call per sample: the noise bank, a fixed table the noise windows are cut from, is kept."""
-        streams = np.random.SeedSequence(seed).generate_state(3)
+        self._seed = seed
+        streams = np.random.SeedSequence(seed).generate_state(3 + len(self._photometric_companions))
         self._rng = np.random.default_rng(int(streams[0]))
         if self.active:
-            for photometric, stream in (
-                (self._photometric_image, streams[1]),
-                (self._photometric_template, streams[2]),
-            ):
+            composes = [self._photometric_image, self._photometric_template, *self._photometric_companions]
+            for photometric, stream in zip(composes, streams[1:], strict=True):
                 if photometric is not None:
                     photometric.set_random_seed(int(stream))
 
@@ -170,12 +174,26 @@ class Augmenter:
         boxes: np.ndarray,
         classes: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
+        image, template, _, boxes, classes = self.augment(image, template, (), boxes, classes)
+        return image, template, boxes, classes
+
+    def augment(
+        self,
+        image: np.ndarray,
+        template: np.ndarray | None,
+        companions: Sequence[np.ndarray],
+        boxes: np.ndarray,
+        classes: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray | None, list[np.ndarray], np.ndarray, np.ndarray]:
+        """`(image, template, companions, boxes, classes)` augmented: one geometry for every plane and the boxes,
+        the pair jitter drawn apart for the template and each companion, photometric changes per plane."""
         boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
         classes = np.asarray(classes, dtype=np.int64).reshape(-1)
         if not self.active:
-            return image, template, boxes, classes
-        if template is not None and template.shape != image.shape:
-            raise ValueError(f"template shape {template.shape} differs from image shape {image.shape}")
+            return image, template, list(companions), boxes, classes
+        for name, plane in (("template", template), *(("companion", plane) for plane in companions)):
+            if plane is not None and plane.shape != image.shape:
+                raise ValueError(f"{name} shape {plane.shape} differs from image shape {image.shape}")
 
         height, width = image.shape[:2]
         # labels sticking out of the image are clipped first (not judged by visibility), empty ones dropped
@@ -184,6 +202,7 @@ class Augmenter:
         template_matrix = matrix
         if template is not None:
             template_matrix = self._jitter_pair(matrix, width, height)
+        companion_matrices = [self._jitter_pair(matrix, width, height) for _ in companions]
         if matrix is not None:
             image = self._warp(image, matrix)
             boxes = transform_boxes(boxes, matrix)
@@ -192,17 +211,36 @@ class Augmenter:
             )
         if template is not None and template_matrix is not None:
             template = self._warp(template, template_matrix)
+        warped = [
+            plane if plane_matrix is None else self._warp(plane, plane_matrix)
+            for plane, plane_matrix in zip(companions, companion_matrices, strict=True)
+        ]
 
         image = self._photometric(self._photometric_image, image)
         image = self._maybe_glare(image)
         if template is not None:
             template = self._photometric(self._photometric_template, template)
+        warped = [self._photometric(self._companion_photometric(i), plane) for i, plane in enumerate(warped)]
         return (
             np.ascontiguousarray(image),
             None if template is None else np.ascontiguousarray(template),
+            [np.ascontiguousarray(plane) for plane in warped],
             boxes,
             classes,
         )
+
+    def _companion_photometric(self, position: int) -> A.Compose | None:
+        """The photometric changes of the companion at `position`, with its own random stream (made on first
+        use and seeded from the current seed, so a draw does not depend on when it was made)."""
+        while len(self._photometric_companions) <= position:
+            compose = self._build_photometric(self.config)
+            index = 3 + len(self._photometric_companions)
+            if compose is not None:
+                compose.set_random_seed(
+                    int(np.random.SeedSequence(self._seed).generate_state(index + 1)[index])
+                )
+            self._photometric_companions.append(compose)
+        return self._photometric_companions[position]
 
     def _photometric(self, compose: A.Compose | None, image: np.ndarray) -> np.ndarray:
         if compose is not None:

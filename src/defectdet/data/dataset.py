@@ -8,6 +8,7 @@ pixels, meta dict)`, or `None` when the image could not be read: a bad file neve
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from defectdet.data.augment import AugmentConfig, build_augment, clip_boxes_to_window
-from defectdet.data.imageio import DEFAULT_MAX_PIXELS, read_image, read_pair
+from defectdet.data.imageio import DEFAULT_MAX_PIXELS, read_image, read_planes
 from defectdet.data.letterbox import boxes_to_letterbox, letterbox_image
 from defectdet.data.planes import input_array, stack_planes
 from defectdet.data.registration import register_pair
@@ -32,12 +33,14 @@ Item = tuple[torch.Tensor, torch.Tensor, dict[str, Any]]
 class DetectionDataset(Dataset):
     """Samples of a `DatasetSplit` as model-ready tensors.
 
-    Pipeline per item: read the tested image (+ template) at `channels` -> letterbox both to `imgsz`
-    -> (train) augment -> (train, `crop_size < imgsz`) a `crop_size` window, biased towards defects
-    -> tensor `[C, S, S]`, C = channels (x2 with a template; order [tested, template]).
+    Pipeline per item: read the tested image (+ template, + companion captures) at `channels` -> letterbox
+    every plane to `imgsz` -> (train) augment -> (train, `crop_size < imgsz`) a `crop_size` window, biased
+    towards defects -> tensor `[C, S, S]`, C = channels x (1 + template + companions), planes in the order
+    [tested, template, *companions].
 
-    `use_template=None` uses templates when every sample has one. `augment=None` means no augmentation;
-    augmentation and cropping only happen with `train=True`.
+    `use_template=None` uses templates when every sample has one. `companions` names the companion captures to
+    stack, in order; samples without one of them are left out with a warning (`left_out` lists their images).
+    `augment=None` means no augmentation; augmentation and cropping only happen with `train=True`.
 
     `image_dtype=torch.uint8` returns raw 0..255 images instead of float32 0..1 (the caller then does
     `images.float().div_(255)`, ideally on the device): 4x less data through worker IPC and no float
@@ -47,7 +50,7 @@ class DetectionDataset(Dataset):
     when the index carries its epoch (`engine.loader.SampleIndex`, what `build_loader` yields): an item is
     then a pure function of those three, in this process or any loader worker, before or after a resume.
     A plain int index (`dataset[i]`) draws from a per-instance stream instead (`reseed` restarts it), so
-    repeated calls still vary. A tested image and its template share one intensity mapping (`read_pair`).
+    repeated calls still vary. All planes of a sample share one intensity mapping (`read_planes`).
 
     Unreadable images are skipped: a warning names the file once and `__getitem__` returns None.
     `skipped_paths` lists them, but only for reads done in this process: with loader workers each worker
@@ -69,6 +72,7 @@ class DetectionDataset(Dataset):
         image_dtype: torch.dtype = torch.float32,
         register_pairs: bool = True,
         cache_bytes: int = 0,
+        companions: Sequence[str] = (),
     ) -> None:
         if channels not in (1, 3):
             raise ValueError(f"channels must be 1 (gray) or 3 (RGB), got {channels}")
@@ -80,6 +84,8 @@ class DetectionDataset(Dataset):
             raise ValueError(f"crop_size must be positive, got {crop_size}")
         self.split = split
         self.samples: list[Sample] = list(split.samples)
+        self.companions = list(companions)
+        self.left_out = self._keep_with_companions()
         self.imgsz = imgsz
         self.channels = channels
         self.use_template = self._resolve_use_template(use_template)
@@ -94,7 +100,7 @@ class DetectionDataset(Dataset):
         self.seed = seed
         self.augmenter = build_augment(config, train=train and augment is not None, seed=seed)
         self.skipped_paths: list[str] = []
-        self._warned_template_resize = False
+        self._warned_resize: set[str] = set()  # plane kinds already warned about (template, each companion)
         self._unkeyed = np.random.default_rng(seed)  # draws for plain int indices
         self._rng = np.random.default_rng(seed)
         # decoded, registered and letterboxed pairs (everything before the random draws), up to a budget
@@ -103,11 +109,35 @@ class DetectionDataset(Dataset):
         self._cache_used = 0
         self._cache_full_logged = False
         if self.cache_bytes:
-            per_sample = imgsz * imgsz * channels * (2 if self.use_template else 1)
+            per_sample = imgsz * imgsz * self.input_channels
             logger.info(
                 "decoded-image cache: up to %.0f MB per loading process, about %d of %d samples",
                 self.cache_bytes / 2**20, min(len(self.samples), self.cache_bytes // per_sample), len(self.samples),
             )  # fmt: skip
+
+    def _keep_with_companions(self) -> list[str]:
+        """Leave out the samples that lack one of `companions` (warned once, with the count); their images."""
+        if len(set(self.companions)) != len(self.companions):
+            raise ValueError(f"companions must not repeat a name, got {self.companions}")
+        for name in self.companions:
+            if self.samples and not any(name in sample.companion_paths for sample in self.samples):
+                declared = ", ".join(self.split.companion_names) or "none"
+                raise DatasetError(
+                    f"{self.split.root}: no image of split '{self.split.split}' has the companion '{name}' "
+                    f"(the dataset's companions: {declared})"
+                )
+        has_all = [all(name in s.companion_paths for name in self.companions) for s in self.samples]
+        kept = [sample for sample, keep in zip(self.samples, has_all, strict=True) if keep]
+        left_out = [
+            str(sample.image_path) for sample, keep in zip(self.samples, has_all, strict=True) if not keep
+        ]
+        if left_out:
+            logger.warning(
+                "leaving out %d of %d images of split '%s' without every companion (%s); first: %s",
+                len(left_out), len(self.samples), self.split.split, ", ".join(self.companions), left_out[0],
+            )  # fmt: skip
+        self.samples = kept
+        return left_out
 
     def _resolve_use_template(self, use_template: bool | None) -> bool:
         missing = [sample for sample in self.samples if sample.template_path is None]
@@ -125,7 +155,7 @@ class DetectionDataset(Dataset):
     # sizes the model and the collate function need
     @property
     def input_channels(self) -> int:
-        return self.channels * (2 if self.use_template else 1)
+        return self.channels * (1 + int(self.use_template) + len(self.companions))
 
     @property
     def output_size(self) -> int:
@@ -172,29 +202,33 @@ class DetectionDataset(Dataset):
         prepared = self._cache.get(index) or self._prepare(index, sample)
         if prepared is None:
             return None
-        image, template, transform, registration, (width, height) = prepared
+        image, template, companions, transform, registration, (width, height) = prepared
         if self.augmenter.active:  # the augmenter may write into its inputs: keep the cached arrays intact
             image = image.copy()
             template = None if template is None else template.copy()
+            companions = [plane.copy() for plane in companions]
         boxes = boxes_to_letterbox(sample.boxes, transform)
         classes = sample.classes
 
-        image, template, boxes, classes = self.augmenter(image, template, boxes, classes)
+        image, template, companions, boxes, classes = self.augmenter.augment(
+            image, template, companions, boxes, classes
+        )
         size = self.imgsz
         offset_x = offset_y = 0
         if self.crop_size is not None:
             size = self.crop_size
             offset_x, offset_y = self._crop_origin(boxes)
-            image = image[offset_y : offset_y + size, offset_x : offset_x + size]
-            if template is not None:
-                template = template[offset_y : offset_y + size, offset_x : offset_x + size]
+            rows, cols = slice(offset_y, offset_y + size), slice(offset_x, offset_x + size)
+            image = image[rows, cols]
+            template = None if template is None else template[rows, cols]
+            companions = [plane[rows, cols] for plane in companions]
             window = (offset_x, offset_y, offset_x + size, offset_y + size)
             boxes, classes = clip_boxes_to_window(boxes, classes, window, self.min_visibility)
         else:
             # drop labels outside the canvas or empty; keep what the augmenter already filtered
             boxes, classes = clip_boxes_to_window(boxes, classes, (0, 0, size, size), 0.0)
 
-        tensor = to_input_tensor(image, template, self.image_dtype)  # (C, S, S)
+        tensor = to_input_tensor(image, template, self.image_dtype, companions)  # (C, S, S)
         target = torch.from_numpy(
             np.concatenate([classes[:, None].astype(np.float32), boxes], axis=1)
         )  # (N, 5)
@@ -202,6 +236,7 @@ class DetectionDataset(Dataset):
             "image_id": sample.image_id,
             "image_path": str(sample.image_path),
             "template_path": None if sample.template_path is None else str(sample.template_path),
+            "companion_paths": {name: str(sample.companion_paths[name]) for name in self.companions},
             "transform": transform,
             "orig_size": (width, height),
             "crop_offset": (offset_x, offset_y),
@@ -210,29 +245,28 @@ class DetectionDataset(Dataset):
         return tensor, target, meta
 
     def _prepare(self, index: int, sample: Sample) -> tuple | None:
-        """Decode (one intensity mapping per pair), register and letterbox one sample: the deterministic part
-        of an item, kept in the cache while it fits in ``cache_bytes``."""
-        template = None
+        """Decode (one intensity mapping for all planes), register the template and letterbox one sample: the
+        deterministic part of an item, kept in the cache while it fits in ``cache_bytes``."""
+        planes = self._read_planes(sample)
+        if planes is None:
+            return None
+        image, template, companions = planes
         registration = None
-        if self.use_template:
-            assert sample.template_path is not None
-            pair = self._read_pair(sample)
-            if pair is None:
-                return None
-            image, template = pair
-            template = self._match_size(template, image, sample)
+        if template is not None:
+            template = self._match_size(template, image, sample, "template", sample.template_path)
             if self.register_pairs:
                 template, registration = register_pair(image, template)
-        else:
-            image = self._read(sample.image_path)
-            if image is None:
-                return None
+        companions = [
+            self._match_size(plane, image, sample, f"companion '{name}'", sample.companion_paths[name])
+            for name, plane in zip(self.companions, companions, strict=True)
+        ]
         height, width = image.shape[:2]
         image, transform = letterbox_image(image, self.imgsz)
         if template is not None:
             template, _ = letterbox_image(template, self.imgsz)
-        prepared = (image, template, transform, registration, (width, height))
-        size = image.nbytes + (0 if template is None else template.nbytes)
+        companions = [letterbox_image(plane, self.imgsz)[0] for plane in companions]
+        prepared = (image, template, companions, transform, registration, (width, height))
+        size = sum(plane.nbytes for plane in (image, template, *companions) if plane is not None)
         if self._cache_used + size <= self.cache_bytes:
             self._cache[index] = prepared
             self._cache_used += size
@@ -256,39 +290,47 @@ class DetectionDataset(Dataset):
             self._skip(str(path), error)
             return None
 
-    def _read_pair(self, sample: Sample) -> tuple[np.ndarray, np.ndarray] | None:
-        assert sample.template_path is not None
+    def _read_planes(self, sample: Sample) -> tuple[np.ndarray, np.ndarray | None, list[np.ndarray]] | None:
+        """(image, template or None, companions in `self.companions` order), or None when a file is unreadable."""
+        if not self.use_template and not self.companions:
+            image = self._read(sample.image_path)
+            return None if image is None else (image, None, [])
+        paths = [sample.image_path]
+        if self.use_template:
+            assert sample.template_path is not None
+            paths.append(sample.template_path)
+        paths += [sample.companion_paths[name] for name in self.companions]
         try:
-            return read_pair(
-                sample.image_path, sample.template_path, channels=self.channels, max_pixels=self.max_pixels
-            )
+            planes = read_planes(paths, channels=self.channels, max_pixels=self.max_pixels)
         except (ImageReadError, cv2.error, OSError) as error:
             # imageio's messages start with the path at fault
-            template = str(sample.template_path)
-            self._skip(template if str(error).startswith(f"{template}:") else str(sample.image_path), error)
+            at_fault = next(
+                (str(p) for p in paths[1:] if str(error).startswith(f"{p}:")), str(sample.image_path)
+            )
+            self._skip(at_fault, error)
             return None
+        template = planes[1] if self.use_template else None
+        return planes[0], template, planes[1 + int(self.use_template) :]
 
     def _skip(self, name: str, error: Exception) -> None:
         if name not in self.skipped_paths:
             self.skipped_paths.append(name)
             logger.warning("skipping unreadable image %s: %s", name, error)
 
-    def _match_size(self, template: np.ndarray, image: np.ndarray, sample: Sample) -> np.ndarray:
-        if template.shape[:2] == image.shape[:2]:
-            return template
-        if not self._warned_template_resize:
-            self._warned_template_resize = True
+    def _match_size(
+        self, plane: np.ndarray, image: np.ndarray, sample: Sample, kind: str, path: Path | None
+    ) -> np.ndarray:
+        """`plane` (a template or companion of `kind`) resized to its image when it differs (warned once a kind)."""
+        if plane.shape[:2] == image.shape[:2]:
+            return plane
+        if kind not in self._warned_resize:
+            self._warned_resize.add(kind)
             logger.warning(
-                "template %s is %dx%d but its image %s is %dx%d; resizing templates to their image "
-                "(warned once)",
-                sample.template_path,
-                template.shape[1],
-                template.shape[0],
-                sample.image_path,
-                image.shape[1],
-                image.shape[0],
-            )
-        return cv2.resize(template, (image.shape[1], image.shape[0]), interpolation=cv2.INTER_LINEAR)
+                "%s %s is %dx%d but its image %s is %dx%d; resizing %s to their image (warned once)",
+                kind, path, plane.shape[1], plane.shape[0], sample.image_path, image.shape[1], image.shape[0],
+                "templates" if kind == "template" else f"{kind} captures",
+            )  # fmt: skip
+        return cv2.resize(plane, (image.shape[1], image.shape[0]), interpolation=cv2.INTER_LINEAR)
 
     def _crop_origin(self, boxes: np.ndarray) -> tuple[int, int]:
         """Top-left of the crop window: usually one that contains a random box, else uniform."""
@@ -312,13 +354,16 @@ def _origin_containing(low: float, high: float, crop: int, limit: int, rng: np.r
 
 
 def to_input_tensor(
-    image: np.ndarray, template: np.ndarray | None, dtype: torch.dtype = torch.float32
+    image: np.ndarray,
+    template: np.ndarray | None,
+    dtype: torch.dtype = torch.float32,
+    companions: Sequence[np.ndarray] = (),
 ) -> torch.Tensor:
-    """Stack the tested image and its template (HxW or HxWx3 uint8) into one (C, H, W) tensor in [0, 1]
-    (`data.planes`, the inference pipeline's very input), or raw uint8 with ``dtype=torch.uint8``."""
+    """Stack the tested image, its template and its companions (HxW or HxWx3 uint8) into one (C, H, W) tensor
+    in [0, 1] (`data.planes`, the inference pipeline's very input), or raw uint8 with ``dtype=torch.uint8``."""
     if dtype == torch.uint8:
-        return torch.from_numpy(stack_planes(image, template))
-    return torch.from_numpy(input_array(image, template))
+        return torch.from_numpy(stack_planes(image, template, companions))
+    return torch.from_numpy(input_array(image, template, companions=companions))
 
 
 def collate_detections(
