@@ -507,6 +507,12 @@ def predict(
         ..., help="An image file, a folder of images, or a quoted glob ('dir/*.jpg')."
     ),
     templates: Path | None = typer.Option(None, help="Folder of template images, matched by file name."),
+    companion: list[str] | None = typer.Option(
+        None,
+        "--companion",
+        help="NAME=DIR: the folder of the aligned companion capture NAME (another lighting, focus or band), "
+        "matched by file name; once per companion the model takes.",
+    ),
     threshold: float | None = typer.Option(
         None, help="Operating threshold (default: the bundle's best-F1 threshold)."
     ),
@@ -535,13 +541,15 @@ def predict(
     Example: defectdet predict model.onnx 'line3/*.jpg' --templates golden/ --out runs/line3
     """
     from defectdet.export.resolve import resolve_bundle
-    from defectdet.runtime.predict import predict_source
+    from defectdet.runtime.predict import parse_companions, predict_source
 
+    companions = parse_companions(companion)
     summary = predict_source(
         resolve_bundle(model, Path(out), flip_views),
         source,
         out,
         templates=templates,
+        companions=companions,
         threshold=threshold,
         save_images=save_images,
         threads=threads,

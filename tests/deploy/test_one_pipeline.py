@@ -109,8 +109,8 @@ def test_both_paths_run_the_same_prepare_and_finish(bundle, tmp_path, monkeypatc
     calls: dict[str, list] = {"prepare": [], "finish": []}
     real_prepare, real_finish = pipeline.prepare, pipeline.finish
 
-    def prepare(image, template, spec, timer=None):
-        prepared = real_prepare(image, template, spec, timer)
+    def prepare(image, template, spec, timer=None, companions=None):
+        prepared = real_prepare(image, template, spec, timer, companions)
         calls["prepare"].append((image, template, spec, prepared))
         return prepared
 

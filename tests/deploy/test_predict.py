@@ -44,14 +44,14 @@ def test_a_decoder_crash_on_one_file_is_listed_and_the_rest_are_predicted(
     images, golden = tmp_path / "images", tmp_path / "golden"
     for index, (board, template) in enumerate(_boards(tiny_dataset, 3)):
         _copy(board, images / f"b{index}.png"), _copy(template, golden / f"b{index}.png")
-    real_load_pair = Predictor.load_pair
+    real_load_planes = Predictor.load_planes
 
-    def load_pair(self, image, template):
+    def load_planes(self, image, template, companions=None):
         if isinstance(image, Path) and image.name == "b1.png":
             raise raised("decoder bug on a malformed file")
-        return real_load_pair(self, image, template)
+        return real_load_planes(self, image, template, companions)
 
-    monkeypatch.setattr(Predictor, "load_pair", load_pair)
+    monkeypatch.setattr(Predictor, "load_planes", load_planes)
     out = tmp_path / "out"
     result = _predict(str(bundle_path), str(images), "--templates", str(golden), "--out", str(out))
     assert result.exit_code == 1, result.output

@@ -5,11 +5,12 @@
 demo) both call these functions; each keeps only its own forward pass. So the two cannot drift apart: the same
 image pair gives the same input array and the same raw outputs give the same boxes.
 
-- `load_pair`: decode paths, bytes or arrays to uint8 HxW gray or HxWx3 RGB (`data.imageio`); a deep pair gets
-  ONE intensity mapping.
-- `prepare`: the template rule (`check_pair`), pair registration (`data.registration`), letterbox
-  (`data.letterbox`), native-resolution tiles of a large image (`data.tiling`), the input arrays
-  (`data.planes`): `Prepared.inputs` is ``(1 + T, C, S, S)`` float32, the whole image first.
+- `load_planes` (`load_pair` without companions): decode paths, bytes or arrays to uint8 HxW gray or HxWx3 RGB
+  (`data.imageio`); deep planes (the image, its template, its companion captures) get ONE intensity mapping.
+- `prepare`: the plane rules (`check_planes`: template and companions present, each at the image's size),
+  pair registration of the template (`data.registration`; companions are aligned captures, never registered),
+  letterbox (`data.letterbox`), native-resolution tiles of a large image (`data.tiling`), every plane cut alike,
+  the input arrays (`data.planes`): `Prepared.inputs` is ``(1 + T, C, S, S)`` float32, the whole image first.
 - `finish`: score floor + class-aware NMS per pass (`defectdet.postprocess`), the whole image's boxes mapped back
   to original pixels and small tile detections merged in (`data.tiling.combine_passes`).
   Template-free models with `repeat_check` then drop detections whose surroundings repeat unchanged elsewhere
@@ -26,8 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,7 +37,7 @@ import numpy as np
 from defectdet.data.imageio import (
     DEFAULT_MAX_PIXELS,
     decode_image,
-    decode_pair,
+    decode_planes,
     effective_bit_depth,
     read_file_bytes,
     to_uint8,
@@ -85,6 +86,16 @@ class Prepared:
         return 1 + (0 if self.tile_tensors is None else len(self.tile_tensors))
 
 
+@dataclass
+class Planes:
+    """One image's decoded planes, uint8 in the model's layout: the tested image, its template (None when the
+    model reads none) and its companion captures by name."""
+
+    image: np.ndarray
+    template: np.ndarray | None = None
+    companions: dict[str, np.ndarray] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class Found:
     """One image's detections in original pixels, by descending score."""
@@ -114,27 +125,61 @@ def load_pair(
     channels: int,
     max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """`load_image` for a tested image and its template with ONE intensity mapping for both: a deep (12/16-bit)
-    pair is scaled by the pair's bit depth, so the model sees no false global difference. Paths decode exactly
-    as `data.imageio.read_pair` does (errors name the file)."""
-    if template is None:
-        return load_image(image, channels, max_pixels, "image"), None
-    if isinstance(image, np.ndarray) and isinstance(template, np.ndarray):
-        deep = [a for a in (image, template) if np.issubdtype(a.dtype, np.integer) and a.dtype != np.uint8]
-        bits = max(effective_bit_depth(a) for a in deep) if len(deep) == 2 else None
-        return (
-            array_to_layout(image, channels, "image", bits),
-            array_to_layout(template, channels, "template", bits),
+    """`load_planes` of a tested image and its template (no companions)."""
+    planes = load_planes(image, template, channels, max_pixels)
+    return planes.image, planes.template
+
+
+def load_planes(
+    image: ImageInput,
+    template: ImageInput | None,
+    channels: int,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    companions: Mapping[str, ImageInput] | None = None,
+) -> Planes:
+    """`load_image` for a tested image, its template and its companion captures with ONE intensity mapping for
+    all: deep (12/16-bit) planes are scaled by their shared bit depth, so the model sees no false global
+    difference between them. Paths decode exactly as `data.imageio.read_pair` does (errors name the file);
+    every plane is held to `max_pixels`."""
+    sources: dict[str, ImageInput] = {"image": image}
+    if template is not None:
+        sources["template"] = template
+    for name, source in (companions or {}).items():
+        if name in sources:
+            raise InputError(f"companion {name!r}: {name!r} is the name of another plane")
+        sources[name] = source
+    decoded = _decode_planes(sources, channels, max_pixels)
+    image_plane, template_plane = decoded.pop("image"), decoded.pop("template", None)
+    return Planes(image_plane, template_plane, decoded)
+
+
+def _plane_label(name: str) -> str:
+    return name if name in ("image", "template") else f"companion {name!r}"
+
+
+def _decode_planes(
+    sources: Mapping[str, ImageInput], channels: int, max_pixels: int
+) -> dict[str, np.ndarray]:
+    """Every plane decoded with one intensity mapping: all arrays (deep integer ones share a bit depth) or
+    all encoded (`decode_planes`); a mix decodes each plane on its own."""
+    labels = {name: _plane_label(name) for name in sources}
+    if len(sources) == 1:
+        ((name, source),) = sources.items()
+        return {name: load_image(source, channels, max_pixels, labels[name])}
+    arrays = [isinstance(source, np.ndarray) for source in sources.values()]
+    if all(arrays):
+        deep = [a for a in sources.values() if np.issubdtype(a.dtype, np.integer) and a.dtype != np.uint8]
+        bits = max(effective_bit_depth(a) for a in deep) if len(deep) >= 2 else None
+        return {
+            name: array_to_layout(source, channels, labels[name], bits) for name, source in sources.items()
+        }
+    if not any(arrays):
+        encoded = [_encoded(source, labels[name]) for name, source in sources.items()]
+        decoded = decode_planes(
+            [data for data, _ in encoded], [label for _, label in encoded], channels, max_pixels
         )
-    if not isinstance(image, np.ndarray) and not isinstance(template, np.ndarray):
-        (image_data, image_name), (template_data, template_name) = (
-            _encoded(image, "image"),
-            _encoded(template, "template"),
-        )
-        return decode_pair(image_data, template_data, image_name, template_name, channels, max_pixels)
-    return load_image(image, channels, max_pixels, "image"), load_image(
-        template, channels, max_pixels, "template"
-    )
+        return dict(zip(sources, decoded, strict=True))
+    return {name: load_image(source, channels, max_pixels, labels[name]) for name, source in sources.items()}
 
 
 def _encoded(source: ImageInput, name: str) -> tuple[bytes, str | Path]:
@@ -193,16 +238,49 @@ def check_pair(image: np.ndarray, template: np.ndarray | None, spec: ModelSpec) 
         )
 
 
+def check_planes(
+    image: np.ndarray,
+    template: np.ndarray | None,
+    companions: Mapping[str, np.ndarray] | None,
+    spec: ModelSpec,
+) -> list[np.ndarray]:
+    """`check_pair`, then the companion rule: every companion capture the model names is given, at exactly the
+    image's size (an aligned capture of the same part; never resized), and no other. The companions in the
+    model's plane order."""
+    check_pair(image, template, spec)
+    given = dict(companions or {})
+    unknown = [name for name in given if name not in spec.companions]
+    if unknown:
+        takes = ", ".join(repr(name) for name in spec.companions) or "none"
+        raise InputError(
+            f"companion {unknown[0]!r}: this model takes no such capture; its companions are: {takes}"
+        )
+    for name in spec.companions:
+        if name not in given:
+            raise InputError(
+                f"this model also takes the aligned capture {name!r}: pass it as companion {name!r}"
+            )
+        if given[name].shape[:2] != image.shape[:2]:
+            height, width = given[name].shape[:2]
+            raise InputError(
+                f"companion {name!r} is {width}x{height} but the image is {image.shape[1]}x{image.shape[0]}; "
+                "a companion must be an aligned capture of the same part at the same size"
+            )
+    return [given[name] for name in spec.companions]
+
+
 def prepare(
     image: np.ndarray,
     template: np.ndarray | None,
     spec: ModelSpec,
     timer: StageTimer | None = None,
+    companions: Mapping[str, np.ndarray] | None = None,
 ) -> Prepared:
-    """`check_pair`, then register the template onto the image (`spec.registration`), letterbox both, cut
-    native-resolution tiles of a large image (`spec.tiles`) and stack them into the float32 inputs. A
-    template given to a model without one is ignored. `timer` gets the stages 'register' and 'preprocess'."""
-    check_pair(image, template, spec)
+    """`check_planes`, then register the template onto the image (`spec.registration`), letterbox every plane,
+    cut native-resolution tiles of a large image (`spec.tiles`) from every plane alike and stack them into the
+    float32 inputs. A template given to a model without one is ignored; companions are not registered.
+    `timer` gets the stages 'register' and 'preprocess'."""
+    ordered = check_planes(image, template, companions, spec)
     template = template if spec.template else None
     registration = None
     if template is not None and spec.registration:
@@ -213,13 +291,13 @@ def prepare(
         size, pad = spec.input_size, spec.pad_value
         canvas, transform = letterbox_image(image, size, pad)
         template_canvas = None if template is None else letterbox_image(template, size, pad)[0]
+        companion_canvases = [letterbox_image(plane, size, pad)[0] for plane in ordered]
         plan = plan_tiles(image.shape[1], image.shape[0], size) if spec.tiles else None
         tile_tensors = None
         if plan:
-            pairs = tile_canvases(image, template, plan, size, pad)
-            tile_tensors = np.stack([input_array(*pair, scale=spec.input_scale) for pair in pairs])
+            tile_tensors = _tile_inputs(image, template, ordered, plan, spec)
         return Prepared(
-            input_array(canvas, template_canvas, scale=spec.input_scale),
+            input_array(canvas, template_canvas, companions=companion_canvases, scale=spec.input_scale),
             transform,
             _content(canvas, transform),
             registration,
@@ -227,6 +305,27 @@ def prepare(
             tile_tensors,
             image if spec.repeat_check and not spec.template else None,
         )
+
+
+def _tile_inputs(
+    image: np.ndarray,
+    template: np.ndarray | None,
+    companions: list[np.ndarray],
+    plan: TilePlan,
+    spec: ModelSpec,
+) -> np.ndarray:
+    """``(T, C, S, S)``: each tile of `plan` cut from every plane at the same place."""
+    size, pad = spec.input_size, spec.pad_value
+    pairs = tile_canvases(image, template, plan, size, pad)
+    cut = [[canvas for canvas, _ in tile_canvases(plane, None, plan, size, pad)] for plane in companions]
+    return np.stack(
+        [
+            input_array(
+                tile, template_tile, companions=[tiles[index] for tiles in cut], scale=spec.input_scale
+            )
+            for index, (tile, template_tile) in enumerate(pairs)
+        ]
+    )
 
 
 def _stage(timer: StageTimer | None, name: str) -> contextlib.AbstractContextManager[Any]:

@@ -7,7 +7,7 @@ import glob
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ import numpy as np
 from defectdet.data.formats.yolo import label_line
 from defectdet.data.imageio import IMAGE_SUFFIXES
 from defectdet.errors import InputError, describe_failure, renamed_keywords
+from defectdet.runtime.bundle import check_companion_names
 from defectdet.runtime.predictor import Detection, PredictionResult, Predictor
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,55 @@ def pair_template(image: Path, templates: Path | None, relative: Path | None = N
     return find_template(image, templates, relative) or deeppcb_partner(image, image.parent)
 
 
+def parse_companions(values: Sequence[str] | None) -> dict[str, Path]:
+    """``["L2=captures/L2", ...]`` (`predict --companion NAME=DIR`) -> {name: folder}; InputError naming the
+    option for a malformed value, a bad or repeated name, or a folder that is not one."""
+    folders: dict[str, Path] = {}
+    for value in values or ():
+        name, equals, folder = value.partition("=")
+        name = name.strip()
+        if not equals or not name or not folder:
+            raise InputError(f"--companion {value!r}: expected NAME=DIR (e.g. L2=captures/L2)")
+        try:
+            check_companion_names([*folders, name], "--companion")
+        except ValueError as error:
+            raise InputError(str(error)) from None
+        if not Path(folder).is_dir():
+            raise InputError(f"--companion {name}={folder}: not a folder")
+        folders[name] = Path(folder)
+    return folders
+
+
+def check_companion_folders(folders: Mapping[str, Path], takes: Sequence[str], model: str | Path) -> None:
+    """Every companion capture the model takes has a folder, and no folder names one it does not take."""
+    for name in folders:
+        if name not in takes:
+            listed = ", ".join(takes) or "none"
+            raise InputError(
+                f"--companion {name}: {model} takes no such capture; its companions are: {listed}"
+            )
+    for name in takes:
+        if name not in folders:
+            raise InputError(
+                f"{model} also takes the aligned capture {name!r}: pass --companion {name}=DIR, the folder of "
+                "those captures (same file names as the images)"
+            )
+
+
+def companion_files(
+    image: Path, folders: Mapping[str, Path], relative: Path | None = None
+) -> dict[str, Path]:
+    """Each companion capture of ``image``: the file at its relative path, of its name or stem in that
+    companion's folder (`find_template`); InputError naming the image and the companion when one is missing."""
+    found = {}
+    for name, folder in folders.items():
+        path = find_template(image, folder, relative)
+        if path is None:
+            raise InputError(f"{image}: no companion {name!r} of the same name in {folder}")
+        found[name] = path
+    return found
+
+
 def template_inputs(
     images: list[Path], templates: Path | None, names: dict[Path, Path] | None = None
 ) -> set[Path]:
@@ -198,9 +248,11 @@ def iterate_predictions(
     templates: Path | None,
     threshold: float | None,
     names: dict[Path, Path] | None = None,
+    companions: Mapping[str, Path] | None = None,
 ) -> Iterator[tuple[Path, np.ndarray | None, PredictionResult | None, str | None]]:
     """(path, decoded image, result, error) per image. Every failure is caught per file (a decoder may raise
-    NotImplementedError, TypeError, ... on a malformed file), so one bad file never stops the batch."""
+    NotImplementedError, TypeError, ... on a malformed file), so one bad file never stops the batch.
+    ``companions``: the folder of each companion capture the model takes."""
     for path in images:
         try:
             relative = names[path].with_name(path.name) if names else None
@@ -210,10 +262,15 @@ def iterate_predictions(
                 raise InputError(
                     f"{path}: no template of the same name {where}, and no DeepPCB ID_temp beside an ID_test"
                 )
-            image, template = predictor.load_pair(
-                path, template_path if predictor.metadata.template else None
+            planes = predictor.load_planes(
+                path,
+                template_path if predictor.metadata.template else None,
+                companion_files(path, companions or {}, relative),
             )
-            result = predictor.predict(image, template, threshold=threshold)
+            image = planes.image
+            result = predictor.predict(
+                image, planes.template, threshold=threshold, companions=planes.companions
+            )
         except Exception as error:  # noqa: BLE001 - per file: listed, counted, and the run goes on
             yield path, None, None, _failure(path, error)
             continue
@@ -228,15 +285,19 @@ def _jsonl_line(
     predictor: Predictor,
     templates: Path | None,
     name: Path,
+    companions: Mapping[str, Path] | None = None,
 ) -> str:
     """One line of predictions.jsonl: the file, its label file, the result and, for a model with templates, the
-    template it was paired with (the labelling tools take the pair along: export-labelstudio)."""
+    template it was paired with (the labelling tools take the pair along: export-labelstudio), for a model
+    with companion captures, the file of each."""
     record = {"file": str(path), "labels": labels.relative_to(out_dir).as_posix(), **result.to_dict()}
-    template = (
-        pair_template(path, templates, name.with_name(path.name)) if predictor.metadata.template else None
-    )
+    relative = name.with_name(path.name)
+    template = pair_template(path, templates, relative) if predictor.metadata.template else None
     if template is not None:
         record["template"] = str(template)
+    if companions:
+        files = companion_files(path, companions, relative)
+        record["companions"] = {plane: str(file) for plane, file in files.items()}
     return json.dumps(record) + "\n"
 
 
@@ -265,15 +326,20 @@ def predict_source(
     progress: bool = True,
     tiles: bool | None = None,
     repeat_check: bool | None = None,
+    companions: Mapping[str, str | Path] | None = None,
     **renamed: Any,
 ) -> PredictSummary:
     """Predict every image of ``source`` with ``model`` (a bundle; `defectdet.export.resolve.resolve_bundle` exports
-    a checkpoint); ``threshold``, ``tiles`` and ``repeat_check`` override the bundle's (``conf``: deprecated)."""
+    a checkpoint); ``threshold``, ``tiles`` and ``repeat_check`` override the bundle's (``conf``: deprecated).
+    ``companions``: name -> folder of each aligned capture the bundle takes (`parse_companions` reads
+    ``--companion NAME=DIR``); each image's capture is the file of its name there."""
     from rich.progress import Progress
 
     threshold = renamed_keywords(renamed, {"conf": "threshold"}, "predict_source").get("threshold", threshold)
     out_dir = Path(out)
     predictor = Predictor(_bundle_path(model), threads=threads, tiles=tiles, repeat_check=repeat_check)
+    companion_dirs = {name: Path(folder) for name, folder in (companions or {}).items()}
+    check_companion_folders(companion_dirs, predictor.metadata.companions, model)
     images = list_sources(source)
     template_dir = _template_folder(templates)
     skipped = template_inputs(images, template_dir, output_names(images))
@@ -296,7 +362,7 @@ def predict_source(
         Progress(disable=not progress) as bar,
     ):
         task = bar.add_task("predicting", total=len(images))
-        answers = iterate_predictions(predictor, images, template_dir, threshold, names)
+        answers = iterate_predictions(predictor, images, template_dir, threshold, names, companion_dirs)
         for path, image, result, error in answers:
             bar.advance(task)
             if result is None or image is None:
@@ -307,17 +373,7 @@ def predict_source(
             name = names[path]
             label_path = labels_dir / name.with_name(name.name + ".txt")
             try:
-                width, height = result.image_size
-                label_path.parent.mkdir(parents=True, exist_ok=True)
-                label_path.write_text(
-                    "".join(line + "\n" for line in yolo_lines(result.detections, width, height)),
-                    encoding="utf-8",
-                )
-                if save_images:
-                    drawn = out_dir / "images" / name.with_name(name.name + ".png")
-                    drawn.parent.mkdir(parents=True, exist_ok=True)
-                    if not cv2.imwrite(str(drawn), draw_detections(image, result)):
-                        raise OSError(f"cannot write {drawn}")
+                _write_outputs(image, result, label_path, out_dir / "images" if save_images else None, name)
             except Exception as error:  # noqa: BLE001 - as for decoding: this file fails, the run goes on
                 message = _failure(path, error)
                 logger.warning("skipping %s: %s", path, message)
@@ -328,10 +384,28 @@ def predict_source(
             summary.defective += result.defective
             summary.detections += len(result.detections)
             totals.append(result.timings["total"])
-            jsonl.write(_jsonl_line(path, label_path, out_dir, result, predictor, template_dir, name))
+            jsonl.write(
+                _jsonl_line(path, label_path, out_dir, result, predictor, template_dir, name, companion_dirs)
+            )
     (out_dir / "classes.txt").write_text("".join(f"{name}\n" for name in predictor.metadata.class_names))
     summary.mean_total_ms = round(float(np.mean(totals)), 3) if totals else None
     return summary
+
+
+def _write_outputs(
+    image: np.ndarray, result: PredictionResult, label_path: Path, images_dir: Path | None, name: Path
+) -> None:
+    """One image's YOLO label file and, with `images_dir`, its annotated PNG."""
+    width, height = result.image_size
+    label_path.parent.mkdir(parents=True, exist_ok=True)
+    label_path.write_text(
+        "".join(line + "\n" for line in yolo_lines(result.detections, width, height)), encoding="utf-8"
+    )
+    if images_dir is not None:
+        drawn = images_dir / name.with_name(name.name + ".png")
+        drawn.parent.mkdir(parents=True, exist_ok=True)
+        if not cv2.imwrite(str(drawn), draw_detections(image, result)):
+            raise OSError(f"cannot write {drawn}")
 
 
 def _bundle_path(model: str | Path) -> Path:

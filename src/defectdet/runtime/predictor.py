@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,18 @@ from defectdet.runtime.bundle import (
     BundleMetadata,
     parse_metadata,
 )
-from defectdet.runtime.pipeline import ImageInput, Prepared
+from defectdet.runtime.pipeline import ImageInput, Planes, Prepared
 from defectdet.runtime.spec import ModelSpec
 
-__all__ = ["Detection", "ImageInput", "PredictionResult", "Predictor", "Prepared", "session_options"]
+__all__ = [
+    "Detection",
+    "ImageInput",
+    "PredictionResult",
+    "Predictor",
+    "Planes",
+    "Prepared",
+    "session_options",
+]
 
 MAX_DEFAULT_THREADS = 4
 PREDICT_RENAMES = {"conf": "threshold", "min_score": "score_floor"}  # keywords before one name per concept
@@ -215,6 +224,11 @@ class Predictor:
             )
         graph_channels = shape[1] if isinstance(shape[1], int) else None
         if graph_channels is not None and graph_channels != meta.input_channels:
+            if meta.companions or graph_channels > meta.channels * 2:
+                raise CheckpointError(
+                    f"{self.path}: the bundle metadata names the planes {meta.planes} ({meta.input_channels} "
+                    f"input channels) but the graph takes {graph_channels}"
+                )
             if graph_channels == meta.channels * (1 if meta.template else 2):
                 raise CheckpointError(
                     f"{self.path}: bundle metadata field 'template' is {str(meta.template).lower()} "
@@ -259,10 +273,25 @@ class Predictor:
         """`load` for a tested image and its template with ONE intensity mapping for both (`pipeline.load_pair`)."""
         return pipeline.load_pair(image, template, self.spec.channels, self.max_pixels)
 
-    def prepare(self, image: np.ndarray, template: np.ndarray | None) -> Prepared:
-        """`pipeline.prepare` as this bundle runs: the template rule, registration, letterbox, tiles, and the
-        graph input ``(C, S, S)`` float32."""
-        return pipeline.prepare(image, template, self.spec)
+    def load_planes(
+        self,
+        image: ImageInput,
+        template: ImageInput | None,
+        companions: Mapping[str, ImageInput] | None = None,
+    ) -> Planes:
+        """`load` for a tested image, its template and its companion captures with ONE intensity mapping for
+        all (`pipeline.load_planes`)."""
+        return pipeline.load_planes(image, template, self.spec.channels, self.max_pixels, companions)
+
+    def prepare(
+        self,
+        image: np.ndarray,
+        template: np.ndarray | None,
+        companions: Mapping[str, np.ndarray] | None = None,
+    ) -> Prepared:
+        """`pipeline.prepare` as this bundle runs: the template and companion rules, registration, letterbox,
+        tiles, and the graph input ``(C, S, S)`` float32."""
+        return pipeline.prepare(image, template, self.spec, companions=companions)
 
     def run(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """The raw graph: ``(B, C, S, S)`` float32 -> predictions ``(B, A, 4 + K)``, features ``(B, F)`` or None."""
@@ -276,16 +305,20 @@ class Predictor:
         template: ImageInput | None = None,
         threshold: float | None = None,
         score_floor: float | None = None,
+        *,
+        companions: Mapping[str, ImageInput] | None = None,
         **renamed: Any,
     ) -> PredictionResult:
         """Detect defects in one image. The verdict is "defective" when a detection scores >= ``threshold``
         (default: the bundle's operating threshold); detections below ``score_floor`` (default ``threshold``)
-        are not returned.
+        are not returned. ``companions``: the aligned captures the bundle also takes (`metadata.companions`),
+        by name, each at the image's size; every one it names is required.
 
         Example:
             ```python
             result = Predictor("model.onnx").predict("board.png", template="golden.png")
             print(result.verdict, [(d.class_name, round(d.score, 2)) for d in result.detections])
+            result = Predictor("two_lights.onnx").predict("part_L1.png", companions={"L2": "part_L2.png"})
             ```
         """
         from defectdet.runtime.monitor import image_statistics
@@ -300,9 +333,9 @@ class Predictor:
             raise InputError(f"threshold must be within [0, 1], got {threshold}")
         floor = threshold if score_floor is None else float(score_floor)
         started = time.perf_counter()
-        decoded, decoded_template = self.load_pair(image, template)
+        planes = self.load_planes(image, template, companions)
         decoded_at = time.perf_counter()
-        prepared = self.prepare(decoded, decoded_template)
+        prepared = self.prepare(planes.image, planes.template, planes.companions)
         transform = prepared.transform
         stats = image_statistics(prepared.content)
         prepared_at = time.perf_counter()

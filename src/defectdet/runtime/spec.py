@@ -1,7 +1,7 @@
 """`ModelSpec`: the one description of a trained model's input and output, from a checkpoint or a bundle.
 
-What a model takes (input size, gray or colour, with or without a template, pair registration, tiles, the
-letterbox pad and the pixel scale) and what it answers (class names, head strides, post-processing floor, NMS
+What a model takes (input size, gray or colour, with or without a template, the companion captures it also
+reads, pair registration, tiles, the letterbox pad and the pixel scale) and what it answers (class names, head strides, post-processing floor, NMS
 IoU and cap). `val`, `export`, the doctor tools, the inference pipeline (`runtime.pipeline`) and the bench
 scripts read a model's settings through it instead of each re-reading a checkpoint's `config`.
 
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from defectdet.data.planes import INPUT_SCALE
 from defectdet.errors import CheckpointError, ConfigError
@@ -24,7 +24,7 @@ from defectdet.postprocess import (
     DEFAULT_SCORE_THRESHOLD,
     PostprocessSettings,
 )
-from defectdet.runtime.bundle import BundleMetadata
+from defectdet.runtime.bundle import BundleMetadata, check_companion_names
 
 DEFAULT_INPUT_SIZE = 640  # a checkpoint whose config lacks input_size (older runs) was trained at 640
 DEFAULT_PAD_VALUE = 114  # data.letterbox's canvas fill
@@ -32,13 +32,16 @@ HEAD_STRIDES = (8, 16, 32)  # model.detector.STRIDES_BY_LEVEL: a head level is a
 
 
 class ModelSpec(BaseModel):
-    """A trained model's settings; `input_channels` is what the network takes (x2 with a template)."""
+    """A trained model's settings; `input_channels` is what the network takes (`channels` per input plane)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     input_size: int = Field(ge=32)
     channels: int = Field(ge=1, le=3)
     template: bool
+    companions: tuple[
+        str, ...
+    ] = ()  # aligned companion captures, input planes after the image (and template)
     class_names: tuple[str, ...] = ()
     strides: tuple[int, ...] | None = None  # head strides; None when the source does not say
     preset: str | None = None
@@ -56,10 +59,20 @@ class ModelSpec(BaseModel):
     pad_value: int = Field(DEFAULT_PAD_VALUE, ge=0, le=255)
     input_scale: float = Field(INPUT_SCALE, gt=0)
 
+    @field_validator("companions")
+    @classmethod
+    def _companion_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(check_companion_names(names))
+
+    @property
+    def planes(self) -> tuple[str, ...]:
+        """The named input planes in network order: ``image``, ``template`` when it reads one, each companion."""
+        return ("image", *(("template",) if self.template else ()), *self.companions)
+
     @property
     def input_channels(self) -> int:
-        """C of the network input: `channels`, or twice that with a template."""
-        return self.channels * (2 if self.template else 1)
+        """C of the network input: `channels` per plane."""
+        return self.channels * len(self.planes)
 
     @property
     def postprocess(self) -> PostprocessSettings:
@@ -94,9 +107,10 @@ class ModelSpec(BaseModel):
         network = checkpoint.get("model_config") or {}
         if not isinstance(config, Mapping) or not isinstance(network, Mapping):
             raise CheckpointError(f"{source}: 'config' and 'model_config' must be dicts")
+        companions = tuple(network.get("companions") or ())
         if "in_channels" in network and "template" in network:
             template = bool(network["template"])
-            channels = int(network["in_channels"]) // (2 if template else 1)
+            channels = int(network["in_channels"]) // (1 + int(template) + len(companions))
         elif config.get("channels") and config.get("template") is not None:
             template, channels = bool(config["template"]), int(config["channels"])
         else:
@@ -116,6 +130,7 @@ class ModelSpec(BaseModel):
             input_size=int(config.get("input_size") or config.get("imgsz") or DEFAULT_INPUT_SIZE),
             channels=channels,
             template=template,
+            companions=companions,
             class_names=tuple(checkpoint.get("class_names") or ()),
             strides=strides,
             preset=network.get("preset") or config.get("preset"),
@@ -134,6 +149,7 @@ class ModelSpec(BaseModel):
             input_size=metadata.input_size,
             channels=metadata.channels,
             template=metadata.template,
+            companions=tuple(metadata.companions),
             class_names=tuple(metadata.class_names),
             strides=tuple(int(stride) for stride in strides) if strides else None,
             preset=metadata.preset,
