@@ -134,6 +134,8 @@ class Augmenter:
         self._seed = seed
         streams = np.random.SeedSequence(seed).generate_state(3 + len(self._photometric_companions))
         self._rng = np.random.default_rng(int(streams[0]))
+        # the companions' jitter and noise: their own stream, so the image's and template's draws do not move
+        self._companion_rng = np.random.default_rng([seed, 1])
         if self.active:
             composes = [self._photometric_image, self._photometric_template, *self._photometric_companions]
             for photometric, stream in zip(composes, streams[1:], strict=True):
@@ -202,7 +204,9 @@ class Augmenter:
         template_matrix = matrix
         if template is not None:
             template_matrix = self._jitter_pair(matrix, width, height)
-        companion_matrices = [self._jitter_pair(matrix, width, height) for _ in companions]
+        companion_matrices = [
+            self._jitter_pair(matrix, width, height, self._companion_rng) for _ in companions
+        ]
         if matrix is not None:
             image = self._warp(image, matrix)
             boxes = transform_boxes(boxes, matrix)
@@ -220,7 +224,10 @@ class Augmenter:
         image = self._maybe_glare(image)
         if template is not None:
             template = self._photometric(self._photometric_template, template)
-        warped = [self._photometric(self._companion_photometric(i), plane) for i, plane in enumerate(warped)]
+        warped = [
+            self._photometric(self._companion_photometric(i), plane, self._companion_rng)
+            for i, plane in enumerate(warped)
+        ]
         return (
             np.ascontiguousarray(image),
             None if template is None else np.ascontiguousarray(template),
@@ -242,10 +249,12 @@ class Augmenter:
             self._photometric_companions.append(compose)
         return self._photometric_companions[position]
 
-    def _photometric(self, compose: A.Compose | None, image: np.ndarray) -> np.ndarray:
+    def _photometric(
+        self, compose: A.Compose | None, image: np.ndarray, rng: np.random.Generator | None = None
+    ) -> np.ndarray:
         if compose is not None:
             image = compose(image=image)["image"]
-        return self._maybe_noise(image)
+        return self._maybe_noise(image, rng)
 
     def _sample_geometry(self, width: int, height: int) -> np.ndarray | None:
         """A random 2x3 affine matrix in continuous pixel coordinates (pixel i spans [i, i+1)):
@@ -268,10 +277,12 @@ class Augmenter:
         offset = centre + np.array([shift_x, shift_y]) - linear @ centre  # p' = linear @ p + offset
         return np.hstack([linear, offset[:, None]])
 
-    def _jitter_pair(self, matrix: np.ndarray | None, width: int, height: int) -> np.ndarray | None:
+    def _jitter_pair(
+        self, matrix: np.ndarray | None, width: int, height: int, rng: np.random.Generator | None = None
+    ) -> np.ndarray | None:
         """The template's matrix: the shared one followed by a small random relative motion about the
         centre (`pair_shift`, `pair_rotate_degrees`), drawn with probability `pair_jitter_prob`."""
-        config, rng = self.config, self._rng
+        config, rng = self.config, rng or self._rng
         if config.pair_jitter_prob <= 0 or (config.pair_shift <= 0 and config.pair_rotate_degrees <= 0):
             return matrix
         if rng.random() >= config.pair_jitter_prob:
@@ -299,17 +310,17 @@ class Augmenter:
             borderValue=fill,
         )
 
-    def _maybe_noise(self, image: np.ndarray) -> np.ndarray:
-        config = self.config
-        if config.noise_prob <= 0 or self._rng.random() >= config.noise_prob:
+    def _maybe_noise(self, image: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+        config, rng = self.config, rng or self._rng
+        if config.noise_prob <= 0 or rng.random() >= config.noise_prob:
             return image
         height, width = image.shape[:2]
         channels = image.shape[2] if image.ndim == 3 else 1
         bank = self._bank(height, width * channels)
-        top = int(self._rng.integers(0, bank.shape[0] - height + 1))
-        left = int(self._rng.integers(0, bank.shape[1] - width * channels + 1))
+        top = int(rng.integers(0, bank.shape[0] - height + 1))
+        left = int(rng.integers(0, bank.shape[1] - width * channels + 1))
         noise = bank[top : top + height, left : left + width * channels].reshape(image.shape)
-        std = float(self._rng.uniform(*config.noise_std))
+        std = float(rng.uniform(*config.noise_std))
         return cv2.addWeighted(image, 1.0, noise, std, 0.0, dtype=cv2.CV_8U)
 
     def _bank(self, height: int, width: int) -> np.ndarray:
