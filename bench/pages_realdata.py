@@ -1,7 +1,9 @@
 """The real-data benchmark page (docs/benchmarks/real-data.md) from the `realdata_*` files of bench/results/.
 
 `page_real_data(results, plots)` builds the page for `bench/pages.py`; `real_data_markdown(results)` returns its
-markdown. Files made from uncommitted code are left off (the manifest lists them).
+markdown. Files made from uncommitted code are left off (the manifest lists them). Runs with changed settings
+(`--set`, recorded as `overrides`) and the ways of giving AGDD's second lighting as a second plane are
+experiments: they are listed under "What was tried", apart from the defaults' figures.
 """
 
 from __future__ import annotations
@@ -10,11 +12,13 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from benchpages.core import Page, Result, f1, f3, threads_text
+from benchpages.core import Page, Result, f1, f2, f3, pct, threads_text
 
 LABELS = {
     "agdd_1light": "AGDD, one lighting",
     "agdd_2light": "AGDD, both lightings as separate images",
+    "agdd_pair": "AGDD, second lighting as the template plane",
+    "agdd_companion": "AGDD, second lighting as a companion capture",
     "deeppcb_plain": "DeepPCB without templates",
     "deeppcb_template": "DeepPCB with templates",
 }
@@ -24,8 +28,11 @@ TARGETS: dict[str, tuple[float | None, float | None, str]] = {
     "agdd_2light": (
         0.80,
         0.90,
-        "meant for both lightings as one two-plane input, which the product cannot take yet",
+        "meant for both lightings as one two-plane input (the two rows below); reported on both lightings' "
+        "val images",
     ),
+    "agdd_pair": (0.80, 0.90, ""),
+    "agdd_companion": (0.80, 0.90, ""),
     "deeppcb_plain": (
         0.92,
         None,
@@ -36,10 +43,20 @@ TARGETS: dict[str, tuple[float | None, float | None, str]] = {
 }
 
 
-def realdata_results(results: dict[str, Result]) -> list[Result]:
-    """The committed runs, by dataset, minutes, seed."""
+# a dataset measured on the same val images as another: its runs are compared with that one's defaults
+COMPARED_WITH = {"agdd_pair": "agdd_1light", "agdd_companion": "agdd_1light"}
+
+
+def is_experiment(result: Result) -> bool:
+    """Settings changed from the defaults (`bench/realdata.py --set`)."""
+    return bool(result.doc.get("overrides"))
+
+
+def realdata_results(results: dict[str, Result], experiments: bool = False) -> list[Result]:
+    """The committed runs with the defaults (or, `experiments`, with changed settings), by dataset, minutes,
+    seed."""
     found = [r for name, r in results.items() if name.startswith("realdata_") and "dataset" in r.doc]
-    found = [r for r in found if not r.dirty]
+    found = [r for r in found if not r.dirty and is_experiment(r) == experiments]
     order = list(LABELS)
     return sorted(
         found,
@@ -189,8 +206,10 @@ def _protocol(page: Page) -> None:
     )
     page.para(
         "AGDD is licensed CC BY-NC-SA 4.0: its images and models trained on it stay out of this repository;",
-        "only the figures are here. Both lightings of AGDD as one two-plane input (the way a golden template",
-        "is the second plane) is not measured: the product cannot take an aligned companion capture as input yet.",
+        "only the figures are here. Its second lighting as a second plane of one input is measured two ways:",
+        "as the template plane (registered onto the image, with the difference plane) and as a companion",
+        "capture (stacked as it is); both train on the first lighting's boxes and are reported on the same",
+        "first-lighting val images as AGDD with one lighting.",
     )
 
 
@@ -240,7 +259,166 @@ def page_real_data(results: dict[str, Result], plots: list[Callable[[], None]]) 
         "AGDD's val split holds two crack boxes (one with one lighting): its crack AP is not a measurement.",
         *_weakest(runs),
     )
+    _tried(page, runs, realdata_results(results, experiments=True))
+    _diagnosis(page, results.get("agdd_diagnosis"))
     return page
+
+
+def _changed(result: Result) -> str:
+    """What a tried run changed: its settings, or the way the second lighting is given."""
+    overrides = _flat(result.doc.get("overrides") or {})
+    changed = ", ".join(f"`{key}={value}`" for key, value in overrides.items())
+    if result.doc["dataset"] in COMPARED_WITH:
+        return LABELS[result.doc["dataset"]] + (f"; {changed}" if changed else "")
+    return changed or "-"
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _baseline(result: Result, runs: list[Result]) -> tuple[str, list[Result]]:
+    """The dataset a tried run is compared with, and its default runs at the same minutes."""
+    base = COMPARED_WITH.get(result.doc["dataset"], result.doc["dataset"])
+    return base, [r for r in runs if r.doc["dataset"] == base and r.minutes == result.minutes]
+
+
+def _tried_rows(page: Page, runs: list[Result], tried: list[Result]) -> list[list[Any]]:
+    rows = []
+    for result in tried:
+        base, defaults = _baseline(result, runs)
+        mean, value = _mean(defaults), result.doc.get("mAP50")
+        delta = "-" if mean is None or value is None else f"{value - mean:+.3f}"
+        classes = result.doc.get("per_class_AP50") or {}
+        rows.append(
+            [
+                LABELS.get(base, base),
+                _changed(result),
+                f"{result.minutes:g}",
+                result.seed(),
+                f"{result.doc.get('steps') or 0:,}",
+                f3(value),
+                f"{delta} (defaults {f3(mean)})" if mean is not None else "-",
+                ", ".join(f"{name} {f3(ap)}" for name, ap in classes.items()),
+                page.cite(result.name),
+            ]
+        )
+    return rows
+
+
+def _tried(page: Page, runs: list[Result], experiments: list[Result]) -> None:
+    """Per dataset short of its target: what was tried against the defaults, with its measured figure."""
+    variants = [r for r in runs if r.doc["dataset"] in COMPARED_WITH]
+    tried = sorted(
+        variants + experiments,
+        key=lambda r: (COMPARED_WITH.get(r.doc["dataset"], r.doc["dataset"]), r.minutes or 0, r.name),
+    )
+    page.heading(2, "What was tried")
+    if not tried:
+        page.para("Nothing but the defaults yet.")
+        return
+    page.para(
+        "Runs that change one thing against the defaults (`bench/realdata.py --set KEY=VALUE --tag T`), and",
+        "AGDD's second lighting given as a second plane. Each is compared with the mean of the defaults' runs",
+        "of the same data and minutes, reported on the same images; the defaults' own seeds differ by up to",
+        f"{f3(_seed_spread(runs))} mAP@0.5, so a single run's difference smaller than that is not a finding.",
+    )
+    page.table(
+        (
+            "data",
+            "changed",
+            "minutes",
+            "seed",
+            "steps",
+            "mAP@0.5",
+            "against the defaults",
+            "AP@0.5 per class",
+            "file",
+        ),
+        _tried_rows(page, runs, tried),
+    )
+    page.para(*_gap_sentences(runs, tried))
+
+
+def _seed_spread(runs: list[Result]) -> float | None:
+    spreads = []
+    for dataset in LABELS:
+        for minutes in {r.minutes for r in runs if r.doc["dataset"] == dataset}:
+            values = [r.doc["mAP50"] for r in runs if r.doc["dataset"] == dataset and r.minutes == minutes]
+            if len(values) > 1:
+                spreads.append(max(values) - min(values))
+    return max(spreads) if spreads else None
+
+
+def _gap_sentences(runs: list[Result], tried: list[Result]) -> list[str]:
+    """Per dataset with a 10-minute target: the defaults' gap, and the best tried run's figure against it."""
+    sentences = []
+    for dataset, (at10, _, _) in TARGETS.items():
+        defaults = [r for r in runs if r.doc["dataset"] == dataset and r.minutes == 10]
+        mine = [r for r in tried if _baseline(r, runs)[0] == dataset and r.minutes == 10]
+        if at10 is None or not mine or _mean(defaults) is None:
+            continue
+        best = max(mine, key=lambda r: r.doc.get("mAP50") or 0.0)
+        value = best.doc.get("mAP50") or 0.0
+        gap = "meets it" if value >= at10 else f"{f3(at10 - value)} short"
+        sentences.append(
+            f"{LABELS[dataset]} at 10 minutes: the defaults {_gap(at10, defaults)} of {at10:.2f}; of "
+            f"{len(mine)} tried, the best is {_changed(best)} at {f3(value)} ({gap})."
+        )
+    return sentences
+
+
+def _diagnosis(page: Page, diagnosis: Result | None) -> None:
+    """What limits AGDD with one lighting, from bench/agdd_diagnose.py."""
+    if diagnosis is None or diagnosis.dirty:
+        return
+    doc = diagnosis.doc
+    page.heading(2, "What limits AGDD with one lighting")
+    fit = doc.get("fit") or {}
+    if fit:
+        page.table(
+            ("images scored", "images", "mAP@0.5", "AP@0.5 per class"),
+            [
+                [
+                    part["what"],
+                    part["images"],
+                    f3(part["mAP50"]),
+                    ", ".join(f"{name} {f3(ap)}" for name, ap in (part.get("class_AP50") or {}).items()),
+                ]
+                for part in fit.values()
+            ],
+        )
+    rows = [
+        [
+            split,
+            lighting,
+            name,
+            entry["boxes"],
+            f2(entry["median_ratio"]),
+            pct(entry["faint_share"]),
+        ]
+        for split, lightings in (doc.get("contrast") or {}).items()
+        for lighting, classes in lightings.items()
+        for name, entry in classes.items()
+    ]
+    page.table(
+        (
+            "split",
+            "lighting",
+            "class",
+            "boxes",
+            "median contrast ratio",
+            f"boxes under {doc['faint_ratio']:g}x (barely visible)",
+        ),
+        rows,
+    )
+    page.para(*doc.get("reading", []), f"From {page.cite(diagnosis.name)}: `{doc.get('command', '')}`.")
 
 
 def _board_sentences(runs: list[Result]) -> list[str]:

@@ -102,3 +102,16 @@ def test_agdd_pair_plan_gives_each_l1_image_its_l2_capture_as_template(tmp_path:
     records = json.loads(Path(companion["report_on"]["data"]).read_text())["images"]
     assert records and all(Path(r["companions"]["L2"]).name.endswith("_L2.png") for r in records)
     assert not any("template_file_name" in r for r in records)
+
+
+def test_the_page_lists_tried_runs_apart_from_the_defaults() -> None:
+    tried = dict(_run("agdd_1light", 10, 0, 0.45), name="realdata_agdd_1light_10min_seed0_nonoise")
+    tried["overrides"] = {"augment": {"noise_prob": 0}}
+    pair = _run("agdd_pair", 10, 0, 0.6)
+    docs = (_run("agdd_1light", 10, 0, 0.35), _run("agdd_1light", 10, 1, 0.40), tried, pair)
+    text = pages_realdata.real_data_markdown({doc["name"]: Result(doc["name"], doc) for doc in docs})
+    assert "0.375 (range 0.350-0.400, 2 runs) | 0.325 short" in text  # the tried run is not a default
+    tried_part = text.split("## What was tried")[1]
+    assert "`augment.noise_prob=0`" in tried_part and "+0.075 (defaults 0.375)" in tried_part
+    assert "second lighting as the template plane" in tried_part and "+0.225 (defaults 0.375)" in tried_part
+    assert "the best is AGDD, second lighting as the template plane at 0.600 (0.100 short)" in tried_part
