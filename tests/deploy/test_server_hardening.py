@@ -205,7 +205,7 @@ def test_any_decoder_failure_is_a_4xx(monkeypatch: pytest.MonkeyPatch, error: Ex
     def broken(*args: object, **kwargs: object) -> None:
         raise error
 
-    monkeypatch.setattr(server_module, "decode_image", broken)
+    monkeypatch.setattr(server_module, "load_planes", broken)
     with _client(app) as client:
         _json_error(client.post("/v1/detect", files={"image": encode(board(1))}), 422, "image")
 

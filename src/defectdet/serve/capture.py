@@ -5,7 +5,8 @@ Policies (any number): `all`; `flagged` (verdict defective); `uncertain` (a dete
 to threshold - margin and answers only those at or above the threshold); `drift` (the drift monitor warns or
 alerts). `none` keeps nothing.
 
-A kept item is `images/NAME.ext` (the uploaded bytes), `templates/NAME.ext` (when one was sent) and
+A kept item is `images/NAME.ext` (the uploaded bytes), `templates/NAME.ext` (when one was sent),
+`companions/CAPTURE/NAME.ext` for each companion capture sent (`companions/L2/NAME.png`) and
 `predictions/NAME.json` (the sidecar: predictions, bundle, drift state, threshold, time, reasons), each written
 to a temporary file and moved into place with `os.replace`, the sidecar last. NAME is the UTC time, the
 writing process's id and a random part, so names sort oldest first and never collide.
@@ -21,7 +22,7 @@ Writing runs in one background thread fed by a bounded queue: a request never wa
 never fails a request (a disk error is logged and counted).
 
 Disk cap (`max_bytes`; `serve` keeps at most `DEFAULT_KEEP_MAX_MB` unless told otherwise): the kept images,
-templates and sidecars never exceed it. When a new item would pass it, the oldest items not yet reviewed (no
+templates, companion captures and sidecars never exceed it. When a new item would pass it, the oldest items not yet reviewed (no
 `labels/NAME.txt`) are deleted first, with a warning in the log (at most one a minute, with the count);
 reviewed items are training data and are never deleted, so when only they are left the new item is not kept
 (counted as `cap`).
@@ -41,7 +42,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 KEEP_POLICIES = ("none", "all", "flagged", "uncertain", "drift")
 FOLDERS = ("images", "templates", "predictions")
+COMPANIONS_DIR = "companions"  # companions/CAPTURE/NAME.ext: one folder per companion capture
 EXTENSIONS = {"PNG": ".png", "JPEG": ".jpg", "BMP": ".bmp", "TIFF": ".tif", "WebP": ".webp", "PNM": ".pnm"}
 DRIFT_LEVELS = ("warn", "alert")
 LOCK_FILE = ".keep.lock"
@@ -112,11 +114,13 @@ def keep_reasons(
 
 @dataclass
 class KeptItem:
-    """One answer to keep: the uploaded bytes and the sidecar's content."""
+    """One answer to keep: the uploaded bytes (image, template, companion captures by name) and the sidecar's
+    content."""
 
     image: bytes
     template: bytes | None
     sidecar: dict[str, Any]
+    companions: dict[str, bytes] = field(default_factory=dict)
 
 
 class Capture:
@@ -155,7 +159,7 @@ class Capture:
         found: dict[str, list[str]] = {}
         sizes: dict[str, int] = {}
         now = time.time()
-        for sub in FOLDERS:
+        for sub in [*FOLDERS, *self._companion_folders()]:
             with os.scandir(self.folder / sub) as entries:
                 for entry in entries:
                     try:
@@ -178,6 +182,18 @@ class Capture:
         self._generation = self._read_generation()
         self._scanned = time.monotonic()
         self._set_bytes()
+
+    def _companion_folders(self) -> list[str]:
+        """`companions/CAPTURE` of every companion capture kept so far."""
+        root = self.folder / COMPANIONS_DIR
+        if not root.is_dir():
+            return []
+        with os.scandir(root) as entries:
+            return [
+                f"{COMPANIONS_DIR}/{entry.name}"
+                for entry in entries
+                if entry.is_dir(follow_symlinks=False) and not entry.name.startswith(".")
+            ]
 
     def _read_generation(self) -> str:
         try:
@@ -282,6 +298,14 @@ class Capture:
             "image": f"images/{files[0][0].name}",
             "template": f"templates/{files[1][0].name}" if item.template is not None else None,
         }
+        if item.companions:
+            sidecar["companions"] = {}
+        for capture, data in item.companions.items():
+            folder = self.folder / COMPANIONS_DIR / capture
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{name}{EXTENSIONS.get(image_format(data) or '', '.bin')}"
+            files.append((path, data))
+            sidecar["companions"][capture] = path.relative_to(self.folder).as_posix()
         body = json.dumps(sidecar, indent=1, default=_native).encode()
         files.append((self.folder / "predictions" / f"{name}.json", body))
         size = sum(len(data) for _, data in files)

@@ -23,7 +23,7 @@ import re
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -54,6 +54,30 @@ MATCH_IOU = 0.5
 POLL_S = 0.5  # how often a process reads the store's current generation
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}\.onnx$")
 _PRINTABLE = re.compile(r"[^\x20-\x7e]")
+
+
+def predict_planes(
+    predictor: Any,
+    image: np.ndarray,
+    template: np.ndarray | None,
+    companions: Mapping[str, np.ndarray] | None = None,
+    **options: Any,
+) -> Any:
+    """`predictor.predict` on one image's planes; `companions` passed only when there are some, so a stand-in
+    predictor for a model without them needs no such keyword."""
+    if companions:
+        options["companions"] = companions
+    return predictor.predict(image, template=template, **options)
+
+
+def warm_up(predictor: Any) -> Any:
+    """One inference on a blank image (and blank template and companions, when the model takes them)."""
+    meta = predictor.metadata
+    size = meta.input_size
+    image = np.full((size, size) if meta.channels == 1 else (size, size, 3), 114, np.uint8)
+    image[size // 4 : size // 2, size // 4 : size // 2] = 200
+    companions = {name: image for name in getattr(meta, "companions", ())}
+    return predict_planes(predictor, image, image if meta.template else None, companions)
 
 
 def bundle_sha256(predictor: Any) -> str:
@@ -173,7 +197,13 @@ class ShadowRun:
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="defectdet-shadow")
 
-    def submit(self, image: np.ndarray, template: np.ndarray | None, live_result: Any) -> None:
+    def submit(
+        self,
+        image: np.ndarray,
+        template: np.ndarray | None,
+        live_result: Any,
+        companions: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
         with self._lock:
             if self._pending >= self.max_pending:
                 self.skipped += 1
@@ -181,14 +211,20 @@ class ShadowRun:
                 return
             self._pending += 1
         try:
-            self._executor.submit(self._compare, image, template, live_result)
+            self._executor.submit(self._compare, image, template, live_result, companions)
         except RuntimeError:  # stopped meanwhile
             with self._lock:
                 self._pending -= 1
 
-    def _compare(self, image: np.ndarray, template: np.ndarray | None, live_result: Any) -> None:
+    def _compare(
+        self,
+        image: np.ndarray,
+        template: np.ndarray | None,
+        live_result: Any,
+        companions: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
         try:
-            answer = self.model.predictor.predict(image, template=template)
+            answer = predict_planes(self.model.predictor, image, template, companions)
             kinds = disagreement(live_result, answer)
         except Exception as error:  # a candidate that fails on an image is reported, never raised
             logger.warning("shadow %s failed on an image: %s", self.model.name, error)
@@ -381,11 +417,17 @@ class Deployment:
         return self.store.history(limit) if self.store is not None else []
 
     # ------------------------------------------------------------------ shadow
-    def observe(self, image: np.ndarray, template: np.ndarray | None, live_result: Any) -> None:
+    def observe(
+        self,
+        image: np.ndarray,
+        template: np.ndarray | None,
+        live_result: Any,
+        companions: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
         """Hand one answered image to the shadow, if one runs (never raises, never waits)."""
         shadow = self.shadow
         if shadow is not None:
-            shadow.submit(image, template, live_result)
+            shadow.submit(image, template, live_result, companions)
 
     def start_shadow(self, name: str, unless_live: bool = False) -> dict[str, Any]:
         """Copy the candidate's bytes into the store and run that copy beside the live model. `unless_live`
@@ -630,7 +672,7 @@ class Deployment:
             reason = str(error).replace(f"{path}: ", "").replace(str(path), shown)
             raise UploadError(422, f"{shown}: {reason}") from None
         meta, live = model.metadata, self.live.metadata
-        if (meta.channels, meta.template) != (live.channels, live.template):
+        if _planes(meta) != _planes(live):
             raise UploadError(
                 409,
                 f"{shown} takes {_layout(meta)}, the live model {_layout(live)}: the line's requests would "
@@ -643,10 +685,8 @@ class Deployment:
                 f"{shown} has no class {', '.join(map(repr, dropped))} of the live model (its classes: "
                 f"{', '.join(meta.class_names)}); a new model may add classes, not drop them",
             )
-        size = meta.input_size
-        image = np.full((size, size) if meta.channels == 1 else (size, size, 3), 114, np.uint8)
         try:
-            model.predictor.predict(image, template=image if meta.template else None)
+            warm_up(model.predictor)
         except Exception as error:
             raise UploadError(422, f"{shown}: warm-up inference failed ({error})") from None
         return model
@@ -688,9 +728,15 @@ def _store_report(current: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
+def _planes(meta: Any) -> tuple[int, bool, tuple[str, ...]]:
+    return meta.channels, meta.template, tuple(getattr(meta, "companions", ()))
+
+
 def _layout(meta: Any) -> str:
     colour = "gray" if meta.channels == 1 else "colour"
-    return f"{colour} images {'with' if meta.template else 'without'} a template"
+    layout = f"{colour} images {'with' if meta.template else 'without'} a template"
+    companions = tuple(getattr(meta, "companions", ()))
+    return layout + (f" and the companion captures {', '.join(companions)}" if companions else "")
 
 
 def _brief(result: Any) -> dict[str, Any]:

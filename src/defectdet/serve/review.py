@@ -1,8 +1,9 @@
 """Reviewing kept images (or any folder of images with optional YOLO labels): decisions become labels.
 
 Layout of FOLDER: images in `FOLDER/images/` (or FOLDER itself), YOLO labels in `FOLDER/labels/NAME.txt`
-(`class cx cy w h`, normalised), optional templates in `FOLDER/templates/` and the model's predictions in
-`FOLDER/predictions/NAME.json` (what `serve --keep` writes). Decisions:
+(`class cx cy w h`, normalised), optional templates in `FOLDER/templates/`, optional companion captures in
+`FOLDER/companions/CAPTURE/` (the same name as the image; the page can show each instead of the image) and the
+model's predictions in `FOLDER/predictions/NAME.json` (what `serve --keep` writes). Decisions:
 
 - `accept` / `edit`: the operator's boxes become `labels/NAME.txt` (accept after reviewing; edit is saved as
   each box is re-classed, deleted or drawn);
@@ -12,7 +13,8 @@ Layout of FOLDER: images in `FOLDER/images/` (or FOLDER itself), YOLO labels in 
 Every decision is written at once (label file through a temporary file and `os.replace`) and appended to
 `FOLDER/decisions.jsonl` with the operator and the time; `FOLDER/reviewed.txt` (a YOLO image list) names the
 images decided and not skipped, and `FOLDER/data.yaml` makes them a dataset for `train --from` (train: the older
-images, `reviewed_train.txt`; val: the newest fifth by capture time, `reviewed_val.txt`). A label file
+images, `reviewed_train.txt`; val: the newest fifth by capture time, `reviewed_val.txt`; their templates and
+companion captures). A label file
 with a bad line is shown with the file and line and is never rewritten until the operator decides on that image.
 A box that is empty inside its image is dropped with a note (`dropped` in the answer and the log) instead of
 refusing the decision; the listing never serves an empty proposal. `GET /v1/review/download` is the reviewed
@@ -23,6 +25,7 @@ No torch import.
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -42,7 +45,7 @@ from defectdet.data.formats.interchange import CocoImage, coco_document
 from defectdet.data.formats.yolo import fits_image_list, label_line
 from defectdet.data.imageio import IMAGE_SUFFIXES, read_image, read_image_size, read_text_file
 from defectdet.errors import DefectDetError
-from defectdet.serve.capture import atomic_write, folder_lock
+from defectdet.serve.capture import COMPANIONS_DIR, atomic_write, folder_lock
 from defectdet.serve.review_download import write_dataset_zip
 from defectdet.serve.upload import UploadError
 
@@ -59,6 +62,7 @@ REVIEWED_TRAIN, REVIEWED_VAL = "reviewed_train.txt", "reviewed_val.txt"
 HELD_OUT_SHARE = 0.2
 REVIEW_LOCK = ".review.lock"  # one decision at a time across processes (workers, replicas, `review`)
 DATA_YAML = "data.yaml"
+SIDECARS_FOR_ORDER = 50  # kept answers read to learn the companion captures' order
 DATA_YAML_MARK = "# written by defectdet review: the reviewed images (reviewed.txt) as a dataset"
 PAGE_HEADERS = {
     "Content-Security-Policy": (
@@ -180,6 +184,40 @@ class ReviewFolder:
                     return candidate
         return None
 
+    def companion_names(self) -> list[str]:
+        """The companion captures of this folder (`companions/CAPTURE/`): in the order the kept answers list
+        them (the model's plane order), then any other folder by name."""
+        root = self.root / COMPANIONS_DIR
+        if not root.is_dir():
+            return []
+        found = sorted(
+            path.name
+            for path in root.iterdir()
+            if path.is_dir() and not path.name.startswith(".") and fits_image_list(path.name)
+        )
+        ordered: list[str] = []
+        predictions = self.root / "predictions"
+        for path in sorted(predictions.glob("*.json"))[:SIDECARS_FOR_ORDER] if predictions.is_dir() else []:
+            named = (self.sidecar(path) or {}).get("companions")  # the sidecar of the image of this stem
+            if isinstance(named, dict) and named:
+                ordered = [name for name in named if name in found]
+                break
+        return ordered + [name for name in found if name not in ordered]
+
+    def companion_path(self, image: Path, capture: str) -> Path | None:
+        """The companion capture `capture` of `image`: the file its sidecar names, else the file of its stem in
+        `companions/CAPTURE/`; None when there is none."""
+        if capture not in self.companion_names():
+            return None
+        folder = self.root / COMPANIONS_DIR / capture
+        named = ((self.sidecar(image) or {}).get("companions") or {}).get(capture)
+        if isinstance(named, str) and (folder / Path(named).name).is_file():
+            return folder / Path(named).name
+        for candidate in sorted(folder.glob(f"{glob.escape(image.stem)}.*")):
+            if candidate.suffix.lower() in IMAGE_SUFFIXES and candidate.is_file():
+                return candidate
+        return None
+
     def _find_class_names(self) -> list[str]:
         classes = self.root / "classes.txt"
         if classes.is_file():
@@ -291,6 +329,9 @@ class ReviewFolder:
         entry["verdict"] = sidecar.get("verdict")
         entry["threshold"] = sidecar.get("threshold", sidecar.get("stored_threshold"))
         entry["template"] = self.template_path(image) is not None
+        entry["companions"] = [
+            name for name in self.companion_names() if self.companion_path(image, name) is not None
+        ]
         entry["predictions"] = [box.to_dict(names) for box in self.predictions(image)]
         if image.name in self.broken:
             entry["error"] = self.broken[image.name]
@@ -336,9 +377,10 @@ class ReviewFolder:
             "counts": counts,
         }
 
-    def render(self, image: Path) -> bytes:
+    def render(self, image: Path, plane: bool = False) -> bytes:
         """The image as PNG for the browser (any accepted format, EXIF rotation applied); a decode failure
-        marks it broken (shown and counted on the page) and answers 422."""
+        marks it broken (shown and counted on the page) and answers 422. `plane`: a template or companion
+        capture of an image, answered 422 when it fails without marking the image."""
         try:
             array = read_image(image, channels=3)
             ok, encoded = cv2.imencode(".png", cv2.cvtColor(array, cv2.COLOR_RGB2BGR))
@@ -346,9 +388,11 @@ class ReviewFolder:
                 raise DefectDetError(f"{image.name}: could not be re-encoded for the page")
         except (DefectDetError, OSError, cv2.error, MemoryError) as error:
             reason = " ".join(str(error).split()) or type(error).__name__
-            self.broken[image.name] = reason
+            if not plane:
+                self.broken[image.name] = reason
             raise UploadError(422, f"{image.name}: {reason}") from None
-        self._sizes[image.name] = (array.shape[1], array.shape[0])
+        if not plane:
+            self._sizes[image.name] = (array.shape[1], array.shape[0])
         return encoded.tobytes()
 
     # ---------------------------------------------------------------- deciding
@@ -468,6 +512,10 @@ class ReviewFolder:
         lines = [DATA_YAML_MARK, "path: .", f"train: {REVIEWED_TRAIN}", f"val: {REVIEWED_VAL}"]
         if (self.root / "templates").is_dir():
             lines.append("templates: templates")
+        companions = self.companion_names()
+        if companions:
+            lines.append("companions:")
+            lines += [f"  {name}: {COMPANIONS_DIR}/{name}" for name in companions]
         lines.append("names:")
         lines += [f"  {index}: {json.dumps(name)}" for index, name in enumerate(self.class_names or [])]
         atomic_write(path, ("\n".join(lines) + "\n").encode())
@@ -578,7 +626,17 @@ def review_router(folder: ReviewFolder, export_name: str = "annotations.coco.jso
         path = folder.template_path(folder.image_path(name))
         if path is None:
             raise UploadError(404, f"{name[:80]} has no template")
-        return Response(folder.render(path), media_type="image/png")
+        return Response(folder.render(path, plane=True), media_type="image/png")
+
+    @router.get("/v1/review/companion/{capture}/{name}", summary="A companion capture of one image as PNG")
+    async def companion(
+        capture: str = PathParam(description="the companion capture, as /v1/review/items lists it (e.g. L2)"),
+        name: str = PathParam(description="the image's file name, as /v1/review/items lists it"),
+    ) -> Response:
+        path = folder.companion_path(folder.image_path(name), capture)
+        if path is None:
+            raise UploadError(404, f"{name[:80]} has no companion capture {capture[:40]!r}")
+        return Response(folder.render(path, plane=True), media_type="image/png")
 
     @router.post("/v1/review/decide", summary="Save a decision: accept, edit, clean or skip")
     async def decide(request: Request) -> dict[str, Any]:

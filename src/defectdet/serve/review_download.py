@@ -2,7 +2,7 @@
 
 The zip is the review folder as a dataset: `data.yaml`, the image lists and logs at the top of the folder
 (`reviewed.txt`, `decisions.jsonl`, the COCO export when written), and for every labelled image that was not
-skipped and whose label file reads: its image, its YOLO label file and its template. Unpacked, it trains with
+skipped and whose label file reads: its image, its YOLO label file, its template and its companion captures. Unpacked, it trains with
 `train data.yaml --from`.
 """
 
@@ -55,9 +55,11 @@ def write_dataset_zip(folder: ReviewFolder) -> tuple[Path, int]:
                 archive.write(image, image.relative_to(root).as_posix(), compress_type=zipfile.ZIP_STORED)
                 label = folder.label_path(image)
                 archive.write(label, label.relative_to(root).as_posix())
-                template = folder.template_path(image)
-                if template is not None and template.is_relative_to(root):
-                    archive.write(template, template.relative_to(root).as_posix(), zipfile.ZIP_STORED)
+                planes = [folder.template_path(image)]
+                planes += [folder.companion_path(image, name) for name in folder.companion_names()]
+                for plane in planes:
+                    if plane is not None and plane.is_relative_to(root):
+                        archive.write(plane, plane.relative_to(root).as_posix(), zipfile.ZIP_STORED)
     except BaseException:
         path.unlink(missing_ok=True)
         raise

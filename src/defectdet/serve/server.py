@@ -14,6 +14,7 @@ No torch import.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import hmac
 import ipaddress
@@ -27,7 +28,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -45,12 +46,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from defectdet.data.imageio import decode_image, decode_pair
 from defectdet.errors import DefectDetError, ImageReadError, ImageTooLargeError
 from defectdet.runtime.model_quality import validation_quality
+from defectdet.runtime.pipeline import Planes, load_planes
 from defectdet.runtime.predictor import PredictionResult, Predictor
 from defectdet.serve.capture import DEFAULT_KEEP_MAX_MB, Capture, KeptItem, keep_reasons, parse_keep
-from defectdet.serve.deployment import Deployment, ServedModel
+from defectdet.serve.deployment import Deployment, ServedModel, predict_planes, warm_up
 from defectdet.serve.json_body import JSONBodyLimit
 from defectdet.serve.metrics import ServiceMetrics
 from defectdet.serve.model_routes import models_router
@@ -79,6 +80,7 @@ DETECT_BODY_SCHEMA = {
                             "format": "binary",
                             "description": "its defect-free template (template bundles only)",
                         },
+                        # one more binary field per companion capture the bundle takes (detect_body_schema)
                         "threshold": {
                             "type": "number",
                             "description": "the threshold in [0, 1]: an image with a detection scoring at or above "
@@ -90,6 +92,34 @@ DETECT_BODY_SCHEMA = {
         },
     }
 }
+
+
+def detect_body_schema(metadata: Any) -> dict[str, Any]:
+    """`DETECT_BODY_SCHEMA` for this bundle: one required file field per input plane it takes (`image`, the
+    `template` of a template bundle, each companion capture by its name), then `threshold`."""
+    schema = copy.deepcopy(DETECT_BODY_SCHEMA)
+    body = schema["requestBody"]["content"]["multipart/form-data"]["schema"]
+    properties = body["properties"]
+    threshold = properties.pop("threshold")
+    for name in getattr(metadata, "companions", ()):
+        properties[name] = {
+            "type": "string",
+            "format": "binary",
+            "description": f"the aligned companion capture {name!r} of the same part (another lighting, focus "
+            "or band), at the image's size",
+        }
+    properties["threshold"] = threshold
+    body["required"] = list(getattr(metadata, "planes", ["image"]))
+    return schema
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One /v1/detect request's planes as received: the image, its template and its companion captures."""
+
+    image: bytes
+    template: bytes | None = None
+    companions: Mapping[str, bytes] = field(default_factory=dict)
 
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -259,13 +289,9 @@ class Service:
         threading.Thread(target=self._warm_up, name="defectdet-warm-up", daemon=True).start()
 
     def _warm_up(self) -> None:
-        size = self.metadata.input_size
-        shape = (size, size) if self.metadata.channels == 1 else (size, size, 3)
-        image = np.full(shape, 114, np.uint8)
-        image[size // 4 : size // 2, size // 4 : size // 2] = 200
         try:
             started = time.perf_counter()
-            self.predictor.predict(image, template=image if self.metadata.template else None)
+            warm_up(self.predictor)
         except Exception as error:  # a bundle that cannot run stays not-ready, with the reason
             self.readiness = f"warm-up failed: {' '.join(str(error).split())}"
             logger.error("warm-up inference failed: %s", error)
@@ -302,20 +328,14 @@ class Service:
         self.metrics.admitted.set(self.admitted)
 
     # ---------------------------------------------------------------- one request
-    def decode(
-        self, image: bytes, template: bytes | None, meta: Any
-    ) -> tuple[np.ndarray, np.ndarray | None, float]:
-        """(image, template, milliseconds): the uploads decoded within the pixel limit."""
+    def decode(self, upload: Upload, meta: Any) -> tuple[Planes, float]:
+        """(planes, milliseconds): every uploaded plane decoded within the pixel limit, one intensity mapping
+        for all (`runtime.pipeline.load_planes`)."""
         started = time.perf_counter()
         limit = self.settings.max_pixels
-        try:  # decode_image checks the header's size against the limit before any decoder runs
-            if template is not None:
-                decoded, decoded_template = decode_pair(
-                    image, template, "image", "template", meta.channels, limit
-                )
-            else:
-                decoded, decoded_template = decode_image(image, "image", meta.channels, limit), None
-        except (ImageReadError, UploadError):
+        try:  # each plane's header size is checked against the limit before any decoder runs
+            planes = load_planes(upload.image, upload.template, meta.channels, limit, upload.companions)
+        except (DefectDetError, UploadError):
             raise
         except MemoryError:
             raise UploadError(413, "the image is too large to decode in the memory available") from None
@@ -324,20 +344,18 @@ class Service:
             raise ImageReadError(
                 f"image: not a decodable image ({type(error).__name__}: {_one_line(error)})"
             ) from None
-        for array, name in ((decoded, "image"), (decoded_template, "template")):
+        named = {"image": planes.image, "template": planes.template, **planes.companions}
+        for name, array in named.items():
             if array is not None and array.shape[2:] != ((3,) if meta.channels == 3 else ()):
                 raise ImageReadError(f"{name}: decoded to an unexpected shape {array.shape}")
-        return decoded, decoded_template, (time.perf_counter() - started) * 1e3
+        return planes, (time.perf_counter() - started) * 1e3
 
-    def infer(
-        self, live: ServedModel, image: np.ndarray, template: np.ndarray | None, conf: float | None
-    ) -> tuple[PredictionResult, dict]:
+    def infer(self, live: ServedModel, planes: Planes, conf: float | None) -> tuple[PredictionResult, dict]:
         """Predict with `live` and update its drift charts (runs in a worker thread)."""
+        options: dict[str, Any] = {"threshold": conf}
         if self.capture is not None and "uncertain" in self.settings.keep:  # see near misses too
-            floor = max(0.0, live.metadata.thresholds.threshold - self.settings.keep_margin)
-            result = live.predictor.predict(image, template=template, threshold=conf, score_floor=floor)
-        else:
-            result = live.predictor.predict(image, template=template, threshold=conf)
+            options["score_floor"] = max(0.0, live.metadata.thresholds.threshold - self.settings.keep_margin)
+        result = predict_planes(live.predictor, planes.image, planes.template, planes.companions, **options)
         drift_started = time.perf_counter()
         monitor = live.monitor
         drift = monitor.update(result.image_stats, result.features).to_dict() if monitor else _NO_DRIFT
@@ -345,23 +363,21 @@ class Service:
         return result, drift
 
     def _timed_infer(
-        self, image: bytes, template: bytes | None, conf: float | None
+        self, upload: Upload, conf: float | None
     ) -> tuple[PredictionResult, dict, float, bool, str]:
         """(result, drift, started, kept, model version). The live model is taken once, here: a promotion
         while this runs changes the model of the next request, not of this one."""
         started = time.perf_counter()  # a worker took it: the wait in the executor's queue ends here
         live = self.live
-        decoded, decoded_template, decode_ms = self.decode(image, template, live.metadata)
-        result, drift = self.infer(live, decoded, decoded_template, conf)
+        planes, decode_ms = self.decode(upload, live.metadata)
+        result, drift = self.infer(live, planes, conf)
         result.timings["decode"] = result.timings.get("decode", 0.0) + decode_ms
-        kept = self.keep(live, image, template, result, drift)
+        kept = self.keep(live, upload, result, drift)
         if conf is None:  # the shadow is compared at both models' own thresholds
-            self.deployment.observe(decoded, decoded_template, result)
+            self.deployment.observe(planes.image, planes.template, result, planes.companions)
         return result, drift, started, kept, live.version
 
-    def keep(
-        self, live: ServedModel, image: bytes, template: bytes | None, result: PredictionResult, drift: dict
-    ) -> bool:
+    def keep(self, live: ServedModel, upload: Upload, result: PredictionResult, drift: dict) -> bool:
         """Queue the answer for keeping when a policy says so (never raises); drop the detections below the
         verdict threshold that only the `uncertain` policy asked for. True when queued."""
         if self.capture is None:
@@ -384,7 +400,9 @@ class Service:
                     **result.to_dict(),
                     "drift": drift,
                 }
-                kept = self.capture.submit(KeptItem(image, template, sidecar))
+                kept = self.capture.submit(
+                    KeptItem(upload.image, upload.template, sidecar, dict(upload.companions))
+                )
         except Exception as error:  # capture never fails a request
             logger.warning("could not keep an answer: %s", error)
             self.metrics.keep_errors.inc()
@@ -396,9 +414,9 @@ class Service:
         self.check_ready()
         arrived = time.perf_counter()
         form = await self._read_upload(request)
-        image, template, conf = self._fields(form)
+        upload, conf = self._fields(form)
         received = time.perf_counter()
-        result, drift, queued, kept, version = await self._run(image, template, conf)
+        result, drift, queued, kept, version = await self._run(upload, conf)
         finished = time.perf_counter()
         timings = {
             "receive": (received - arrived) * 1e3,
@@ -429,6 +447,7 @@ class Service:
             fields = {
                 "image": self.settings.max_bytes,
                 "template": self.settings.max_bytes,
+                **{name: self.settings.max_bytes for name in self.metadata.companions},
                 "threshold": CONF_FIELD_BYTES,
                 "conf": CONF_FIELD_BYTES,
             }
@@ -448,9 +467,10 @@ class Service:
             self.reading -= 1
             self.metrics.reading.set(self.reading)
 
-    def _fields(self, form: dict[str, Any]) -> tuple[bytes, bytes | None, float | None]:
-        """(image, template, threshold) from the form; 422 for a missing image or a template the bundle does not
-        take. The field `conf` (the threshold's name before one name per concept) is read as `threshold`."""
+    def _fields(self, form: dict[str, Any]) -> tuple[Upload, float | None]:
+        """(planes, threshold) from the form; 422 for a missing image, template or companion capture, or a
+        template the bundle does not take. The field `conf` (the threshold's name before one name per concept)
+        is read as `threshold`."""
         if "image" not in form:
             raise UploadError(422, "missing form field 'image' (the image file to inspect)")
         conf = _threshold_field(form)
@@ -462,14 +482,21 @@ class Service:
             )
         if not self.metadata.template and template is not None:
             raise UploadError(422, "this bundle takes no template: drop the 'template' field")
-        return bytes(form["image"].data), template, conf
+        for name in self.metadata.companions:
+            if name not in form:
+                raise UploadError(
+                    422,
+                    f"this bundle also takes the aligned capture {name!r}: send it as the form field {name!r}",
+                )
+        companions = {name: bytes(form[name].data) for name in self.metadata.companions}
+        return Upload(bytes(form["image"].data), template, companions), conf
 
-    async def _run(self, image: bytes, template: bytes | None, conf: float | None) -> tuple[Any, ...]:
+    async def _run(self, upload: Upload, conf: float | None) -> tuple[Any, ...]:
         """Take a place (503 when full) and infer on a worker thread: (result, drift, queued, kept)."""
         self.admit()
         submitted = False
         try:
-            job = self.executor.submit(self._timed_infer, image, template, conf)
+            job = self.executor.submit(self._timed_infer, upload, conf)
             submitted = True
             # the place is given back when the work ends, not when this coroutine does: a client that
             # hangs up cannot leave work behind that the queue limit no longer counts
@@ -733,9 +760,14 @@ def _add_error_handlers(app: FastAPI) -> None:
 def _add_inspection_routes(app: FastAPI, service: Service, settings: ServeSettings) -> None:
     """/v1/detect, the health and readiness probes and /v1/model."""
 
-    @app.post("/v1/detect", openapi_extra=DETECT_BODY_SCHEMA, summary="Detect defects in one image")
+    @app.post(
+        "/v1/detect",
+        openapi_extra=detect_body_schema(service.metadata),
+        summary="Detect defects in one image",
+    )
     async def detect(request: Request) -> Response:
-        """multipart/form-data: `image` (file), `template` (file, template bundles), `threshold` (number)."""
+        """multipart/form-data: `image` (file), `template` (file, template bundles), one file per companion
+        capture the bundle takes (the field named as the capture, e.g. `L2`), `threshold` (number)."""
         return _FastJSON(await service.detect(request))
 
     @app.get("/healthz", summary="The process is alive")

@@ -22,6 +22,7 @@ let tokenAsked = false;
 const state = {
   items: [], classNames: [], index: -1, boxes: [], selected: -1, nextClass: 0,
   threshold: null, minScore: 0, image: null, view: { s: 1, tx: 0, ty: 0 }, fitted: 1,
+  plane: "image", planes: {},  // the plane shown (the image or a companion capture) and the loaded ones
   drag: null, space: false, undo: [], memory: new Map(), saved: 0, broken: new Set(), saving: Promise.resolve(),
 };
 
@@ -269,11 +270,64 @@ async function show(index) {
   }
   $("item-error").hidden = true;
   state.image = loaded.image;
+  state.planes = { image: loaded.image };
   state.boxes = state.boxes.map((b) => ({ ...b, box: clip(b.box, imageSize()) }));
   fitView();
+  renderViews(item);
   render();
+  if (state.plane !== "image") showPlane(planesOf(item).includes(state.plane) ? state.plane : "image");
+  else $("canvas").dataset.plane = "image";
   showTemplate(item, index);
   setStatus(`${index + 1} / ${state.items.length}` + (empty ? ` · ${empty} empty proposal${empty === 1 ? "" : "s"} dropped` : ""));
+}
+
+// ------------------------------------------------------------------ view: the image or a companion capture
+function planesOf(item) {
+  return ["image", ...((item && item.companions) || [])];
+}
+
+function renderViews(item) {
+  const planes = planesOf(item);
+  $("views").hidden = planes.length < 2;
+  $("view-buttons").innerHTML = planes.map((name) =>
+    `<button type="button" data-plane="${escapeHtml(name)}" title="v: next view">${escapeHtml(name)}</button>`).join(" ");
+  markView();
+}
+
+function markView() {
+  for (const button of $("view-buttons").querySelectorAll("button[data-plane]")) {
+    button.classList.toggle("active", button.dataset.plane === state.plane);
+  }
+}
+
+// the companion is an aligned capture of the same size: the boxes stay where they are
+async function showPlane(name) {
+  const item = state.items[state.index];
+  if (!item || !state.planes.image) return;
+  const index = state.index;
+  if (!state.planes[name]) {
+    const loaded = await fetchImage(`/v1/review/companion/${encodeURIComponent(name)}/${encodeURIComponent(item.name)}`);
+    if (state.index !== index) return;
+    if (!loaded.image) { setStatus(`companion ${name}: ${loaded.error}`); return; }
+    state.planes[name] = loaded.image;
+  }
+  const shownPlane = state.planes[name];
+  if (shownPlane.width !== state.planes.image.width || shownPlane.height !== state.planes.image.height) {
+    setStatus(`companion ${name} is ${shownPlane.width}x${shownPlane.height}, the image ` +
+      `${state.planes.image.width}x${state.planes.image.height}: not shown`);
+    return;
+  }
+  state.plane = name;
+  state.image = shownPlane;
+  $("canvas").dataset.plane = name;
+  markView();
+  draw();
+}
+
+function nextView() {
+  const planes = planesOf(state.items[state.index]);
+  if (planes.length < 2) return;
+  showPlane(planes[(planes.indexOf(state.plane) + 1) % planes.length]);
 }
 
 async function showTemplate(item, index) {
@@ -660,6 +714,7 @@ function onKey(event) {
   else if (key === "Delete" || key === "Backspace") deleteSelected();
   else if (key === "Escape") { state.selected = -1; render(); }
   else if (key === "0") { fitView(); draw(); }
+  else if (key === "v") nextView();
   else if (key === " ") { state.space = true; $("canvas").classList.add("panning"); }
   else return false;
   return true;
@@ -678,6 +733,11 @@ document.addEventListener("keyup", (event) => {
 $("classes").addEventListener("click", (event) => {
   const button = event.target.closest("button[data-class]");
   if (button) setClass(Number(button.dataset.class));
+});
+
+$("view-buttons").addEventListener("click", (event) => {
+  const button = event.target.closest("button[data-plane]");
+  if (button) showPlane(button.dataset.plane);
 });
 
 $("items").addEventListener("click", (event) => {
