@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from defectdet.data.sample import companion_name_problem
 from defectdet.errors import CheckpointError, renamed_keys, warn_renamed
 from defectdet.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_THRESHOLD
 
@@ -24,25 +24,18 @@ PREDICTIONS_OUTPUT = "predictions"
 FEATURES_OUTPUT = "features"
 # metadata keys of bundles written before one name per concept, read as the current ones
 THRESHOLDS_RENAMES = {"score": "threshold", "score_source": "threshold_source", "min_score": "score_floor"}
-# a companion capture's name: a plane name of the bundle, a multipart field of the service, a data.yaml key
-COMPANION_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
-RESERVED_PLANE_NAMES = ("image", "template", "threshold", "score_floor", "nms_iou")
 
 
 def check_companion_names(names: list[str] | tuple[str, ...], field: str = "companions") -> list[str]:
-    """`names` as a list when each is a valid, unreserved, unrepeated companion name; ValueError naming `field`."""
-    seen: set[str] = set()
-    for name in names:
-        if not isinstance(name, str) or not COMPANION_NAME.match(name):
-            raise ValueError(
-                f"{field}: companion name {name!r} must start with a letter and hold at most 32 letters, "
-                "digits, '_' or '-'"
-            )
-        if name in RESERVED_PLANE_NAMES:
-            raise ValueError(f"{field}: {name!r} is a reserved name ({', '.join(RESERVED_PLANE_NAMES)})")
-        if name in seen:
-            raise ValueError(f"{field}: companion {name!r} is named twice")
-        seen.add(name)
+    """`names` as a list when each can name a companion capture (`data.sample.companion_name_problem`: it is
+    also a plane of the bundle and a multipart field of the service) and none is repeated; ValueError naming
+    `field`."""
+    for index, name in enumerate(names):
+        problem = companion_name_problem(name)
+        if problem is None and name in names[:index]:
+            problem = f"companion {name!r} is named twice"
+        if problem is not None:
+            raise ValueError(f"{field}: {problem}")
     return list(names)
 
 
