@@ -171,6 +171,19 @@ def test_dataset_stacks_image_then_companion(companion_yaml: Path) -> None:
     assert rgb[1][0].shape == (6, 32, 32) and DetectionDataset(split, imgsz=64)[0][0].shape == (1, 64, 64)
 
 
+def test_dataset_planes_are_image_template_companion(companion_yaml: Path) -> None:
+    # each image is its own template
+    companion_yaml.write_text(companion_yaml.read_text() + "templates: {train: images/train}\n")
+    split = load_dataset(companion_yaml, "train")
+    dataset = DetectionDataset(
+        split, imgsz=96, companions=[COMPANION], register_pairs=False, image_dtype=torch.uint8
+    )
+    tensor = dataset[0][0]
+    assert dataset.use_template and tensor.shape == (3, 96, 96)
+    companion = cv2.imread(str(dataset.samples[0].companion_paths[COMPANION]), cv2.IMREAD_GRAYSCALE)
+    assert torch.equal(tensor[0], tensor[1]) and np.array_equal(tensor[2].numpy(), companion)
+
+
 def test_dataset_leaves_out_samples_without_the_companion(
     companion_yaml: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
