@@ -220,6 +220,12 @@ _FROM_HELP = (
     "and weights, classes matched by name, a tenth of the default lr."
 )
 _OLD_DATA_HELP = "With --from: the old training data, mixed in and validated on too."
+_TEMPLATE_HELP = "Use the dataset's templates (default: when every image has one)."
+_NO_COMPANIONS_HELP = "Ignore the dataset's companion captures."
+_COMPANIONS_HELP = (
+    "Companion captures to stack as extra input planes, in this order, e.g. L2,UV (default: every companion "
+    "every training image has)."
+)
 _NEW_SHARE_HELP = "With --old-data: the least share of each epoch drawn from DATA (default 0.3)."
 
 
@@ -240,11 +246,9 @@ def train(
     crop_size: int | None = typer.Option(
         None, "--crop", help="Train on random crops of this size; 0 = whole images (default: from the data)."
     ),
-    template: bool | None = typer.Option(
-        None,
-        "--template/--no-template",
-        help="Use the dataset's templates (default: when every image has one).",
-    ),
+    template: bool | None = typer.Option(None, "--template/--no-template", help=_TEMPLATE_HELP),
+    companions: str | None = typer.Option(None, "--companions", help=_COMPANIONS_HELP),
+    no_companions: bool = typer.Option(False, "--no-companions", help=_NO_COMPANIONS_HELP),
     channels: int | None = typer.Option(None, help="1 gray or 3 RGB input (default: from the images)."),
     strides: str | None = typer.Option(
         None, help="Head strides, e.g. 8,16,32 (default: the preset's, plus 32 for large defects)."
@@ -290,7 +294,8 @@ def train(
              "format": format, "start_from": str(start_from) if start_from else None,
              "old_data": str(old_data) if old_data else None, "new_share": new_share,
              "clean_images": str(clean_images) if clean_images else None,
-             "synthetic_boards": synthetic_boards}  # fmt: skip
+             "synthetic_boards": synthetic_boards,
+             "companions": _parse_companions(companions, no_companions)}  # fmt: skip
     overrides = _train_overrides(set_, named, from_scratch)
     from defectdet.engine.autoconfig import choices_table
     from defectdet.engine.trainer import build_train_data
@@ -807,6 +812,14 @@ def demo(
     from defectdet.demo import run_demo
 
     run_demo(out, minutes=minutes, boards=boards, console=console)
+
+
+def _parse_companions(text: str | None, none: bool) -> list[str] | None:
+    if none and text is not None:
+        raise DefectDetError("--companions and --no-companions exclude each other")
+    if none:
+        return []
+    return None if text is None else [part for part in text.replace(" ", "").split(",") if part]
 
 
 def _parse_strides(text: str | None) -> list[int] | None:

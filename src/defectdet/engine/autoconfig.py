@@ -25,6 +25,8 @@ Rules (pixels are at the letterbox size S; `MIN_DEFECT_PX`, `CROP_BASE`, `LARGE_
 - strides: the preset's; plus 32 when >= 10% of defects reach LARGE_BOX_PX.
 - channels: 3 when >= 20% of checked colour-coded images have colour content, else 1.
 - template: when every training image has one.
+- companions: every companion capture (another lighting, focus or band) that every training image has, in the
+  dataset's declared order; each becomes extra input planes after the tested image (and template).
 - batch: 16 images of 320 x 320 per step (DeepPCB's recipe) kept as a pixel budget: fewer, larger
   images per step for whole-image training, so a time budget still gets many optimizer steps.
 - class_balance: 'repeat' (rare-class images repeated, `repeat_factors`) when the most and least
@@ -45,6 +47,7 @@ Rules (pixels are at the letterbox size S; `MIN_DEFECT_PX`, `CROP_BASE`, `LARGE_
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import asdict, dataclass, field
@@ -81,6 +84,7 @@ SETTING_NAMES = (
     "batch",
     "channels",
     "template",
+    "companions",
     "class_balance",
     "tiles",
     "clean_templates",
@@ -119,6 +123,8 @@ class SplitStats:
     class_boxes: np.ndarray  # (K,) boxes per class, all samples
     class_images: np.ndarray  # (K,) images containing the class, all samples
     with_template: int  # samples that have a template
+    companion_names: list[str] = field(default_factory=list)  # declared by the dataset, in its order
+    with_companion: dict[str, int] = field(default_factory=dict)  # samples that have each companion
     color_checked: int = 0  # sampled files checked for colour
     color_images: int = 0  # of those, with colour content
     notes: list[str] = field(default_factory=list)
@@ -193,6 +199,10 @@ def collect_split_stats(
         class_boxes=class_boxes,
         class_images=class_images,
         with_template=sum(sample.template_path is not None for sample in samples),
+        companion_names=list(split.companion_names),
+        with_companion={
+            name: sum(name in sample.companion_paths for sample in samples) for name in split.companion_names
+        },
         color_checked=color_checked,
         color_images=color_images,
         notes=notes,
@@ -345,6 +355,39 @@ def auto_template(stats: SplitStats) -> tuple[bool, str]:
     return False, "the dataset has no templates"
 
 
+def auto_companions(stats: SplitStats) -> tuple[list[str], str]:
+    """Every companion every training image has, in the declared order; the others are named with their count."""
+    if not stats.companion_names:
+        return [], "the dataset has no companion captures"
+    used = [
+        name for name in stats.companion_names if stats.images and stats.with_companion[name] == stats.images
+    ]
+    partial = [
+        f"{name} ({stats.with_companion[name]} of {stats.images} images)"
+        for name in stats.companion_names
+        if name not in used
+    ]
+    left = f"; left out, not every image has it: {', '.join(partial)}" if partial else ""
+    if not used:
+        return [], f"no companion is in every training image{left}"
+    planes = "an extra input plane" if len(used) == 1 else "extra input planes"
+    return (
+        used,
+        f"every training image has {', '.join(used)}: stacked as {planes} after the tested image{left}",
+    )
+
+
+def check_companions(config: TrainConfig, stats: SplitStats) -> None:
+    """ConfigError for a companion the user named that the dataset does not declare (listing the ones it has)."""
+    unknown = [name for name in config.companions or [] if name not in stats.companion_names]
+    if unknown:
+        declared = ", ".join(stats.companion_names) or "none"
+        raise ConfigError(
+            f"field 'companions': {config.data} has no companion {', '.join(map(repr, unknown))} "
+            f"(its companions: {declared})"
+        )
+
+
 def auto_clean_templates(stats: SplitStats, template: bool) -> tuple[bool, str]:
     if template:
         return False, "the model reads each template as its second input"
@@ -357,7 +400,7 @@ def auto_clean_templates(stats: SplitStats, template: bool) -> tuple[bool, str]:
     )
 
 
-def auto_pretrained(preset: str, template: bool) -> tuple[bool, str]:
+def auto_pretrained(preset: str, template: bool, companions: int = 0) -> tuple[bool, str]:
     """Start from the shipped weights (model.pretrained) when the package has them for this preset and
     input layout; the fine-tuning data then only has to teach its own classes and look."""
     from defectdet.model.pretrained import layout_name, shipped_weights
@@ -365,7 +408,8 @@ def auto_pretrained(preset: str, template: bool) -> tuple[bool, str]:
     path = shipped_weights(preset, template)
     if path is None:
         return False, f"no shipped weights for the {preset} preset with the {layout_name(template)} layout"
-    return True, f"{path.name}, learned on synthetic boards and surfaces (make pretrain)"
+    zero = "; the companion planes' stem weights start at zero" if companions else ""
+    return True, f"{path.name}, learned on synthetic boards and surfaces (make pretrain){zero}"
 
 
 def auto_class_balance(stats: SplitStats) -> tuple[str, str]:
@@ -443,6 +487,13 @@ def choose_settings(
     crop = decide("crop_size", *auto_crop(stats, imgsz))
     decide("channels", *auto_channels(stats))
     template = decide("template", *auto_template(stats))
+    check_companions(config, stats)
+    if config.companions is None and previous is not None and "companions" not in previous:
+        # a checkpoint from before companions existed: its model takes none
+        values["companions"] = []
+        choices.append(Choice("companions", [], "kept from the checkpoint being resumed", "checkpoint"))
+    else:
+        decide("companions", *auto_companions(stats))
     preset = decide("preset", *auto_preset(bool(template)))
     decide("strides", *auto_strides(stats, imgsz, preset))
     decide("batch", *auto_batch(crop or imgsz))
@@ -454,7 +505,7 @@ def choose_settings(
         values["pretrained"] = False
         choices.append(Choice("pretrained", False, "kept from the checkpoint being resumed", "checkpoint"))
     else:
-        decide("pretrained", *auto_pretrained(preset, bool(template)))
+        decide("pretrained", *auto_pretrained(preset, bool(template), len(values["companions"])))
     choices.append(
         Choice(
             "regression ranges",
@@ -471,7 +522,7 @@ def choose_settings(
 
 def _show(value: Any) -> str:
     if isinstance(value, list):
-        return ",".join(map(str, value))
+        return ",".join(map(str, value)) or "none"
     if value == 0 and not isinstance(value, bool):
         return "0 (off)"
     return str(value)
@@ -504,7 +555,7 @@ def balance_split(split: DatasetSplit, seed: int = 0) -> DatasetSplit:
     samples = [
         sample for sample, count in zip(split.samples, repeats.tolist(), strict=True) for _ in range(count)
     ]
-    return DatasetSplit(samples, split.class_names, split.format, split.split, split.root, split.problems)
+    return dataclasses.replace(split, samples=samples)
 
 
 def add_clean_templates(split: DatasetSplit) -> DatasetSplit:
@@ -564,9 +615,7 @@ def defect_free_sample(path: Path, source: str, image_id: str) -> Sample:
 
 
 def _with_samples(split: DatasetSplit, extra: list[Sample]) -> DatasetSplit:
-    return DatasetSplit(
-        split.samples + extra, split.class_names, split.format, split.split, split.root, split.problems
-    )
+    return dataclasses.replace(split, samples=split.samples + extra)
 
 
 def model_overrides(config: TrainConfig) -> dict[str, Any]:

@@ -40,6 +40,9 @@ class TrainConfig(BaseModel):
     crop_size: int | None = Field(None, ge=0)  # train on random crops of this size; 0 = whole images
     channels: Literal[1, 3] | None = None  # 1 gray, 3 RGB
     template: bool | None = None  # compare against the template image (needs one per image)
+    # aligned companion captures (another lighting, focus or band) stacked as extra input planes, in this order;
+    # None: every companion every training image has, in the dataset's order; []: none
+    companions: list[str] | None = None
     strides: list[Literal[8, 16, 32]] | None = None  # feature strides the head predicts at
     class_balance: Literal["off", "repeat"] | None = None  # 'repeat': repeat images of rare classes
     tiles: bool | None = None  # inference also runs native-resolution tiles of images >= 1.5x input_size
@@ -144,6 +147,22 @@ class TrainConfig(BaseModel):
                 f"{info.field_name} must be a multiple of 32 (the model's coarsest stride), got {value}"
                 + ("; 0 = no crops" if info.field_name == "crop_size" else "")
             )
+        return value
+
+    @field_validator("companions")
+    @classmethod
+    def _check_companions(cls, value: list[str] | None) -> list[str] | None:
+        from defectdet.data.sample import companion_name_problem
+
+        if value is None:
+            return value
+        for name in value:
+            problem = companion_name_problem(name)
+            if problem is not None:
+                raise ValueError(problem)
+        repeated = sorted({name for name in value if value.count(name) > 1})
+        if repeated:
+            raise ValueError(f"companions must not repeat a name: {', '.join(repeated)}")
         return value
 
     @field_validator("strides")

@@ -59,7 +59,7 @@ def remap_classes(split: DatasetSplit, class_names: list[str], source: str | Pat
         valid = (classes >= 0) & (classes < len(table))
         classes[valid] = [table[index] for index in classes[valid].tolist()]
         samples.append(dataclasses.replace(sample, classes=classes))
-    return DatasetSplit(samples, list(class_names), split.format, split.split, split.root, split.problems)
+    return dataclasses.replace(split, samples=samples, class_names=list(class_names))
 
 
 def new_repeat(old_images: int, new_images: int, share: float) -> int:
@@ -73,5 +73,5 @@ def mix_splits(new: DatasetSplit, old: DatasetSplit, share: float) -> tuple[Data
     """The old split whole plus the new one repeated per `new_repeat` (same class list: remap first)."""
     repeat = new_repeat(len(old.samples), len(new.samples), share)
     samples = list(old.samples) + [sample for _ in range(repeat) for sample in new.samples]
-    mixed = DatasetSplit(samples, list(new.class_names), new.format, new.split, new.root, new.problems)
+    mixed = dataclasses.replace(new, samples=samples, class_names=list(new.class_names))
     return mixed, DataMix(len(old.samples), len(new.samples), repeat, share)

@@ -323,6 +323,7 @@ def evaluate(
             input_size=dataset.imgsz,
             channels=dataset.channels,
             template=dataset.use_template,
+            companions=tuple(getattr(dataset, "companions", ())),
             registration=dataset.use_template and getattr(dataset, "register_pairs", True),
             tiles=tiles,
         ).with_postprocess(postprocess_settings or PostprocessSettings())

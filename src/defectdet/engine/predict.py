@@ -2,8 +2,9 @@
 or bundle) both call `predict_records`.
 
 Everything around the forward pass is `runtime.pipeline`, the functions the torch-free `Predictor` runs too:
-`load_pair` (decode, one intensity mapping per pair) -> `prepare` (the template rule, registration, letterbox,
-native-resolution tiles of a large image, the input arrays) -> model, here batched over images -> `finish`
+`load_planes` (decode the image, its template and companion captures with one intensity mapping) -> `prepare`
+(the template and companion rules, registration, letterbox, native-resolution tiles of a large image, the input
+arrays) -> model, here batched over images -> `finish`
 (score floor + class-aware NMS per pass, boxes mapped back to original pixels, tile detections merged in).
 Ground truth is the sample's label-file boxes in original pixels (no letterbox round trip).
 """
@@ -82,15 +83,25 @@ def predict_records(
 
 
 def _prepare(sample: Sample, spec: ModelSpec, timer: Any) -> Prepared | None:
-    """Decode and prepare one sample (`runtime.pipeline`); None, with a warning, for an unreadable file or a
-    pair the pipeline refuses (a template of another size), as `Predictor.predict` would refuse it."""
+    """Decode and prepare one sample (`runtime.pipeline`); None, with a warning, for an unreadable file or
+    planes the pipeline refuses (a template of another size, a missing companion capture), as
+    `Predictor.predict` would refuse them."""
     try:
         with timer.stage("decode"):
             template_path = sample.template_path if spec.template else None
             if spec.template and template_path is None:
                 raise InputError(f"{sample.image_path}: this model needs a template and the sample has none")
-            image, template = pipeline.load_pair(sample.image_path, template_path, spec.channels)
-        return pipeline.prepare(image, template, spec, timer)
+            missing = [name for name in spec.companions if name not in sample.companion_paths]
+            if missing:
+                raise InputError(
+                    f"{sample.image_path}: this model also takes the companion capture {missing[0]!r} and the "
+                    "sample has none"
+                )
+            companions = {name: sample.companion_paths[name] for name in spec.companions}
+            planes = pipeline.load_planes(
+                sample.image_path, template_path, spec.channels, companions=companions
+            )
+        return pipeline.prepare(planes.image, planes.template, spec, timer, companions=planes.companions)
     except (ImageReadError, InputError, cv2.error, OSError) as error:
         logger.warning("skipping %s: %s", sample.image_path, error)
         return None

@@ -27,7 +27,8 @@ from defectdet.errors import CheckpointError, ConfigError
 WEIGHTS_KEY = "defectdet.weights"
 WEIGHTS_FORMAT = "defectdet-bundle-weights/1"
 CLASSIFIER_PREFIX = "head.classifiers."
-ARCHITECTURE = ("preset", "input_size", "strides", "channels", "template")  # TrainConfig fields it fixes
+# TrainConfig fields it fixes
+ARCHITECTURE = ("preset", "input_size", "strides", "channels", "template", "companions")
 
 
 @dataclass
@@ -43,17 +44,20 @@ class StartModel:
 
     @property
     def architecture(self) -> dict[str, Any]:
-        """The TrainConfig values the model was built with (preset, input_size, strides, channels, template)."""
+        """The TrainConfig values the model was built with (preset, input_size, strides, channels, template,
+        companions)."""
         from defectdet.model.detector import STRIDES_BY_LEVEL
 
         model, config = self.model_config, self.train_config
         in_channels, template = int(model["in_channels"]), bool(model["template"])
+        companions = [str(name) for name in model.get("companions") or []]
         return {
             "preset": model.get("preset") or config.get("preset"),
             "input_size": config.get("input_size") or config.get("imgsz"),
             "strides": [STRIDES_BY_LEVEL[level] for level in model["levels"]],
-            "channels": in_channels // (2 if template else 1),
+            "channels": in_channels // (1 + int(template) + len(companions)),
             "template": template,
+            "companions": companions,
         }
 
 
@@ -114,6 +118,12 @@ def _read_bundle(path: Path) -> StartModel:
         raise CheckpointError(
             f"{path}: bundle metadata field 'class_names' lists {len(metadata.class_names)} class(es) but its "
             f"embedded weights have {embedded}"
+        )
+    embedded_companions = list(model_config.get("companions") or [])
+    if embedded_companions != list(metadata.companions):
+        raise CheckpointError(
+            f"{path}: bundle metadata field 'companions' lists {list(metadata.companions)} but its embedded "
+            f"weights read {embedded_companions}"
         )
     train_config = {**metadata.train_config, "input_size": metadata.input_size}
     return StartModel(
@@ -190,13 +200,14 @@ def build_start_model(start: StartModel, class_names: list[str]) -> tuple[nn.Mod
 
 
 def fit_config(config: Any, start: StartModel, train_split: Any) -> Any:
-    """`config` with the model's architecture (preset, input_size, strides, channels, template) filled in, so the
-    data cannot choose another; ConfigError when a value set by the user, or the data's layout, differs."""
+    """`config` with the model's architecture (preset, input_size, strides, channels, template, companions) filled
+    in, so the data cannot choose another; ConfigError when a value set by the user, or the data's layout,
+    differs."""
     architecture = start.architecture
     name = start.path.name
     if architecture["input_size"] is None:
         raise ConfigError(f"{start.path}: it records no input size; re-export or retrain it")
-    for key in ("input_size", "strides", "channels", "template"):
+    for key in ("input_size", "strides", "channels", "template", "companions"):
         given = getattr(config, key)
         if given is not None and given != architecture[key]:
             raise ConfigError(
@@ -211,7 +222,21 @@ def fit_config(config: Any, start: StartModel, train_split: Any) -> Any:
                 f"{name} compares each image with its template (template layout); give them templates or train "
                 "--from-scratch"
             )
+    _check_start_companions(config, architecture["companions"], train_split, name)
     return config.model_copy(update={**architecture, "pretrained": False})
+
+
+def _check_start_companions(config: Any, companions: list[str], train_split: Any, name: str) -> None:
+    """ConfigError when the new data lacks a companion capture the model reads (the model's plane order is kept
+    whatever order the data declares them in)."""
+    declared = list(getattr(train_split, "companion_names", []))
+    for companion in companions:
+        if companion not in declared:
+            raise ConfigError(
+                f"{config.data}: {name} also reads the companion capture {companion!r}, which this dataset does "
+                f"not declare (its companions: {', '.join(declared) or 'none'}); add it to the data.yaml "
+                "`companions:` or train --from-scratch"
+            )
 
 
 def start_choices(choices: list[Any], start: StartModel, config: Any) -> list[Any]:

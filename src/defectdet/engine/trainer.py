@@ -91,6 +91,9 @@ class TrainData:
     class_names: list[str]
     in_channels: int = 1
     template: bool = False
+    companions: list[str] = field(
+        default_factory=list
+    )  # companion captures stacked after the image (template)
     collate_fn: Any = None
     config: TrainConfig | None = None  # the config with its auto settings filled (engine.autoconfig)
     choices: list = field(default_factory=list)  # autoconfig.Choice per setting: value and why
@@ -171,14 +174,17 @@ def build_train_data(config: TrainConfig) -> TrainData:
         seed=config.seed,
         register_pairs=config.register_pairs,
         cache_bytes=cache_budget_bytes(config.cache_mb, config.workers),
+        companions=config.companions or (),
     )
     template = bool(train_set.use_template)
+    companions = list(config.companions or [])
     return TrainData(
         train_set,
         _val_set(val_split, config, template),
         list(train_split.class_names),
-        channels * (2 if template else 1),
+        channels * (1 + int(template) + len(companions)),
         template,
+        companions,
         config=config,
         choices=choices,
         old_val=_val_set(old_val_split, config, template),  # `--from --old-data`: validated on too
@@ -205,6 +211,7 @@ def _training_images(config: TrainConfig, train_split: Any) -> tuple[Any, list]:
     from defectdet.engine.synthetic_boards import no_synthetic_boards_row
 
     rows = []
+    _check_companion_extras(config)
     if config.clean_templates:
         train_split = _with_clean_templates(config, train_split)
     if config.clean_images is not None:
@@ -220,6 +227,21 @@ def _training_images(config: TrainConfig, train_split: Any) -> tuple[Any, list]:
     else:
         rows.append(no_synthetic_boards_row(bool(config.template), train_split, config.time_minutes))
     return train_split, rows
+
+
+def _check_companion_extras(config: TrainConfig) -> None:
+    """ConfigError when images without companion captures would join a run whose model reads them."""
+    extras = {
+        "clean_templates": config.clean_templates,
+        "clean_images": config.clean_images is not None,
+        "synthetic_boards": bool(config.synthetic_boards),
+    }
+    used = [name for name, on in extras.items() if on]
+    if config.companions and used:
+        raise ConfigError(
+            f"field {used[0]!r}: those images have no companion captures, and this model reads "
+            f"{', '.join(config.companions)} beside each image (set companions: [], or leave {used[0]} out)"
+        )
 
 
 def _with_clean_templates(config: TrainConfig, train_split: Any) -> Any:
@@ -301,7 +323,7 @@ def _val_set(split: Any, config: TrainConfig, template: bool) -> Dataset | None:
     channels = config.channels or 1
     return DetectionDataset(
         split, config.input_size, channels, template, None, False, None, seed=config.seed,
-        register_pairs=config.register_pairs,
+        register_pairs=config.register_pairs, companions=config.companions or (),
     )  # fmt: skip
 
 
@@ -585,6 +607,7 @@ class Trainer:
                 len(data.class_names),
                 data.in_channels,
                 data.template,
+                data.companions,
                 **model_overrides(config),
             )
             if config.pretrained and self.checkpoint is None:

@@ -10,6 +10,7 @@ which (`metrics["threshold"]`); clean boards are realistic recaptures of the tem
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
@@ -290,6 +291,7 @@ class _ValidationRun:
                 f"has {len(dataset.class_names)} {dataset.class_names}"
             )
         _check_templates(dataset, spec.template, checkpoint)
+        dataset = _with_companions(dataset, spec.companions, checkpoint)
         out_dir = Path(settings.out) if settings.out else Path("runs/val") / Path(checkpoint).stem
         out_dir.mkdir(parents=True, exist_ok=True)
         return cls(checkpoint, data, model, metadata, spec, dataset, class_names, out_dir, settings.batch)
@@ -386,6 +388,32 @@ def _check_templates(dataset: DatasetSplit, use_template: bool, checkpoint: str 
         )
 
 
+def _with_companions(
+    dataset: DatasetSplit, companions: Sequence[str], checkpoint: str | Path
+) -> DatasetSplit:
+    """The split's samples that have every companion capture the model reads (the others left out with a
+    warning, as training leaves them out); ConfigError when no image has one of them."""
+    for name in companions:
+        if not any(name in sample.companion_paths for sample in dataset.samples):
+            declared = ", ".join(dataset.companion_names) or "none"
+            raise ConfigError(
+                f"{checkpoint} also reads the companion capture {name!r}, but no image of split "
+                f"{dataset.split!r} has one (its companions: {declared}); declare it in the data.yaml "
+                "`companions:` or use a model trained without it"
+            )
+    kept = [s for s in dataset.samples if all(name in s.companion_paths for name in companions)]
+    if len(kept) < len(dataset.samples):
+        logger.warning(
+            "leaving out %d of %d images of split %r without every companion (%s)",
+            len(dataset.samples) - len(kept),
+            len(dataset.samples),
+            dataset.split,
+            ", ".join(companions),
+        )
+        dataset = dataclasses.replace(dataset, samples=kept)
+    return dataset
+
+
 def _scored_split(data: str | Path, split: str, format: str | None, trained: dict[str, Any]) -> DatasetSplit:
     """`split` of `data`; when the model was trained on `data` and the dataset has no separate `split` (the
     reader gives the training images again), the trainer's grouped hold-out of them: scoring (and choosing a
@@ -434,6 +462,7 @@ def _threshold_choice(run: _ValidationRun, settings: ValidateSettings) -> Thresh
         )
     calibration = load_dataset(data, conf_from, format=settings.format)
     _check_templates(calibration, run.spec.template, checkpoint)
+    calibration = _with_companions(calibration, run.spec.companions, checkpoint)
     records, _ = run.predict(list(calibration.samples))
     source = f"split {conf_from!r} of {data}"
     try:

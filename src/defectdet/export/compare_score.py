@@ -61,13 +61,16 @@ def run_interleaved(
     at the bundle's own threshold, with every detection down to its score floor kept for mAP."""
     from rich.progress import Progress
 
+    from defectdet.export.exporter import sample_companions
+
     results: dict[str, list[PredictionResult]] = {role: [] for role in ROLES}
     latency: dict[str, list[float]] = {role: [] for role in ROLES}
 
     def call(role: str, sample: Sample) -> PredictionResult:
         predictor = predictors[role]
         template = sample.template_path if predictor.metadata.template else None
-        return predictor.predict(sample.image_path, template, score_floor=0.0)
+        companions = sample_companions(sample, predictor.metadata.companions)
+        return predictor.predict(sample.image_path, template, companions=companions, score_floor=0.0)
 
     if samples:
         for role in ROLES:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from defectdet.engine.start_model import WEIGHTS_KEY, encode_weights
-from defectdet.errors import ConfigError, DatasetError, DefectDetError
+from defectdet.errors import ConfigError, DatasetError, DefectDetError, InputError
 from defectdet.runtime.bundle import (
     FEATURES_OUTPUT,
     INPUT_NAME,
@@ -130,10 +130,13 @@ def base_metadata(detector: nn.Module, checkpoint: dict[str, Any]) -> BundleMeta
 
     config = checkpoint.get("config") or {}
     spec = ModelSpec.from_checkpoint(checkpoint)
-    if (spec.input_channels, spec.template) != (detector.in_channels, bool(detector.template)):
+    described = (spec.input_channels, spec.template, list(spec.companions))
+    taken = (detector.in_channels, bool(detector.template), list(getattr(detector, "companions", [])))
+    if described != taken:
         raise DefectDetError(
-            f"the checkpoint describes {spec.input_channels} input channels (template={spec.template}) but the "
-            f"detector takes {detector.in_channels} (template={bool(detector.template)}); this is a bug"
+            f"the checkpoint describes {described[0]} input channels (template={described[1]}, companions="
+            f"{described[2]}) but the detector takes {taken[0]} (template={taken[1]}, companions={taken[2]}); "
+            "this is a bug"
         )
     metrics = checkpoint.get("best_metrics") or checkpoint.get("metrics") or {}
     thresholds = Thresholds(
@@ -155,6 +158,7 @@ def base_metadata(detector: nn.Module, checkpoint: dict[str, Any]) -> BundleMeta
         input_size=spec.input_size,
         channels=spec.channels,
         template=spec.template,
+        companions=list(spec.companions),
         thresholds=thresholds,
         metrics={key: value for key, value in metrics.items() if isinstance(value, (int, float, str))},
         config_hash=config_hash(config),
@@ -386,10 +390,12 @@ def drift_reference(
     for index in sample_reference(labels, max_images, seed):
         sample = samples[index]
         try:
-            image, template = predictor.load_pair(
-                sample.image_path, sample.template_path if predictor.metadata.template else None
+            planes = predictor.load_planes(
+                sample.image_path,
+                sample.template_path if predictor.metadata.template else None,
+                sample_companions(sample, predictor.metadata.companions),
             )
-            prepared = predictor.prepare(image, template)
+            prepared = predictor.prepare(planes.image, planes.template, planes.companions)
         except DefectDetError as error:
             logger.warning("drift reference: skipping %s: %s", sample.image_path, error)
             continue
@@ -405,6 +411,15 @@ def drift_reference(
         return None
     reference.update(split=split, sampled_from=len(samples), seed=seed)
     return reference
+
+
+def sample_companions(sample: Any, names: list[str] | tuple[str, ...]) -> dict[str, Path]:
+    """The files of the companion captures `names` of a dataset sample, for `Predictor.load_planes`/`predict`;
+    InputError naming the image and the first companion it lacks."""
+    missing = [name for name in names if name not in sample.companion_paths]
+    if missing:
+        raise InputError(f"{sample.image_path}: no companion capture {missing[0]!r} for this image")
+    return {name: sample.companion_paths[name] for name in names}
 
 
 def export_torchscript(detector: nn.Module, path: Path, metadata: BundleMetadata) -> Path:

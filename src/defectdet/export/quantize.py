@@ -42,13 +42,16 @@ class _CalibrationReader:
         self.position = 0
 
     def get_next(self) -> dict[str, np.ndarray] | None:
+        from defectdet.export.exporter import sample_companions
+
         while self.position < len(self.samples):
             sample = self.samples[self.position]
             self.position += 1
             try:
                 template_path = sample.template_path if self.predictor.metadata.template else None
-                image, template = self.predictor.load_pair(sample.image_path, template_path)
-                tensor = self.predictor.prepare(image, template).tensor
+                companions = sample_companions(sample, self.predictor.metadata.companions)
+                planes = self.predictor.load_planes(sample.image_path, template_path, companions)
+                tensor = self.predictor.prepare(planes.image, planes.template, planes.companions).tensor
             except DefectDetError as error:
                 logger.warning("int8 calibration: skipping %s: %s", sample.image_path, error)
                 continue
