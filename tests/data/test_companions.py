@@ -77,6 +77,13 @@ def test_yaml_companion_folder_per_split_and_name_errors(companion_yaml: Path) -
     assert companion_name_problem("L2") is None and companion_name_problem("x" * 33) is not None
 
 
+def test_check_warns_when_a_companion_is_the_image_itself(companion_yaml: Path) -> None:
+    text = companion_yaml.read_text().replace(f"  {COMPANION}: {COMPANION}\n", "  L2: images/train\n")
+    companion_yaml.write_text(text)
+    messages = [p.message for p in check_dataset(companion_yaml).problems]
+    assert sum("companion 'L2' is the same file content as its image" in m for m in messages) == 8
+
+
 def _agdd_like_coco(folder: Path, records: list[dict]) -> Path:
     """A COCO json whose images are the companion dataset's train images (in `folder`/images)."""
     document = {

@@ -207,8 +207,14 @@ def _compare_size(sample, size: tuple[int, int], problems: list[Problem]) -> Non
 def _compare_companion_sizes(
     sample, size: tuple[int, int], results: dict[Path, _ImageResult], problems: list[Problem]
 ) -> None:
-    """A companion should be its image's size (training resizes it to the image, inference refuses it)."""
+    """A companion should be its image's size (training resizes it to the image, inference refuses it) and
+    another capture than the image (the same bytes add nothing: a companion folder pointing at the images)."""
+    image_digest = results[sample.image_path].digest
     for name, path in sample.companion_paths.items():
+        if image_digest is not None and results[path].digest == image_digest:
+            problems.append(
+                Problem("warning", str(path), f"companion '{name}' is the same file content as its image")
+            )
         companion_size = results[path].size
         if companion_size is not None and companion_size != size:
             problems.append(
