@@ -18,6 +18,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import uvicorn
 from server_fakes import board, encode
@@ -290,3 +291,37 @@ def test_a_bad_label_file_and_a_broken_image_are_shown_and_the_rest_is_decided(
     ]
     assert {entry["operator"] for entry in log} == {"anna"}
     assert (folder / "reviewed.txt").read_text() == "./images/a.png\n./images/d.png\n"
+
+
+def test_v_switches_the_view_between_the_image_and_its_companion_capture(tmp_path: Path) -> None:
+    """A kept item with a companion capture L2: the page shows the key and the view buttons, `v` shows the L2
+    capture (its pixels, not the image's) and `v` again the image."""
+    root = tmp_path / "kept"
+    for sub in ("images", "predictions", "companions/L2"):
+        (root / sub).mkdir(parents=True)
+    (root / "images" / "a.png").write_bytes(encode(np.full((60, 80), 30, np.uint8)))
+    (root / "companions" / "L2" / "a.png").write_bytes(encode(np.full((60, 80), 220, np.uint8)))
+    sidecar = {
+        "class_names": CLASSES,
+        "threshold": THRESHOLD,
+        "detections": [],
+        "companions": {"L2": "companions/L2/a.png"},
+    }
+    (root / "predictions" / "a.json").write_text(json.dumps(sidecar))
+    centre = "() => { const c = document.getElementById('canvas'); const v = JSON.parse(c.dataset.view);" \
+        " return c.getContext('2d').getImageData(v.tx + 40 * v.s, v.ty + 30 * v.s, 1, 1).data[0]; }"  # fmt: skip
+    for url in _serve(root):
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+            try:
+                page = _open(browser, url, "a.png")
+                assert "view" in page.text_content("#shortcuts") and page.is_visible("#views")
+                assert page.text_content("#view-buttons") == "image L2" and page.evaluate(centre) == 30
+                page.keyboard.press("v")
+                page.wait_for_function("() => document.getElementById('canvas').dataset.plane === 'L2'")
+                assert page.evaluate(centre) == 220
+                page.keyboard.press("v")
+                page.wait_for_function("() => document.getElementById('canvas').dataset.plane === 'image'")
+                assert page.evaluate(centre) == 30
+            finally:
+                browser.close()
