@@ -95,8 +95,8 @@ DETECT_BODY_SCHEMA = {
 
 
 def detect_body_schema(metadata: Any) -> dict[str, Any]:
-    """`DETECT_BODY_SCHEMA` for this bundle: one required file field per input plane it takes (`image`, the
-    `template` of a template bundle, each companion capture by its name), then `threshold`."""
+    """`DETECT_BODY_SCHEMA` for this bundle: a file field per input plane it takes (`image`, `template` for a
+    template bundle, each companion capture by its name, required), then `threshold`."""
     schema = copy.deepcopy(DETECT_BODY_SCHEMA)
     body = schema["requestBody"]["content"]["multipart/form-data"]["schema"]
     properties = body["properties"]
@@ -109,7 +109,7 @@ def detect_body_schema(metadata: Any) -> dict[str, Any]:
             "or band), at the image's size",
         }
     properties["threshold"] = threshold
-    body["required"] = list(getattr(metadata, "planes", ["image"]))
+    body["required"] = ["image", *getattr(metadata, "companions", ())]
     return schema
 
 
