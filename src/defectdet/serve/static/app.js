@@ -47,6 +47,10 @@ async function loadModel() {
     `classes: ${meta.class_names.join(", ")} · threshold ${meta.thresholds.threshold.toFixed(3)}`;
   $("template-label").style.display = meta.template ? "" : "none";
   $("template").required = !!meta.template;
+  // one file field per companion capture the model takes, named as the capture (as /v1/detect wants it)
+  $("companions").innerHTML = (meta.companions || []).map((name) =>
+    `<label>${escapeHtml(name)} <input type="file" class="companion" data-plane="${escapeHtml(name)}" accept="image/*" required></label>`
+  ).join("");
 }
 
 async function refreshReady() {
@@ -114,6 +118,9 @@ async function inspect(event) {
   form.append("image", file);
   const template = $("template").files[0];
   if (template && $("template-label").style.display !== "none") form.append("template", template);
+  for (const input of $("companions").querySelectorAll("input.companion")) {
+    if (input.files[0]) form.append(input.dataset.plane, input.files[0]);
+  }
   if ($("threshold").value !== "") form.append("threshold", $("threshold").value);
   $("status").textContent = "inspecting…";
   $("submit").disabled = true;
