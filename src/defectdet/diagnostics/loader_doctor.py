@@ -204,6 +204,7 @@ def _training_model(train_config: Any, train_data: Any) -> nn.Module:
         len(train_data.class_names),
         train_data.in_channels,
         train_data.template,
+        train_data.companions,
         **model_overrides(train_config),
     )
     return model.to(memory_format=torch.channels_last)

@@ -71,8 +71,9 @@ def nan_batches(
         use_template=spec.template,
         augment=None,
         train=True,
-        crop_size=config.get("crop_size"),
+        crop_size=config.get("crop_size") or None,  # 0: whole images
         seed=int(config.get("seed") or 0),
+        companions=spec.companions,
     )
     result = []
     for start in range(0, min(len(dataset), batches * batch_size), batch_size):
