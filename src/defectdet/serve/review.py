@@ -122,6 +122,7 @@ class ReviewFolder:
         self._lock = threading.Lock()
         self._sizes: dict[str, tuple[int, int]] = {}
         self._decisions_mark: tuple[int, int] | None = None
+        self._companions: tuple[int, list[str]] | None = None  # (folder mark, names): read once per change
         self.refresh_decisions()
         if self.class_names is None:
             self.class_names = self._find_class_names()
@@ -188,8 +189,12 @@ class ReviewFolder:
         """The companion captures of this folder (`companions/CAPTURE/`): in the order the kept answers list
         them (the model's plane order), then any other folder by name."""
         root = self.root / COMPANIONS_DIR
-        if not root.is_dir():
+        try:
+            mark = root.stat().st_mtime_ns  # a new capture folder changes it
+        except OSError:
             return []
+        if self._companions is not None and self._companions[0] == mark:
+            return self._companions[1]
         found = sorted(
             path.name
             for path in root.iterdir()
@@ -202,7 +207,10 @@ class ReviewFolder:
             if isinstance(named, dict) and named:
                 ordered = [name for name in named if name in found]
                 break
-        return ordered + [name for name in found if name not in ordered]
+        names = ordered + [name for name in found if name not in ordered]
+        if ordered or len(found) < 2:  # several captures and no sidecar yet: ask again for their order
+            self._companions = (mark, names)
+        return names
 
     def companion_path(self, image: Path, capture: str) -> Path | None:
         """The companion capture `capture` of `image`: the file its sidecar names, else the file of its stem in
