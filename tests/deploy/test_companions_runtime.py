@@ -170,3 +170,23 @@ def test_service_takes_one_field_per_plane_and_keeps_and_exports_companions(
     assert "companions:\n  L2: companions/L2\n" in (kept / "data.yaml").read_text()
     (sample,) = load_dataset(kept / "data.yaml", "train").samples
     assert sample.companion_paths["L2"].name == image.name
+
+
+def test_a_candidate_that_takes_other_companions_is_refused(tmp_path: Path) -> None:
+    from server_fakes import CLASS_NAMES, FakePredictor
+
+    from defectdet.serve.deployment import Deployment, ServedModel
+    from defectdet.serve.metrics import ServiceMetrics
+    from defectdet.serve.upload import UploadError
+
+    (tmp_path / "two-lights.onnx").write_bytes(b"stands for a bundle")
+    candidate = FakePredictor()
+    candidate.metadata = candidate.metadata.model_copy(update={"companions": ["L2"]})
+    deployment = Deployment(
+        ServedModel.of(FakePredictor()),
+        ServiceMetrics(CLASS_NAMES, None),
+        models_dir=tmp_path,
+        load=lambda path: candidate,
+    )
+    with pytest.raises(UploadError, match="without a template and the companion captures L2, the live model"):
+        deployment.start_shadow("two-lights.onnx")
