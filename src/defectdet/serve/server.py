@@ -341,8 +341,10 @@ class Service:
             raise UploadError(413, "the image is too large to decode in the memory available") from None
         except Exception as error:  # any decoder's own failure on hostile bytes is the input's fault
             logger.info("decoder failed on an upload: %r", error)
+            several = upload.template is not None or upload.companions
+            which = "image (or its template or a companion capture)" if several else "image"
             raise ImageReadError(
-                f"image: not a decodable image ({type(error).__name__}: {_one_line(error)})"
+                f"{which}: not a decodable image ({type(error).__name__}: {_one_line(error)})"
             ) from None
         named = {"image": planes.image, "template": planes.template, **planes.companions}
         for name, array in named.items():
