@@ -15,6 +15,7 @@ from companion_data import COMPANION, make_companion_dataset
 from typer.testing import CliRunner
 
 from defectdet.cli import app
+from defectdet.engine.autoconfig import SplitStats, choose_settings
 from defectdet.engine.checkpoint import load_checkpoint
 from defectdet.engine.config import TrainConfig
 from defectdet.engine.start_model import read_start
@@ -81,6 +82,36 @@ def test_training_stacks_every_companion_and_says_why(checkpoint: Path, data: Pa
     (copy / COMPANION / "val_010.png").unlink()
     metrics = validate(checkpoint, copy / "data.yaml", out=tmp_path / "val", console=None)
     assert metrics["num_images"] == 3 and not metrics["skipped_images"]
+
+
+def _stats(with_companion: dict[str, int]) -> SplitStats:
+    """4 gray 96 px images, 20 px defects, with these companion captures (declared in this order)."""
+    counts = np.array([4, 4], np.int64)
+    return SplitStats(
+        images=4,
+        sizes=np.full((4, 2), 96, np.float32),
+        box_wh=np.full((4, 2), 20, np.float32),
+        box_image_long=np.full(4, 96, np.float32),
+        class_names=["scratch", "spot"],
+        class_boxes=counts,
+        class_images=counts,
+        with_template=0,
+        color_checked=4,
+        companion_names=list(with_companion),
+        with_companion=with_companion,
+    )
+
+
+def test_the_companions_row_takes_those_every_image_has_and_an_older_checkpoint_none() -> None:
+    config, choices = choose_settings(_stats({"UV": 3, "L2": 4}), TrainConfig(data="d.yaml"))
+    row = next(choice for choice in choices if choice.name == "companions")
+    assert config.companions == ["L2"] and row.source == "auto"
+    assert "left out, not every image has it: UV (3 of 4 images)" in row.reason
+    both, _ = choose_settings(_stats({"UV": 4, "L2": 4}), TrainConfig(data="d.yaml"))
+    assert both.companions == ["UV", "L2"]  # the dataset's order
+    older = {"input_size": 96, "template": False}  # a run resumed from before companions existed
+    resumed, choices = choose_settings(_stats({"L2": 4}), TrainConfig(data="d.yaml"), older)
+    assert resumed.companions == [] and ("companions", "checkpoint") in {(c.name, c.source) for c in choices}
 
 
 def test_companions_can_be_left_out_or_named_and_a_wrong_name_is_refused(data: Path, tmp_path: Path) -> None:
