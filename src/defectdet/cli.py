@@ -476,7 +476,7 @@ def export(
     meta = result.metadata
     console.print(f"[green]bundle[/green]: {result.bundle} ({result.bundle.stat().st_size / 1024:.0f} KiB)")
     console.print(
-        f"input {meta.input_size}x{meta.input_size}, {meta.channels} channel(s), template={meta.template}, "
+        f"input {meta.input_size}x{meta.input_size}, {meta.channels} channel(s), planes {', '.join(meta.planes)}, "
         f"flip views {meta.flip_views}, repeat check {'on' if meta.repeat_check else 'off'}; eager vs onnxruntime max |diff| {result.parity_max_abs_diff:.1e}"
     )
     recall = meta.thresholds.recall_threshold
