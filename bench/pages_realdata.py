@@ -273,6 +273,15 @@ def _changed(result: Result) -> str:
     return changed or "-"
 
 
+def _model(result: Result) -> str:
+    """The preset, starting weights and input size the run trained with (chosen or set)."""
+    settings = result.doc.get("settings") or {}
+    if not settings:
+        return "-"
+    weights = "shipped starting weights" if settings.get("pretrained") else "no starting weights"
+    return f"{settings.get('preset')}, {weights}, {settings.get('input_size')} px"
+
+
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in tree.items():
@@ -300,6 +309,7 @@ def _tried_rows(page: Page, runs: list[Result], tried: list[Result]) -> list[lis
             [
                 LABELS.get(base, base),
                 _changed(result),
+                _model(result),
                 f"{result.minutes:g}",
                 result.seed(),
                 f"{result.doc.get('steps') or 0:,}",
@@ -333,6 +343,7 @@ def _tried(page: Page, runs: list[Result], experiments: list[Result]) -> None:
         (
             "data",
             "changed",
+            "model",
             "minutes",
             "seed",
             "steps",
@@ -418,7 +429,15 @@ def _diagnosis(page: Page, diagnosis: Result | None) -> None:
         ),
         rows,
     )
-    page.para(*doc.get("reading", []), f"From {page.cite(diagnosis.name)}: `{doc.get('command', '')}`.")
+    model = (
+        f" The model is the last checkpoint of {page.cite(doc['run_result'])}."
+        if doc.get("run_result")
+        else ""
+    )
+    page.para(
+        *doc.get("reading", []),
+        f"From {page.cite(diagnosis.name)}: `{doc.get('command', '')}`.{model}",
+    )
 
 
 def _board_sentences(runs: list[Result]) -> list[str]:
