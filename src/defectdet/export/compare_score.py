@@ -22,6 +22,7 @@ from defectdet.evaluation.operating_point import (
 )
 from defectdet.evaluation.types import ImageRecord
 from defectdet.export.compare_inputs import ROLES
+from defectdet.runtime.pipeline import sample_companions
 from defectdet.runtime.predictor import PredictionResult, Predictor
 
 PROMOTE, KEEP = "promote", "keep OLD"
@@ -60,8 +61,6 @@ def run_interleaved(
     `Predictor.predict` on the file paths: decode, registration, letterbox, model, NMS, boxes to original pixels,
     at the bundle's own threshold, with every detection down to its score floor kept for mAP."""
     from rich.progress import Progress
-
-    from defectdet.export.exporter import sample_companions
 
     results: dict[str, list[PredictionResult]] = {role: [] for role in ROLES}
     latency: dict[str, list[float]] = {role: [] for role in ROLES}

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,6 +45,7 @@ from defectdet.data.imageio import (
 from defectdet.data.letterbox import LetterboxTransform, letterbox_image
 from defectdet.data.planes import input_array
 from defectdet.data.registration import register_pair
+from defectdet.data.sample import Sample
 from defectdet.data.tiling import TilePlan, combine_passes, plan_tiles, tile_canvases
 from defectdet.errors import InputError
 from defectdet.postprocess import PostprocessSettings, postprocess, visible_boxes
@@ -151,6 +152,15 @@ def load_planes(
     decoded = _decode_planes(sources, channels, max_pixels)
     image_plane, template_plane = decoded.pop("image"), decoded.pop("template", None)
     return Planes(image_plane, template_plane, decoded)
+
+
+def sample_companions(sample: Sample, names: Sequence[str]) -> dict[str, Path]:
+    """The files of the companion captures `names` of a dataset sample, for `load_planes` / `Predictor.predict`;
+    InputError naming the image and the first companion it lacks."""
+    missing = [name for name in names if name not in sample.companion_paths]
+    if missing:
+        raise InputError(f"{sample.image_path}: no companion capture {missing[0]!r} for this image")
+    return {name: sample.companion_paths[name] for name in names}
 
 
 def _plane_label(name: str) -> str:
