@@ -516,7 +516,8 @@ def predict(
         None,
         "--companion",
         help="NAME=DIR: the folder of the aligned companion capture NAME (another lighting, focus or band), "
-        "matched by file name; once per companion the model takes.",
+        "matched by file name, or by the name's capture tag (part_L1.png -> part_L2.png: DIR may be the images' "
+        "own folder); once per companion the model takes.",
     ),
     threshold: float | None = typer.Option(
         None, help="Operating threshold (default: the bundle's best-F1 threshold)."

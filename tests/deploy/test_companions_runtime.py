@@ -190,3 +190,33 @@ def test_a_candidate_that_takes_other_companions_is_refused(tmp_path: Path) -> N
     )
     with pytest.raises(UploadError, match="without a template and the companion captures L2, the live model"):
         deployment.start_shadow("two-lights.onnx")
+
+
+AGDD = Path(__file__).resolve().parents[2].parent / "shared" / "datasets" / "agdd" / "images"
+
+
+@pytest.mark.parametrize("real", [False, True], ids=["synthetic", "agdd"])
+def test_both_captures_in_one_folder_pair_by_their_tag(bundle: Path, tmp_path: Path, real: bool) -> None:
+    """`part_L1.png` and `part_L2.png` side by side (AGDD's layout): `--companion L2=` that folder predicts each L1
+    image with its L2 capture and never predicts an L2 file on its own."""
+    from defectdet.runtime.predict import predict_source
+
+    folder = tmp_path / "captures"
+    folder.mkdir()
+    if real:
+        if not AGDD.is_dir():
+            pytest.skip("../shared/datasets/agdd is not here")
+        for first in sorted(AGDD.glob("*_L1.png"))[:2]:  # copied to a temporary folder, never into the repo
+            for tag in ("L1", "L2"):
+                name = first.name.replace("_L1", f"_{tag}")
+                (folder / name).write_bytes((AGDD / name).read_bytes())
+    else:
+        for part in ("a", "b"):
+            (folder / f"{part}_L1.png").write_bytes(_png(IMAGE))
+            (folder / f"{part}_L2.png").write_bytes(_png(BRIGHT))
+    summary = predict_source(bundle, folder, tmp_path / "out", companions={"L2": folder}, progress=False)
+    assert summary.images == 2 and not summary.failed
+    records = [json.loads(line) for line in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
+    for record in records:
+        assert Path(record["file"]).name.endswith("_L1.png")
+        assert record["companions"]["L2"] == record["file"].replace("_L1.png", "_L2.png")

@@ -7,6 +7,7 @@ import glob
 import json
 import logging
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,13 +152,46 @@ def companion_files(
     image: Path, folders: Mapping[str, Path], relative: Path | None = None
 ) -> dict[str, Path]:
     """Each companion capture of ``image``: the file at its relative path, of its name or stem in that
-    companion's folder (`find_template`); InputError naming the image and the companion when one is missing."""
+    companion's folder (`find_template`), else the file whose name carries the capture's name as its tag (image
+    ``part_L1.png`` -> ``part_L2.*``, image ``part.png`` -> ``part_L2.*``, so both captures may share one
+    folder); InputError naming the image and the companion when one is missing."""
     found = {}
     for name, folder in folders.items():
-        path = find_template(image, folder, relative)
+        path = find_template(image, folder, relative) or _tagged_capture(image, name, folder)
         if path is None:
-            raise InputError(f"{image}: no companion {name!r} of the same name in {folder}")
+            raise InputError(
+                f"{image}: no companion {name!r} in {folder} (looked for the same name, and for the name "
+                f"tagged {name})"
+            )
         found[name] = path
+    return found
+
+
+def _tagged_capture(image: Path, name: str, folder: Path) -> Path | None:
+    """The file of ``image``'s stem with its capture tag replaced by ``name`` (``part_L1`` -> ``part_L2``), or with
+    ``_name`` added, with any image suffix in ``folder``; never the image itself."""
+    tagged = re.match(r"^(.+[_-])[A-Za-z][A-Za-z0-9]*$", image.stem)
+    stems = ([tagged.group(1) + name] if tagged else []) + [f"{image.stem}_{name}"]
+    for stem in stems:
+        for candidate in sorted(folder.glob(f"{glob.escape(stem)}.*")):
+            if candidate.suffix.lower() in IMAGE_SUFFIXES and _resolved(candidate) != _resolved(image):
+                return candidate
+    return None
+
+
+def companion_inputs(images: list[Path], folders: Mapping[str, Path]) -> set[Path]:
+    """The inputs that are another input's companion capture (``part_L2.png`` beside ``part_L1.png`` in one
+    folder): they are read with their image, never predicted on their own."""
+    by_resolved = {_resolved(image): image for image in images}
+    found: set[Path] = set()
+    for image in images:
+        if image in found:
+            continue
+        try:
+            files = companion_files(image, folders)
+        except (InputError, OSError):
+            continue  # predicting it reports why
+        found.update(by_resolved[key] for key in map(_resolved, files.values()) if key in by_resolved)
     return found
 
 
@@ -340,16 +374,8 @@ def predict_source(
     predictor = Predictor(_bundle_path(model), threads=threads, tiles=tiles, repeat_check=repeat_check)
     companion_dirs = {name: Path(folder) for name, folder in (companions or {}).items()}
     check_companion_folders(companion_dirs, predictor.metadata.companions, model)
-    images = list_sources(source)
     template_dir = _template_folder(templates)
-    skipped = template_inputs(images, template_dir, output_names(images))
-    if skipped:
-        logger.info(
-            "%d template(s) among the inputs are paired with their boards, not predicted", len(skipped)
-        )
-        images = [image for image in images if image not in skipped]
-        if not images:
-            raise InputError(f"{source}: holds only templates ({len(skipped)}), no boards to predict")
+    images, skipped = _inputs(source, template_dir, companion_dirs)
     names = output_names(images)
     labels_dir = out_dir / "labels"
     labels_dir.mkdir(parents=True, exist_ok=True)
@@ -390,6 +416,27 @@ def predict_source(
     (out_dir / "classes.txt").write_text("".join(f"{name}\n" for name in predictor.metadata.class_names))
     summary.mean_total_ms = round(float(np.mean(totals)), 3) if totals else None
     return summary
+
+
+def _inputs(
+    source: str | Path, template_dir: Path | None, companions: Mapping[str, Path]
+) -> tuple[list[Path], set[Path]]:
+    """The images of ``source`` to predict, and the inputs left out as another input's template; inputs that
+    are another input's companion capture are left out too."""
+    images = list_sources(source)
+    skipped = template_inputs(images, template_dir, output_names(images))
+    if skipped:
+        logger.info(
+            "%d template(s) among the inputs are paired with their boards, not predicted", len(skipped)
+        )
+        images = [image for image in images if image not in skipped]
+        if not images:
+            raise InputError(f"{source}: holds only templates ({len(skipped)}), no boards to predict")
+    captures = companion_inputs(images, companions) if companions else set()
+    if captures:
+        logger.info("%d companion capture(s) among the inputs are read with their images", len(captures))
+        images = [image for image in images if image not in captures]
+    return images, skipped
 
 
 def _write_outputs(
