@@ -91,13 +91,7 @@ def _prepare(sample: Sample, spec: ModelSpec, timer: Any) -> Prepared | None:
             template_path = sample.template_path if spec.template else None
             if spec.template and template_path is None:
                 raise InputError(f"{sample.image_path}: this model needs a template and the sample has none")
-            missing = [name for name in spec.companions if name not in sample.companion_paths]
-            if missing:
-                raise InputError(
-                    f"{sample.image_path}: this model also takes the companion capture {missing[0]!r} and the "
-                    "sample has none"
-                )
-            companions = {name: sample.companion_paths[name] for name in spec.companions}
+            companions = pipeline.sample_companions(sample, spec.companions)
             planes = pipeline.load_planes(
                 sample.image_path, template_path, spec.channels, companions=companions
             )

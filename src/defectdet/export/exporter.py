@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from defectdet.engine.start_model import WEIGHTS_KEY, encode_weights
-from defectdet.errors import ConfigError, DatasetError, DefectDetError, InputError
+from defectdet.errors import ConfigError, DatasetError, DefectDetError
 from defectdet.runtime.bundle import (
     FEATURES_OUTPUT,
     INPUT_NAME,
@@ -36,6 +36,7 @@ from defectdet.runtime.bundle import (
     write_metadata,
 )
 from defectdet.runtime.model_quality import validation_quality
+from defectdet.runtime.pipeline import sample_companions
 from defectdet.runtime.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -411,15 +412,6 @@ def drift_reference(
         return None
     reference.update(split=split, sampled_from=len(samples), seed=seed)
     return reference
-
-
-def sample_companions(sample: Any, names: list[str] | tuple[str, ...]) -> dict[str, Path]:
-    """The files of the companion captures `names` of a dataset sample, for `Predictor.load_planes`/`predict`;
-    InputError naming the image and the first companion it lacks."""
-    missing = [name for name in names if name not in sample.companion_paths]
-    if missing:
-        raise InputError(f"{sample.image_path}: no companion capture {missing[0]!r} for this image")
-    return {name: sample.companion_paths[name] for name in names}
 
 
 def export_torchscript(detector: nn.Module, path: Path, metadata: BundleMetadata) -> Path:

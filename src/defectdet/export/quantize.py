@@ -42,7 +42,7 @@ class _CalibrationReader:
         self.position = 0
 
     def get_next(self) -> dict[str, np.ndarray] | None:
-        from defectdet.export.exporter import sample_companions
+        from defectdet.runtime.pipeline import sample_companions
 
         while self.position < len(self.samples):
             sample = self.samples[self.position]
