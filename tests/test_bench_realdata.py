@@ -115,3 +115,9 @@ def test_the_page_lists_tried_runs_apart_from_the_defaults() -> None:
     assert "`augment.noise_prob=0`" in tried_part and "+0.075 (defaults 0.375)" in tried_part
     assert "second lighting as the template plane" in tried_part and "+0.225 (defaults 0.375)" in tried_part
     assert "the best is AGDD, second lighting as the template plane at 0.600 (0.100 short)" in tried_part
+
+
+def test_agdd_figures_are_also_given_without_its_one_crack_box() -> None:
+    classes = {"contusion": 0.4, "crack": 1.0, "spot": 0.6}
+    assert pages_realdata.without_rare({"dataset": "agdd_1light", "per_class_AP50": classes}) == 0.5
+    assert pages_realdata.without_rare({"dataset": "deeppcb_plain", "per_class_AP50": classes}) is None
