@@ -92,9 +92,11 @@ def _measured(runs: list[Result]) -> str:
     if mean is None:
         return "not measured yet"
     values = [r.doc["mAP50"] for r in runs]
+    rare = _mean_without_rare(runs)
+    without = "" if rare is None else f"; {f3(rare)} without crack"
     if len(values) == 1:
-        return f"{f3(mean)} (one run)"
-    return f"{f3(mean)} (range {f3(min(values))}-{f3(max(values))}, {len(values)} runs)"
+        return f"{f3(mean)} (one run{without})"
+    return f"{f3(mean)} (range {f3(min(values))}-{f3(max(values))}, {len(values)} runs{without})"
 
 
 def _gap(target: float | None, runs: list[Result]) -> str:
