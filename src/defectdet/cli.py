@@ -915,7 +915,8 @@ def export_labelstudio(
     ),
 ) -> None:
     """Images -> Label Studio import tasks (the operator's reviewed labels as annotations, the model's
-    detections as predictions where no one reviewed yet, templates as data.template), and the labelling config.
+    detections as predictions where no one reviewed yet, templates as data.template, each companion capture
+    NAME as data.companion_NAME), and the labelling config.
 
     Example: defectdet labels export-labelstudio runs/line3 tasks.json --document-root /data/line3
     Example: defectdet labels export-labelstudio kept/ tasks.json --model models/line.onnx
@@ -938,6 +939,8 @@ def export_labelstudio(
     console.print(
         f"[green]labelling config[/green] ({', '.join(result.class_names)}) -> {result.config_path}"
     )
+    if result.companions:
+        console.print(f"{result.companions} companion capture(s) as data.companion_NAME of their tasks")
     console.print(
         f"image URLs are below {result.document_root} (set LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT to it)"
     )
@@ -997,8 +1000,9 @@ def import_labelstudio(
         "its labels in order are the classes (instead of --classes).",
     ),
 ) -> None:
-    """A Label Studio JSON export -> YOLO labels + data.yaml (train and val), images and templates (a task's
-    data.template) copied or linked.
+    """A Label Studio JSON export -> YOLO labels + data.yaml (train and val), images, templates (a task's
+    data.template) and companion captures (data.companion_NAME, into companions/NAME/ and data.yaml's
+    companions:) copied or linked.
 
     Example: defectdet labels import-labelstudio project-1.json data/line3 --images /data/line3
     """
@@ -1055,7 +1059,12 @@ def import_coco(
         True, "--crowd/--no-crowd", help="Keep iscrowd annotations (CVAT's masks) by their box."
     ),
 ) -> None:
-    """A CVAT COCO 1.0 export (or any COCO json) -> YOLO labels + data.yaml, images copied (or linked).
+    """A CVAT COCO 1.0 export (or any COCO json) -> YOLO labels + data.yaml, images copied (or linked), with
+    each image's template_file_name and companions (into companions/NAME/ and data.yaml's companions:).
+
+    CVAT does not keep an image's template or companion captures: its own export names only the images. After
+    importing it, add `templates:` / `companions:` to the data.yaml, pointing at their folders (a file of the
+    image's name, path or stem there is found).
 
     Example: defectdet labels import-coco cvat-task-12/ data/line3 --split val
     """
@@ -1086,6 +1095,10 @@ def export_coco_command(
 ) -> None:
     """One split of our dataset -> COCO json (category ids 1..K) for tools that import COCO, e.g. CVAT.
 
+    Each image's template and companion captures go along as template_file_name and companions {NAME: file},
+    relative like file_name; import-coco reads them back. CVAT keeps neither: they do not come back in its
+    export.
+
     Example: defectdet labels export-coco data/line3 line3-train.json --split train
     """
     from defectdet.data.formats.interchange import export_coco
@@ -1096,6 +1109,11 @@ def export_coco_command(
         f"{len(result.categories)} categories ({', '.join(result.categories)}) -> {result.path}"
     )
     console.print(f"file_names are relative to {result.image_root}")
+    if result.companions:
+        console.print(
+            f"[yellow]{result.companions} companion capture(s)[/yellow] in the images' companions field: "
+            "CVAT does not keep them (import-coco of a CVAT export comes back without them)"
+        )
     if result.warnings:
         console.print(
             f"[yellow]{len(result.warnings)} warning(s)[/yellow]: defectdet check {data} lists them"

@@ -1,5 +1,6 @@
-"""Round trips through the labelling tools: what goes out comes back with the same boxes, classes, splits and
-templates (Label Studio tasks from a reviewed keep folder; COCO/CVAT from a dataset with templates)."""
+"""Round trips through the labelling tools: what goes out comes back with the same boxes, classes, splits,
+templates and companion captures (Label Studio tasks from a reviewed keep folder; COCO/CVAT from a dataset with
+templates and companions)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ def _board(path: Path, value: int, size: tuple[int, int] = (80, 60)) -> Path:
 
 
 def _keep_folder(root: Path) -> dict[str, list]:
-    """A served keep folder after review: 8 images with templates and model predictions (class 'spur' only);
-    6 reviewed with the operator's boxes, one skipped, one not reviewed. Returns the reviewed boxes by name."""
+    """A served keep folder after review: 8 images with templates, companion captures L2 and model predictions
+    (class 'spur' only); 6 reviewed with the operator's boxes, one skipped, one not reviewed. Returns the reviewed
+    boxes by name."""
     from defectdet.serve.review import ReviewFolder
 
     reviewed = {}
@@ -43,8 +45,10 @@ def _keep_folder(root: Path) -> dict[str, list]:
         name = f"20261206T10{index:02d}00Z-1-{index:08x}.png"
         _board(root / "images" / name, 10 + index)
         _board(root / "templates" / name, 100 + index)
+        _board(root / "companions" / "L2" / name, 200 + index)
         sidecar = {
             "image": f"images/{name}", "class_names": MODEL_CLASSES, "threshold": 0.5, "image_size": [80, 60],
+            "companions": {"L2": f"companions/L2/{name}"},
             "detections": [{"class_id": 2, "class_name": "spur", "score": 0.8, "box": [40.0, 30.0, 55.0, 50.0]}],
         }  # fmt: skip
         (root / "predictions").mkdir(exist_ok=True)
@@ -74,6 +78,7 @@ def test_labelstudio_round_trip_keeps_reviewed_labels_classes_splits_and_templat
     by_name = {Path(task["data"]["defectdet_image"]).name: task for task in document}
     for name, task in by_name.items():
         assert task["data"]["template"] == f"/data/local-files/?d=templates/{name}"
+        assert task["data"]["companion_L2"] == f"/data/local-files/?d=companions/L2/{name}"
         assert ("annotations" in task) == (name in reviewed) and ("predictions" in task) != (name in reviewed)
     exported = [
         {"id": number, **task} for number, task in enumerate(document, start=1)
@@ -97,6 +102,9 @@ def test_labelstudio_round_trip_keeps_reviewed_labels_classes_splits_and_templat
         np.testing.assert_allclose(sample.boxes, [box for _, box in expected] or np.zeros((0, 4)), atol=0.05)
         assert sample.template_path is not None
         assert sample.template_path.read_bytes() == (kept / "templates" / sample.image_path.name).read_bytes()
+        companion = kept / "companions" / "L2" / sample.image_path.name
+        assert sample.companion_paths["L2"].read_bytes() == companion.read_bytes()
+    assert train.companion_names == ["L2"] and val.companion_names == ["L2"]
     again = tmp_path / "again"
     result = runner.invoke(app, ["labels", "import-labelstudio", str(tasks), str(again), "--label-config",
                                  str(config), "--images", str(kept), "--val-fraction", "0.3"])  # fmt: skip
@@ -111,12 +119,14 @@ def test_coco_round_trip_keeps_boxes_classes_splits_and_templates(tmp_path: Path
             name = f"{split}{index}.png"
             _board(data / "images" / split / name, 20 * index + len(split))
             _board(data / "templates" / split / name, 150 + 20 * index + len(split))
+            _board(data / "L2" / name, 7 + 20 * index + len(split))
             line = f"{index % 3} 0.5 0.5 0.25 0.5\n"
             (data / "labels" / split).mkdir(parents=True, exist_ok=True)
             (data / "labels" / split / f"{name[:-4]}.txt").write_text(line)
             boxes[name] = (index % 3, [30.0, 15.0, 50.0, 45.0])
     (data / "data.yaml").write_text(
         "path: .\ntrain: images/train\nval: images/val\ntemplates:\n  train: templates/train\n  val: templates/val\n"
+        "companions:\n  L2: L2\n"
         f"names: {json.dumps(MODEL_CLASSES)}\n"
     )
     cvat = tmp_path / "cvat"
@@ -127,6 +137,8 @@ def test_coco_round_trip_keeps_boxes_classes_splits_and_templates(tmp_path: Path
         assert result.exit_code == 0, result.output
     written = json.loads((cvat / "annotations" / "instances_train.json").read_text())
     assert written["images"][0]["template_file_name"] == "templates/train/train0.png"
+    assert written["images"][0]["companions"] == {"L2": "L2/train0.png"}
+    assert "1 companion" not in result.output and "2 companion capture(s)" in result.output  # val: CVAT note
     out = tmp_path / "back"
     result = runner.invoke(app, ["labels", "import-coco", str(cvat), str(out), "--images", str(data)])
     assert result.exit_code == 0, result.output
@@ -143,6 +155,8 @@ def test_coco_round_trip_keeps_boxes_classes_splits_and_templates(tmp_path: Path
                 sample.template_path is not None
                 and sample.template_path.read_bytes() == original.read_bytes()
             )
+            companion = data / "L2" / sample.image_path.name
+            assert sample.companion_paths["L2"].read_bytes() == companion.read_bytes()
 
 
 def test_export_labelstudio_takes_the_full_class_list_of_a_model(tmp_path: Path) -> None:

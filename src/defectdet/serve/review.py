@@ -563,7 +563,12 @@ class ReviewFolder:
                 else Path(os.path.relpath(template.resolve(), out.resolve().parent)).as_posix()
             )
             classes = [box.class_id for box in named]
-            entries.append(CocoImage(relative, width, height, boxes, classes, template_name))
+            companions = {
+                name: Path(os.path.relpath(path.resolve(), out.resolve().parent)).as_posix()
+                for name in self.companion_names()
+                if (path := self.companion_path(image, name)) is not None
+            }  # as COCO's image-level companions
+            entries.append(CocoImage(relative, width, height, boxes, classes, template_name, companions))
         document = coco_document(entries, names, f"{self.root}: reviewed images, exported by defectdet")
         images, annotations = document["images"], document["annotations"]
         out.parent.mkdir(parents=True, exist_ok=True)

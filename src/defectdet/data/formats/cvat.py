@@ -71,7 +71,8 @@ def import_coco(
 
     Subset 'default' (and a single json) goes to `split`, or with `val_fraction` to train and val (that share
     held out, `hold_out_groups`: an image and its template on one side); other subsets (train, val, test) to
-    their own split. Image-level `template_file_name`s come along into the split's template folder.
+    their own split. Image-level `template_file_name`s come along into the split's template folder, and each
+    image's `companions` into that companion's folder (data.yaml `companions:`).
     """
     files = instance_files(export)
     results = []
@@ -145,7 +146,8 @@ def _import_one(
 
 
 def _items(dataset: DatasetSplit, json_path: Path, file_names: dict[str, str]) -> list[LabelledImage]:
-    """The samples as labelled images named by their `file_name` (no `..`), with their templates."""
+    """The samples as labelled images named by their `file_name` (no `..`), with their templates and companion
+    captures."""
     items = []
     for sample in dataset.samples:
         name = PurePosixPath(file_names.get(sample.image_id, sample.image_path.name))
@@ -159,6 +161,7 @@ def _items(dataset: DatasetSplit, json_path: Path, file_names: dict[str, str]) -
                 sample.width,
                 sample.height,
                 sample.template_path,
+                dict(sample.companion_paths),
             )
         )
     return items

@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -48,6 +48,8 @@ class LabelledImage:
     width: int | None = None
     height: int | None = None
     template: Path | None = None  # its defect-free template, copied to the split's template folder
+    # its aligned companion captures by name, each copied to that companion's folder of the split
+    companions: dict[str, Path] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,6 +73,7 @@ class ImportReport:
     skipped_images: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     templates: int = 0  # templates copied
+    companions: int = 0  # companion captures copied
 
 
 def write_yolo(
@@ -91,14 +94,7 @@ def write_yolo(
     the order the items name them in. `unknown` decides about classes outside a given list; `existing` about a
     label file that already holds other boxes; `link` symlinks images instead of copying them.
     """
-    if unknown not in UNKNOWN_CHOICES:
-        raise DatasetError(
-            f"unknown-classes policy {unknown!r}: expected one of {', '.join(UNKNOWN_CHOICES)}"
-        )
-    if existing not in EXISTING_CHOICES:
-        raise DatasetError(
-            f"existing-labels policy {existing!r}: expected one of {', '.join(EXISTING_CHOICES)}"
-        )
+    _check_policies(unknown, existing)
     out_dir = Path(out_dir)
     yaml_path = out_dir / "data.yaml"
     config: dict[str, Any] = {}
@@ -136,39 +132,61 @@ def write_yolo(
                 report.added_classes.append(name)
     image_dir, root = _split_folder(out_dir, config, split, yaml_path)
     plans = _plan(items, names, image_dir, existing, report, origin_kind)
-    template_dir, templates_entry = _template_folder(config, split, root)
-    templates = _plan_templates(plans, image_dir, template_dir)
+    template_dir, templates_entry = _plane_folder(config.get("templates"), split, root, "templates")
+    templates = _plan_planes(plans, image_dir, template_dir, lambda item: item.template, "template")
+    companions, companion_entries = _plan_companions(plans, image_dir, config, split, root)
     for plan in plans:
         _write_image(plan, link, report)
         _write_labels(plan, report)
-    for source, destination in templates:
+    for source, destination in templates + companions:
         _copy_into(source, destination, link)
-    report.templates = len(templates)
+    report.templates, report.companions = len(templates), len(companions)
     new_templates = templates_entry is not None and any(plan.item.template is not None for plan in plans)
-    if not yaml_path.is_file() or report.added_classes or split not in config or new_templates:
+    if (
+        not yaml_path.is_file() or report.added_classes or split not in config or new_templates
+        or companion_entries
+    ):  # fmt: skip
         config = dict(config) or {"path": "."}
         if split not in config:
             config[split] = image_dir.relative_to(root).as_posix()
-        _write_config(yaml_path, config, names, templates_entry if new_templates else None)
+        planes = (templates_entry if new_templates else None, companion_entries)
+        _write_config(yaml_path, config, names, planes)
     report.class_names = names
     return report
 
 
-def _write_config(yaml_path: Path, config: dict[str, Any], names: list[str], templates: Any) -> None:
-    """data.yaml with `names` (in the form it had) and, when given, the `templates` entry."""
+def _check_policies(unknown: str, existing: str) -> None:
+    if unknown not in UNKNOWN_CHOICES:
+        raise DatasetError(
+            f"unknown-classes policy {unknown!r}: expected one of {', '.join(UNKNOWN_CHOICES)}"
+        )
+    if existing not in EXISTING_CHOICES:
+        raise DatasetError(
+            f"existing-labels policy {existing!r}: expected one of {', '.join(EXISTING_CHOICES)}"
+        )
+
+
+def _write_config(
+    yaml_path: Path, config: dict[str, Any], names: list[str], planes: tuple[Any, dict[str, Any]]
+) -> None:
+    """data.yaml with `names` (in the form it had) and, when given, the `templates` entry and the `companions`
+    entries to add or change (`planes`)."""
+    templates, companions = planes
     if templates is not None:
         config["templates"] = templates
+    if companions:
+        config["companions"] = {**(config.get("companions") or {}), **companions}
     config["names"] = names if not isinstance(config.get("names"), dict) else dict(enumerate(names))
     config.pop("nc", None)
     atomic_write_text(yaml_path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
 
 
-def _template_folder(config: dict[str, Any], split: str, root: Path) -> tuple[Path, Any]:
-    """Where the split's templates go, and the data.yaml `templates` entry to write (None: it is there)."""
-    entry = config.get("templates")
+def _plane_folder(entry: Any, split: str, root: Path, default: str) -> tuple[Path, Any]:
+    """Where the split's templates (or one companion's captures) go, given their data.yaml entry, and the
+    entry to write (None: it is there); `default` names the folder below the root, then the split."""
     if isinstance(entry, str) and entry:
         return (Path(entry) if Path(entry).is_absolute() else root / entry), None
-    folder = f"templates/{split}"
+    folder = f"{default}/{split}"
     if isinstance(entry, dict):
         if entry.get(split):
             named = Path(str(entry[split]))
@@ -177,25 +195,48 @@ def _template_folder(config: dict[str, Any], split: str, root: Path) -> tuple[Pa
     return root / folder, {split: folder}
 
 
-def _plan_templates(plans: list[_Plan], image_dir: Path, template_dir: Path) -> list[tuple[Path, Path]]:
-    """(template, destination) for the planned images that have one: the image's name below the split's
-    template folder, the template's own suffix. Another file already there stops the import."""
+def _plan_companions(
+    plans: list[_Plan], image_dir: Path, config: dict[str, Any], split: str, root: Path
+) -> tuple[list[tuple[Path, Path]], dict[str, Any]]:
+    """(companion, destination) copies of every companion capture the planned images carry, each below its
+    companion's folder (`companions/NAME/SPLIT` unless data.yaml names one), and the data.yaml `companions`
+    entries to add or change, in the order the images first name them."""
+    declared = config.get("companions") if isinstance(config.get("companions"), dict) else {}
+    names = list(dict.fromkeys(name for plan in plans for name in plan.item.companions))
+    copies, entries = [], {}
+    for name in names:
+        folder, entry = _plane_folder(declared.get(name), split, root, f"companions/{name}")
+        copies += _plan_planes(plans, image_dir, folder, lambda item, n=name: item.companions.get(n), name)
+        if entry is not None:
+            entries[name] = entry
+    return copies, entries
+
+
+def _plan_planes(
+    plans: list[_Plan],
+    image_dir: Path,
+    folder: Path,
+    plane: Callable[[LabelledImage], Path | None],
+    what: str,
+) -> list[tuple[Path, Path]]:
+    """(file, destination) for the planned images that have this plane (a template or a companion capture):
+    the image's name below `folder`, the file's own suffix. Another file already there stops the import."""
     copies, conflicts = [], []
     for plan in plans:
-        source = plan.item.template
+        source = plane(plan.item)
         if source is None:
             continue
         relative = plan.image.relative_to(image_dir)
-        destination = (template_dir / relative).with_suffix(source.suffix.lower())
+        destination = (folder / relative).with_suffix(source.suffix.lower())
         if destination.exists() and not (_same_file(source, destination) or _same_bytes(source, destination)):
-            conflicts.append(f"{plan.item.origin}: {destination} already holds another template")
+            conflicts.append(f"{plan.item.origin}: {destination} already holds another {what} file")
             continue
         if not destination.exists():
             copies.append((source, destination))
     if conflicts:
         listed = "\n  ".join(conflicts[:_LISTED])
         raise DatasetError(
-            f"nothing imported: {len(conflicts)} template(s) would overwrite files:\n  {listed}"
+            f"nothing imported: {len(conflicts)} {what} file(s) would overwrite files:\n  {listed}"
         )
     return copies
 
@@ -481,6 +522,7 @@ class CocoExport:
     categories: list[str]
     image_root: Path
     warnings: list[str]
+    companions: int = 0  # companion captures named in the images' `companions` fields
 
 
 @dataclass(frozen=True)
@@ -493,6 +535,7 @@ class CocoImage:
     boxes: Sequence[Sequence[float]]
     class_ids: Sequence[int]
     template_file_name: str | None = None  # its template, as the json names it (read back by our COCO reader)
+    companions: Mapping[str, str] = field(default_factory=dict)  # companion name -> file name, as file_name
 
 
 def coco_document(
@@ -506,6 +549,8 @@ def coco_document(
         )
         if entry.template_file_name is not None:
             images[-1]["template_file_name"] = entry.template_file_name
+        if entry.companions:
+            images[-1]["companions"] = dict(entry.companions)
         for (x1, y1, x2, y2), class_id in zip(entry.boxes, entry.class_ids, strict=True):
             width_px, height_px = x2 - x1, y2 - y1
             annotations.append({
@@ -559,13 +604,23 @@ def export_coco(
                 raise DatasetError(str(error)) from None
         file_name = Path(os.path.relpath(path, image_root)).as_posix()
         template = sample.template_path
-        template_name = (
-            None if template is None else Path(os.path.relpath(template.absolute(), image_root)).as_posix()
-        )
+        template_name = None if template is None else _relative_name(template, image_root)
+        companions = {name: _relative_name(p, image_root) for name, p in sample.companion_paths.items()}
         entries.append(
-            CocoImage(file_name, width, height, sample.boxes.tolist(), sample.classes.tolist(), template_name)
-        )
+            CocoImage(
+                file_name, width, height, sample.boxes.tolist(), sample.classes.tolist(), template_name,
+                companions,
+            )
+        )  # fmt: skip
     document = coco_document(entries, dataset.class_names, f"{data} ({split}), exported by defectdet")
     images, annotations = document["images"], document["annotations"]
     atomic_write_text(Path(out), json.dumps(document, indent=1))
-    return CocoExport(Path(out), len(images), len(annotations), dataset.class_names, image_root, warnings)
+    companions = sum(len(entry.companions) for entry in entries)
+    return CocoExport(
+        Path(out), len(images), len(annotations), dataset.class_names, image_root, warnings, companions
+    )
+
+
+def _relative_name(path: Path, root: Path) -> str:
+    """`path` as a COCO file name relative to `root` (forward slashes)."""
+    return Path(os.path.relpath(path.absolute(), root)).as_posix()

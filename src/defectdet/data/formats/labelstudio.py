@@ -10,7 +10,9 @@ percent of the image and `rotation` in degrees clockwise about the top-left corn
 
 Our additions, read and written: a task's `data.template` is the URL of the image's defect-free template (the
 same forms as `data.image`; Label Studio shows and keeps it, the labelling config need not use it), and
-`data.defectdet_image` / `data.defectdet_template` our absolute paths for the way back. Exported tasks carry the
+`data.defectdet_image` / `data.defectdet_template` our absolute paths for the way back; each aligned companion
+capture NAME of the image (another lighting, focus or band) travels the same way, as `data.companion_NAME` (its
+URL) and `data.defectdet_companion_NAME` (our path). Exported tasks carry the
 operator's reviewed labels as `annotations` and the model's detections as `predictions` only for images no one
 reviewed yet.
 """
@@ -39,6 +41,7 @@ from defectdet.data.formats.interchange import (
     write_yolo,
 )
 from defectdet.data.imageio import read_image_size
+from defectdet.data.sample import check_companion_name
 from defectdet.errors import DatasetError, ImageReadError
 
 LOCAL_FILES = "/data/local-files/?d="
@@ -46,6 +49,8 @@ FROM_NAME, TO_NAME = "label", "image"
 OUR_IMAGE_KEY = "defectdet_image"  # our absolute path of the image, kept in the task's data for the way back
 TEMPLATE_KEY = "template"  # the task data field with the URL of the image's template
 OUR_TEMPLATE_KEY = "defectdet_template"
+COMPANION_KEY = "companion_"  # + NAME: the task data field with the URL of the image's companion capture NAME
+OUR_COMPANION_KEY = "defectdet_companion_"
 _NOT_IMAGES = frozenset({OUR_IMAGE_KEY, TEMPLATE_KEY, OUR_TEMPLATE_KEY})
 _UPLOAD_PREFIX = re.compile(r"^[0-9a-f]{8}-", re.IGNORECASE)
 _LISTED = 10
@@ -68,6 +73,7 @@ class Predicted:
     labels: list[tuple[str, tuple[float, float, float, float]]] | None = (
         None  # the operator's; None: unreviewed
     )
+    companions: dict[str, Path] = field(default_factory=dict)  # aligned captures by companion name
 
 
 @dataclass
@@ -83,6 +89,7 @@ class TasksExport:
     class_names: list[str]
     skipped: list[str] = field(default_factory=list)  # predict's failed files
     annotated: int = 0  # tasks carrying the operator's reviewed labels as an annotation
+    companions: int = 0  # companion captures carried as data.companion_NAME
 
 
 def config_classes(path: Path) -> list[str]:
@@ -148,6 +155,7 @@ def export_tasks(
     names = _task_classes(records, classes, class_hint)
     paths = [record.image.absolute() for record in records]
     folders = [p.parent for p in paths] + [r.template.absolute().parent for r in records if r.template]
+    folders += [c.absolute().parent for r in records for c in r.companions.values()]
     root = (
         Path(document_root).absolute()
         if document_root
@@ -164,7 +172,7 @@ def export_tasks(
     atomic_write_text(config_path, labeling_config(names))
     return TasksExport(
         out, config_path, len(tasks), counts["predictions"], counts["regions"], root, names, skipped,
-        counts["annotated"],
+        counts["annotated"], sum(len(record.companions) for record in records),
     )  # fmt: skip
 
 
@@ -203,6 +211,10 @@ def _task(
         data.update(
             {TEMPLATE_KEY: _url(template, root, url_prefix, "template"), OUR_TEMPLATE_KEY: str(template)}
         )
+    for name, companion in record.companions.items():
+        companion = companion.absolute()
+        data[COMPANION_KEY + name] = _url(companion, root, url_prefix, f"companion {name!r}")
+        data[OUR_COMPANION_KEY + name] = str(companion)
     task: dict[str, Any] = {"data": data}
     if record.labels is None and not record.predicted:
         return task
@@ -307,6 +319,11 @@ def _read_jsonl(
         template = entry.get("template")
         if isinstance(template, str):
             record.template = _find_predicted_image(template, path, images)
+        companions = entry.get("companions")
+        for name, file in (companions if isinstance(companions, dict) else {}).items():
+            found = _find_predicted_image(file, path, images) if isinstance(file, str) else None
+            if found is not None:
+                record.companions[str(name)] = found
         records.append(record)
     return records, class_names, skipped
 
@@ -325,7 +342,8 @@ def _read_keep_folder(folder: Path, min_score: float | None) -> tuple[list[Predi
     records, names = [], _folder_classes(folder)
     skipped = _skipped_images(folder)
     for sidecar in sorted((folder / "predictions").glob("*.json")):
-        entry = _prediction_record(_read_json_file(sidecar), sidecar)
+        whole = _read_json_file(sidecar)
+        entry = _prediction_record(whole, sidecar)
         name = entry.get("image")
         if isinstance(name, str) and leaves_folder(name):
             raise DatasetError(f"{sidecar}: image {name!r} leads out of {folder}; refused")
@@ -338,6 +356,7 @@ def _read_keep_folder(folder: Path, min_score: float | None) -> tuple[list[Predi
         bundle = entry.get("bundle")
         record.model_version = str(bundle) if bundle else None
         record.template = _kept_template(folder, image)
+        record.companions = _kept_companions(folder, image, whole)
         if image.name not in skipped:
             record.labels = _reviewed_labels(folder / "labels" / f"{image.stem}.txt", image, record, names)
         records.append(record)
@@ -364,9 +383,28 @@ def _skipped_images(folder: Path) -> set[str]:
     return {name for name, action in last.items() if action == "skip"}
 
 
-def _kept_template(folder: Path, image: Path) -> Path | None:
-    candidates = sorted((folder / "templates").glob(f"{glob.escape(image.stem)}.*"))
+def _kept_template(folder: Path, image: Path, below: Path | None = None) -> Path | None:
+    """The file of the image's stem in `below` (default: the keep folder's `templates/`)."""
+    candidates = sorted((below or folder / "templates").glob(f"{glob.escape(image.stem)}.*"))
     return next((c for c in candidates if c.suffix.lower() in IMAGE_SUFFIXES and c.is_file()), None)
+
+
+def _kept_companions(folder: Path, image: Path, sidecar: Any) -> dict[str, Path]:
+    """The image's companion captures in the keep folder (`companions/NAME/`): the files its sidecar names, in
+    that order, then any other capture folder holding a file of the image's stem."""
+    named = sidecar.get("companions") if isinstance(sidecar, dict) else None
+    found: dict[str, Path] = {}
+    for name, relative in (named if isinstance(named, dict) else {}).items():
+        path = folder / "companions" / str(name) / PurePosixPath(str(relative)).name
+        if path.is_file():
+            found[str(name)] = path
+    root = folder / "companions"
+    for capture in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        if capture.name not in found:
+            template = _kept_template(folder, image, capture)
+            if template is not None:
+                found[capture.name] = template
+    return found
 
 
 def _reviewed_labels(
@@ -598,6 +636,7 @@ def _parse(export: Path, tasks: list[dict[str, Any]], roots: list[Path], image_k
             missing.append(f"{origin}: image {url!r} not found ({_looked_for(url, roots)})")
             continue
         template = _task_template(export, task, origin, roots, image, warnings)
+        companions = _task_companions(export, task, origin, roots, image, warnings)
         width, height = _image_size(image, origin)
         boxes, names = [], []
         for index, region in enumerate(annotation.get("result") or []):
@@ -614,7 +653,17 @@ def _parse(export: Path, tasks: list[dict[str, Any]], roots: list[Path], image_k
                 if name not in classes:
                     classes.append(name)
         items.append(
-            LabelledImage(image, _destination_name(url, image), boxes, names, origin, width, height, template)
+            LabelledImage(
+                image,
+                _destination_name(url, image),
+                boxes,
+                names,
+                origin,
+                width,
+                height,
+                template,
+                companions,
+            )
         )
     return _Parsed(items, classes, unlabelled, missing, warnings)
 
@@ -628,27 +677,50 @@ def _refuse_climbing(export: Path, origin: str, key: str, url: str) -> None:
 
 
 def _task_template(
-    export: Path, task: dict[str, Any], origin: str, roots: list[Path], image: Path, warnings: list[str]
+    export: Path,
+    task: dict[str, Any],
+    origin: str,
+    roots: list[Path],
+    image: Path,
+    warnings: list[str],
+    keys: tuple[str, str, str] = (TEMPLATE_KEY, OUR_TEMPLATE_KEY, "template"),
 ) -> Path | None:
-    """The file `data.template` names, None when the task has none or it is missing: its path below the roots,
-    then the path our export stored, then its file name below the roots, never the tested image itself (a
-    template often has the image's name)."""
-    url = task["data"].get(TEMPLATE_KEY)
+    """The file `data.template` names (or another plane's, `keys`: its URL field, our path field, what it is),
+    None when the task has none or it is missing: its path below the roots, then the path our export stored,
+    then its file name below the roots, never the tested image itself (a template often has the image's name)."""
+    key, our_key, what = keys
+    url = task["data"].get(key)
     if not isinstance(url, str) or not url:
         return None
-    _refuse_climbing(export, origin, TEMPLATE_KEY, url)
+    _refuse_climbing(export, origin, key, url)
     relative, _ = _url_path(url)
     candidates = [root / relative for root in roots] if relative and not Path(relative).is_absolute() else []
-    ours = task["data"].get(OUR_TEMPLATE_KEY)
+    ours = task["data"].get(our_key)
     candidates += [Path(ours)] if isinstance(ours, str) else []
     template = next((c for c in candidates if c.is_file()), None) or resolve_task_image(url, roots)
     if template is not None and template.resolve() == image.resolve():
         template = None
     if template is None:
         warnings.append(
-            f"{origin}: template {url!r} not found ({_looked_for(url, roots)}); imported without it"
+            f"{origin}: {what} {url!r} not found ({_looked_for(url, roots)}); imported without it"
         )
     return template
+
+
+def _task_companions(
+    export: Path, task: dict[str, Any], origin: str, roots: list[Path], image: Path, warnings: list[str]
+) -> dict[str, Path]:
+    """The companion captures a task carries (`data.companion_NAME`), found like its template, in task order."""
+    found = {}
+    for key in task["data"]:
+        if not (isinstance(key, str) and key.startswith(COMPANION_KEY)):
+            continue
+        name = check_companion_name(key[len(COMPANION_KEY) :], f"{export}: {origin}: data.{key}")
+        keys = (key, OUR_COMPANION_KEY + name, f"companion {name!r}")
+        path = _task_template(export, task, origin, roots, image, warnings, keys)
+        if path is not None:
+            found[name] = path
+    return found
 
 
 def _chosen_annotation(
@@ -684,7 +756,7 @@ def _image_url(export: Path, task: dict[str, Any], origin: str, image_key: str |
                 (
                     v
                     for k, v in data.items()
-                    if isinstance(v, str) and k not in _NOT_IMAGES and _looks_like_image(v)
+                    if isinstance(v, str) and _may_be_image(k) and _looks_like_image(v)
                 ),
                 None,
             )
@@ -694,6 +766,11 @@ def _image_url(export: Path, task: dict[str, Any], origin: str, image_key: str |
             f"{export}: {origin}: no image in data.{key} (pass --image-key for another data field)"
         )
     return value
+
+
+def _may_be_image(key: str) -> bool:
+    """A task data field that may hold the tested image (not a template, companion or one of our paths)."""
+    return key not in _NOT_IMAGES and not key.startswith((COMPANION_KEY, OUR_COMPANION_KEY))
 
 
 def _looks_like_image(value: str) -> bool:
