@@ -78,10 +78,17 @@ def test_yaml_companion_folder_per_split_and_name_errors(companion_yaml: Path) -
 
 
 def test_check_warns_when_a_companion_is_the_image_itself(companion_yaml: Path) -> None:
-    text = companion_yaml.read_text().replace(f"  {COMPANION}: {COMPANION}\n", "  L2: images/train\n")
+    import shutil
+
+    shutil.copytree(companion_yaml.parent / "images" / "train", companion_yaml.parent / "copies")
+    text = companion_yaml.read_text().replace(f"  {COMPANION}: {COMPANION}\n", "  L2: copies\n")
     companion_yaml.write_text(text)
     messages = [p.message for p in check_dataset(companion_yaml).problems]
     assert sum("companion 'L2' is the same file content as its image" in m for m in messages) == 8
+    companion_yaml.write_text(text.replace("  L2: copies\n", "  L2: images/train\n"))
+    split = load_dataset(companion_yaml, "train")  # the image's own folder: never the image itself
+    assert not any(sample.companion_paths for sample in split.samples)
+    assert sum("companion 'L2' not found" in p.message for p in split.problems) == 8
 
 
 def _agdd_like_coco(folder: Path, records: list[dict]) -> Path:

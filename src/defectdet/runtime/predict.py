@@ -7,7 +7,6 @@ import glob
 import json
 import logging
 import os
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from defectdet.data.companions import tagged_capture
 from defectdet.data.formats.yolo import label_line
 from defectdet.data.imageio import IMAGE_SUFFIXES
 from defectdet.errors import InputError, describe_failure, renamed_keywords
@@ -157,7 +157,7 @@ def companion_files(
     folder); InputError naming the image and the companion when one is missing."""
     found = {}
     for name, folder in folders.items():
-        path = find_template(image, folder, relative) or _tagged_capture(image, name, folder)
+        path = find_template(image, folder, relative) or tagged_capture(image, name, folder)
         if path is None:
             raise InputError(
                 f"{image}: no companion {name!r} in {folder} (looked for the same name, and for the name "
@@ -165,18 +165,6 @@ def companion_files(
             )
         found[name] = path
     return found
-
-
-def _tagged_capture(image: Path, name: str, folder: Path) -> Path | None:
-    """The file of ``image``'s stem with its capture tag replaced by ``name`` (``part_L1`` -> ``part_L2``), or with
-    ``_name`` added, with any image suffix in ``folder``; never the image itself."""
-    tagged = re.match(r"^(.+[_-])[A-Za-z][A-Za-z0-9]*$", image.stem)
-    stems = ([tagged.group(1) + name] if tagged else []) + [f"{image.stem}_{name}"]
-    for stem in stems:
-        for candidate in sorted(folder.glob(f"{glob.escape(stem)}.*")):
-            if candidate.suffix.lower() in IMAGE_SUFFIXES and _resolved(candidate) != _resolved(image):
-                return candidate
-    return None
 
 
 def companion_inputs(images: list[Path], folders: Mapping[str, Path]) -> set[Path]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from defectdet.data.companions import leave_out_companion_images
 from defectdet.data.formats import check_box, is_coco_json, load_json, order_splits
 from defectdet.data.sample import DatasetSplit, Problem, Sample, check_companion_name, missing_companions
 from defectdet.errors import DatasetError
@@ -63,7 +64,8 @@ def read_coco(
     for image_id, sample in samples_by_id.items():
         sample.boxes = np.asarray(boxes[image_id], np.float32).reshape(-1, 4)
         sample.classes = np.asarray(classes[image_id], np.int64)
-    samples = list(samples_by_id.values())
+    samples, left_out = leave_out_companion_images(list(samples_by_id.values()), json_name, path.stem)
+    problems.extend(left_out)
     dataset = DatasetSplit(samples, class_names, "coco", path.stem, path.parent, problems, companion_names)
     problems.extend(missing_companions(dataset, json_name))
     return dataset

@@ -6,7 +6,9 @@ at the image path with its last `images` folder replaced by `labels` and the suf
 Optional `templates: {split: folder}` (or one folder for all splits) holds each image's
 defect-free template under the same file name. Optional `companions: {name: folder}` (or
 `{name: {split: folder}}`) names aligned extra captures of each image (another lighting, focus or band),
-found the same way; their declared order is the order of the model's input planes.
+found the same way or by their capture tag (`part_L1.png` -> `part_L2.png`, `data.companions`), so one folder
+may hold both lightings; their declared order is the order of the model's input planes. A listed image that is
+another image's companion capture is read with that image only.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from defectdet.data.companions import leave_out_companion_images, same_path, tagged_capture
 from defectdet.data.formats import IMAGE_SUFFIXES, check_box, list_images, order_splits
 from defectdet.data.imageio import read_image_size, read_text_file
 from defectdet.data.sample import DatasetSplit, Problem, Sample, check_companion_name, missing_companions
@@ -54,6 +57,7 @@ def load(path: Path, split: str) -> DatasetSplit:
     template_folder = _template_folder(root, config.get("templates"), split)
     companion_folders = _companion_folders(yaml_path, root, config.get("companions"), split)
     samples: list[Sample] = []
+    unpaired: list[tuple[Sample, Problem]] = []  # a companion not found, reported unless the image is one
     label_folders: dict[Path, Path] = {}
     for image_path, base in entries:
         label_path = label_path_for(image_path)
@@ -66,11 +70,16 @@ def load(path: Path, split: str) -> DatasetSplit:
         if template_folder is not None:
             sample.template_path = _find_template(template_folder, image_path, base, problems)
         for name, folder in companion_folders.items():
-            found = _find_template(folder, image_path, base, problems, f"companion '{name}'")
+            found, looked = _find_companion(folder, image_path, base, name)
             if found is not None:
                 sample.companion_paths[name] = found
+            else:
+                unpaired.append((sample, Problem("warning", str(image_path), f"companion '{name}' {looked}")))
         samples.append(sample)
     _report_orphan_labels(label_folders, {image for image, _ in entries}, problems)
+    samples, left_out = leave_out_companion_images(samples, str(yaml_path), split)
+    kept = {id(sample) for sample in samples}
+    problems += [problem for sample, problem in unpaired if id(sample) in kept] + left_out
     dataset = DatasetSplit(samples, class_names, "yolo", split, root, problems, list(companion_folders))
     problems.extend(missing_companions(dataset, str(yaml_path)))
     return dataset
@@ -312,6 +321,22 @@ def _find_template(
             return candidate
     problems.append(Problem("warning", str(image_path), f"{what} not found (looked for {candidates[0]})"))
     return None
+
+
+def _find_companion(folder: Path, image_path: Path, base: Path | None, name: str) -> tuple[Path | None, str]:
+    """(the companion capture `name` of the image in `folder`, what was looked for): the file at the image's
+    path below its split folder, of its name or stem, never the image itself; else by capture tag."""
+    exact = [folder / image_path.relative_to(base)] if base is not None else []
+    exact.append(folder / image_path.name)
+    if not same_path(
+        exact[-1].parent, image_path.parent
+    ):  # in the image's own folder `a.bmp` is another image
+        stems = sorted(exact[-1].parent.glob(f"{glob.escape(image_path.stem)}.*"))
+        for candidate in exact + [path for path in stems if path.suffix.lower() in IMAGE_SUFFIXES]:
+            if candidate.is_file():
+                return candidate, ""
+    found = tagged_capture(image_path, name, exact[0].parent)
+    return found, f"not found (looked for {exact[0]}, and for the name tagged {name})"
 
 
 def _report_orphan_labels(
