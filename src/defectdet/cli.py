@@ -120,12 +120,20 @@ def synth(
         "lamp,lens,camera (templates stay as captured before; boxes unchanged). Same --seed, other boards: "
         "pass another seed for the new line.",
     ),
+    companion: list[str] | None = typer.Option(
+        None,
+        "--companion",
+        help="NAME: also write an aligned companion capture of every image under another lighting, in "
+        "companions/NAME/ (repeatable, or a comma list); the defects are then faint in the images and plain "
+        "in the companions, and data.yaml declares them.",
+    ),
 ) -> None:
     """Write a procedural dataset (YOLO data.yaml) with exact defect boxes.
 
     Example: defectdet synth data/synth --boards 60 --seed 1
     Example: defectdet synth data/surface --kind surface --boards 300
     Example: defectdet synth data/new-lamp --boards 40 --seed 12 --shift lamp
+    Example: defectdet synth data/two-lights --kind surface --boards 60 --companion L2
     """
     from defectdet.data.synth import synthesize_dataset
     from defectdet.data.synth.shift import checked_shifts, shift_dataset
@@ -142,10 +150,16 @@ def synth(
         color=color,
         kind=kind,
         materials=tuple(name.strip() for name in materials.split(",")) if materials is not None else None,
+        companions=tuple(companion or ()),
     )
     console.print(
         f"[green]wrote[/green] {boards} {'surfaces' if kind == 'surface' else 'boards'} -> {data_yaml}"
     )
+    if companion:
+        from defectdet.data.synth.companion import checked_companion_names
+
+        names = checked_companion_names(companion)
+        console.print(f"companion captures {', '.join(names)} -> {data_yaml.parent / 'companions'}")
     if shifts:
         changed = shift_dataset(data_yaml.parent, shifts, seed)
         console.print(f"shifted line ({', '.join(shifts)}): {changed} tested images changed, templates kept")

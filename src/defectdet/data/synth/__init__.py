@@ -3,7 +3,8 @@
 `synthesize_dataset` writes a YOLO-style dataset: PCB boards with templates (`kind='pcb'`) or
 textured surfaces without (`kind='surface'`). `generate_board` / `generate_surface` make one image
 in memory. Modules: layout (defect-free board), defects (damage + exact boxes), render (camera
-look), board (one pair), surface (materials and surface defects), writer (files).
+look), board (one pair), surface (materials and surface defects), companion (a second lighting of
+an image: `synth --companion`), writer (files).
 """
 
 from __future__ import annotations

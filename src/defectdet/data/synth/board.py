@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,9 @@ class SynthBoard:
     template: np.ndarray  # same shape, the defect-free board (slightly misregistered)
     boxes: np.ndarray  # (N, 4) float32 x1, y1, x2, y2
     classes: np.ndarray  # (N,) int64
+    clean: np.ndarray | None = (
+        None  # with `clean=True`: the tested board without its defects, same light and noise
+    )
 
 
 def _label(copper: np.ndarray, holes: np.ndarray) -> np.ndarray:
@@ -28,9 +32,10 @@ def _label(copper: np.ndarray, holes: np.ndarray) -> np.ndarray:
 
 
 def generate_board(
-    seed: int, index: int, min_size: int = 480, max_size: int = 800, color: bool = False
+    seed: int, index: int, min_size: int = 480, max_size: int = 800, color: bool = False, clean: bool = False
 ) -> SynthBoard:
-    """Generate board number `index` of the set seeded by `seed` (independent of other boards)."""
+    """Generate board number `index` of the set seeded by `seed` (independent of other boards). `clean` also
+    renders the tested board without its defects through the same camera draws (`SynthBoard.clean`)."""
     layout_rng, defect_rng, style_rng, tested_rng, template_rng = (
         np.random.default_rng(child) for child in np.random.SeedSequence([seed, index]).spawn(5)
     )
@@ -41,6 +46,11 @@ def generate_board(
     style = make_style(style_rng, height, width, color)
     tested_pads = layout.pads.copy()
     tested_pads[(layout.holes > 0) & (holes == 0)] = 255  # a missing drill leaves bare pad copper
+    clean_image = (
+        render_image(_label(layout.copper, layout.holes), layout.pads, style, copy.deepcopy(tested_rng))
+        if clean
+        else None
+    )
     image = render_image(_label(copper, holes), tested_pads, style, tested_rng)
     magnitude = template_rng.uniform(0, 1) ** 2 * 1.5
     angle = template_rng.uniform(0, 2 * np.pi)
@@ -54,4 +64,4 @@ def generate_board(
     )
     boxes = np.array([defect.box for defect in defects], dtype=np.float32).reshape(-1, 4)
     classes = np.array([defect.class_id for defect in defects], dtype=np.int64)
-    return SynthBoard(image, template, boxes, classes)
+    return SynthBoard(image, template, boxes, classes, clean_image)

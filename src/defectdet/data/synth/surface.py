@@ -12,6 +12,7 @@ on float32 (H, W, C) images, C = 1 (gray) or 3 (RGB).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,6 +34,9 @@ class SynthSurface:
     boxes: np.ndarray  # (N, 4) float32
     classes: np.ndarray  # (N,) int64
     material: str
+    clean: np.ndarray | None = (
+        None  # with `clean=True`: the surface without its defects, same light and noise
+    )
 
 
 def _field(rng: np.random.Generator, height: int, width: int, cells_y: int, cells_x: int) -> np.ndarray:
@@ -355,11 +359,13 @@ def generate_surface(
     max_size: int = 2048,
     color: bool = False,
     materials: tuple[str, ...] = MATERIALS,
+    clean: bool = False,
 ) -> SynthSurface:
     """Surface number `index` of the set seeded by `seed` (independent of the other images).
 
     `materials` restricts the textures drawn (pretraining leaves one out, so that a benchmark can
-    measure transfer to a material the weights never saw); all of them give the default set."""
+    measure transfer to a material the weights never saw); all of them give the default set. `clean` also
+    renders the surface without its defects through the same camera draws (`SynthSurface.clean`)."""
     unknown = set(materials) - set(MATERIALS)
     if not materials or unknown:
         raise ValueError(
@@ -383,6 +389,7 @@ def generate_surface(
     image = (luminance[..., None] * tint) if tint is not None else luminance[..., None]
     canvas = _Canvas(np.ascontiguousarray(image, dtype=np.float32), material, variant, base, tint)
 
+    before_defects = canvas.image.copy() if clean else None
     short = min(width, height)
     boxes: list[tuple[float, float, float, float]] = []
     classes: list[int] = []
@@ -403,19 +410,25 @@ def generate_surface(
             classes.append(made_class)
             break
 
-    # camera: illumination gradient, slight blur, sensor noise
+    clean_image = None if before_defects is None else _camera(before_defects, copy.deepcopy(camera_rng))
+    return SynthSurface(
+        image=_camera(canvas.image, camera_rng),
+        boxes=np.array(boxes, np.float32).reshape(-1, 4),
+        classes=np.array(classes, np.int64),
+        material=material,
+        clean=clean_image,
+    )
+
+
+def _camera(image: np.ndarray, camera_rng: np.random.Generator) -> np.ndarray:
+    """The camera: illumination gradient, slight blur, sensor noise; (H, W, C) float32 -> uint8 (H, W[, 3])."""
+    height, width = image.shape[:2]
     gradient = _field(camera_rng, height, width, 2, 2) * np.float32(camera_rng.uniform(0, 0.08)) + np.float32(
         1
     )
-    image = canvas.image * gradient[..., None]
+    image = image * gradient[..., None]
     if camera_rng.random() < 0.5:
         image = cv2.GaussianBlur(image, (0, 0), camera_rng.uniform(0.4, 0.9)).reshape(image.shape)
     image += camera_rng.standard_normal(image.shape, dtype=np.float32) * np.float32(camera_rng.uniform(1, 4))
     image = np.clip(image, 0, 255).astype(np.uint8)
-    image = image[..., 0] if image.shape[2] == 1 else image
-    return SynthSurface(
-        image=image,
-        boxes=np.array(boxes, np.float32).reshape(-1, 4),
-        classes=np.array(classes, np.int64),
-        material=material,
-    )
+    return image[..., 0] if image.shape[2] == 1 else image

@@ -12,6 +12,7 @@ import yaml
 
 from defectdet.data.formats.yolo import label_line
 from defectdet.data.synth.board import generate_board
+from defectdet.data.synth.companion import checked_companion_names, companion_capture, faint_defects
 from defectdet.data.synth.defects import CLASS_NAMES
 from defectdet.data.synth.surface import MATERIALS, SURFACE_CLASS_NAMES, generate_surface
 from defectdet.errors import DefectDetError
@@ -62,6 +63,7 @@ def synthesize_dataset(
     progress: bool = True,
     kind: str = "pcb",
     materials: tuple[str, ...] | None = None,
+    companions: tuple[str, ...] = (),
 ) -> Path:
     """Generate `boards` synthetic images with exact defect boxes; returns `out/data.yaml`.
 
@@ -71,7 +73,9 @@ def synthesize_dataset(
     textures (None: all of `synth.surface.MATERIALS`).
     Layout: `images/{train,val}/<board|surface>_<4-digit index>.png`, `labels/...txt` (YOLO
     `cls cx cy w h`), `templates/...png` (boards with templates), `data.yaml`. The same seed gives
-    identical files.
+    identical files. `companions` (names): for each, an aligned second capture of every image under another
+    lighting in `companions/NAME/{train,val}/`, declared in data.yaml's `companions:`; the images then show
+    their defects faintly and each companion plainly (`synth.companion`).
     """
     out = Path(out)
     if kind not in KINDS:
@@ -83,32 +87,29 @@ def synthesize_dataset(
             f"materials: choose from {', '.join(MATERIALS)}; got {', '.join(materials) or 'none'}"
         )
     template = kind == "pcb" if template is None else template
+    companions = tuple(checked_companion_names(list(companions)))
     min_size = DEFAULT_SIZES[kind][0] if min_size is None else min_size
     max_size = DEFAULT_SIZES[kind][1] if max_size is None else max_size
     _check_counts(boards, seed, min_size, max_size, val_fraction)
     splits = _split_of_boards(boards, val_fraction, seed)
     used_splits = sorted(set(splits), key=["train", "val"].index)
     folders = ["images", "labels"] + (["templates"] if template else [])
+    folders += [f"companions/{name}" for name in companions]
     for folder in folders:
         for split in ("train", "val"):
             (out / folder / split).mkdir(parents=True, exist_ok=True)
 
     def work(index: int) -> None:
         split = splits[index]
-        if kind == "surface":
-            rgb = bool(color) if color is not None else _surface_is_color(seed, index)
-            surface = generate_surface(seed, index, min_size, max_size, rgb, materials or MATERIALS)
-            image, boxes, classes, name = (
-                surface.image,
-                surface.boxes,
-                surface.classes,
-                f"surface_{index:04d}",
+        image, boxes, classes, name, golden, clean = _generate(
+            kind, seed, index, (min_size, max_size), color, materials, bool(companions)
+        )
+        if template and golden is not None:
+            _write_png(out / "templates" / split / f"{name}.png", golden)
+        if clean is not None:
+            image = _write_companions(
+                out / "companions", companions, split, name, image, clean, [seed, index]
             )
-        else:
-            board = generate_board(seed, index, min_size, max_size, bool(color))
-            image, boxes, classes, name = board.image, board.boxes, board.classes, f"board_{index:04d}"
-            if template:
-                _write_png(out / "templates" / split / f"{name}.png", board.template)
         _write_png(out / "images" / split / f"{name}.png", image)
         (out / "labels" / split / f"{name}.txt").write_text(_label_lines(image, boxes, classes))
 
@@ -119,11 +120,59 @@ def synthesize_dataset(
     config: dict = {"path": ".", "train": "images/train", "val": "images/val"}
     if template:
         config["templates"] = {"train": "templates/train", "val": "templates/val"}
+    config.update(_companions_entry(companions))
     config["names"] = list(SURFACE_CLASS_NAMES if kind == "surface" else CLASS_NAMES)
     data_yaml = out / "data.yaml"
     data_yaml.write_text(yaml.safe_dump(config, sort_keys=False))
     logger.info("wrote %d %s images (%s) to %s", boards, kind, ", ".join(used_splits), out)
     return data_yaml
+
+
+def _generate(
+    kind: str,
+    seed: int,
+    index: int,
+    sizes: tuple[int, int],
+    color: bool | None,
+    materials: tuple[str, ...] | None,
+    clean: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, np.ndarray | None, np.ndarray | None]:
+    """(image, boxes, classes, file stem, template (boards), the image without its defects (with `clean`))."""
+    if kind == "surface":
+        rgb = bool(color) if color is not None else _surface_is_color(seed, index)
+        surface = generate_surface(seed, index, *sizes, rgb, materials or MATERIALS, clean=clean)
+        return surface.image, surface.boxes, surface.classes, f"surface_{index:04d}", None, surface.clean
+    board = generate_board(seed, index, *sizes, bool(color), clean=clean)
+    return board.image, board.boxes, board.classes, f"board_{index:04d}", board.template, board.clean
+
+
+def _write_companions(
+    folder: Path,
+    companions: tuple[str, ...],
+    split: str,
+    name: str,
+    image: np.ndarray,
+    clean: np.ndarray,
+    seed: list[int],
+) -> np.ndarray:
+    """Write each companion capture of `image` (`folder/NAME/split/name.png`); returns the image with its defects
+    faint, as its own lighting shows them."""
+    for number, companion in enumerate(companions):
+        capture = companion_capture(image, clean, np.random.default_rng([*seed, 0xC0, number]), number)
+        _write_png(folder / companion / split / f"{name}.png", capture)
+    return faint_defects(image, clean)
+
+
+def _companions_entry(companions: tuple[str, ...]) -> dict:
+    """data.yaml's `companions` entry (none without companions): one folder per companion and split."""
+    if not companions:
+        return {}
+    return {
+        "companions": {
+            name: {"train": f"companions/{name}/train", "val": f"companions/{name}/val"}
+            for name in companions
+        }
+    }
 
 
 def _check_counts(boards: int, seed: int, min_size: int, max_size: int, val_fraction: float) -> None:
