@@ -80,6 +80,12 @@ def test_labelstudio_round_trip_keeps_reviewed_labels_classes_splits_and_templat
         assert task["data"]["template"] == f"/data/local-files/?d=templates/{name}"
         assert task["data"]["companion_L2"] == f"/data/local-files/?d=companions/L2/{name}"
         assert ("annotations" in task) == (name in reviewed) and ("predictions" in task) != (name in reviewed)
+    from defectdet.serve.review import ReviewFolder
+
+    coco = json.loads(Path(ReviewFolder(kept).export_coco(tmp_path / "coco.json")["path"]).read_text())
+    assert len(coco["images"]) == 6 and [image["companions"] for image in coco["images"]] == [
+        {"L2": image["file_name"].replace("kept/images/", "kept/companions/L2/")} for image in coco["images"]
+    ]
     exported = [
         {"id": number, **task} for number, task in enumerate(document, start=1)
     ]  # Label Studio adds ids
