@@ -289,8 +289,8 @@ def _changed(result: Result) -> str:
     """What a tried run changed: its settings, or the way the second lighting is given."""
     overrides = _flat(result.doc.get("overrides") or {})
     changed = ", ".join(f"`{key}={value}`" for key, value in overrides.items())
-    if result.doc["dataset"] in COMPARED_WITH:
-        return LABELS[result.doc["dataset"]] + (f"; {changed}" if changed else "")
+    if result.doc["dataset"] in COMPARED_WITH and not changed:
+        return LABELS[result.doc["dataset"]]
     return changed or "-"
 
 
@@ -315,7 +315,8 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _baseline(result: Result, runs: list[Result]) -> tuple[str, list[Result]]:
     """The dataset a tried run is compared with, and its default runs at the same minutes."""
-    base = COMPARED_WITH.get(result.doc["dataset"], result.doc["dataset"])
+    dataset = result.doc["dataset"]
+    base = dataset if is_experiment(result) else COMPARED_WITH.get(dataset, dataset)
     return base, [r for r in runs if r.doc["dataset"] == base and r.minutes == result.minutes]
 
 
@@ -352,10 +353,7 @@ def _tried_rows(page: Page, runs: list[Result], tried: list[Result]) -> list[lis
 def _tried(page: Page, runs: list[Result], experiments: list[Result]) -> None:
     """Per dataset short of its target: what was tried against the defaults, with its measured figure."""
     variants = [r for r in runs if r.doc["dataset"] in COMPARED_WITH]
-    tried = sorted(
-        variants + experiments,
-        key=lambda r: (COMPARED_WITH.get(r.doc["dataset"], r.doc["dataset"]), r.minutes or 0, r.name),
-    )
+    tried = sorted(variants + experiments, key=lambda r: (_baseline(r, runs)[0], r.minutes or 0, r.name))
     page.heading(2, "What was tried")
     if not tried:
         page.para("Nothing but the defaults yet.")

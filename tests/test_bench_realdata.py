@@ -117,6 +117,18 @@ def test_the_page_lists_tried_runs_apart_from_the_defaults() -> None:
     assert "the best is AGDD, second lighting as the template plane at 0.600 (0.100 short)" in tried_part
 
 
+def test_a_tried_run_on_a_second_plane_dataset_is_compared_with_that_datasets_defaults() -> None:
+    tried = dict(_run("agdd_companion", 10, 0, 0.7), name="realdata_agdd_companion_10min_seed0_off")
+    tried["overrides"] = {"class_balance": "off"}
+    docs = (_run("agdd_1light", 10, 0, 0.3), _run("agdd_companion", 10, 0, 0.6), tried)
+    text = pages_realdata.real_data_markdown({doc["name"]: Result(doc["name"], doc) for doc in docs})
+    row = next(line for line in text.splitlines() if "`class_balance=off`" in line)
+    assert (
+        row.startswith("| AGDD, second lighting as a companion capture |")
+        and "+0.100 (defaults 0.600)" in row
+    )
+
+
 def test_agdd_figures_are_also_given_without_its_one_crack_box() -> None:
     classes = {"contusion": 0.4, "crack": 1.0, "spot": 0.6}
     assert pages_realdata.without_rare({"dataset": "agdd_1light", "per_class_AP50": classes}) == 0.5
