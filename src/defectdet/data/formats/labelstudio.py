@@ -41,7 +41,7 @@ from defectdet.data.formats.interchange import (
     write_yolo,
 )
 from defectdet.data.imageio import read_image_size
-from defectdet.data.sample import check_companion_name
+from defectdet.data.sample import check_companion_name, companion_name_problem
 from defectdet.errors import DatasetError, ImageReadError
 
 LOCAL_FILES = "/data/local-files/?d="
@@ -400,10 +400,10 @@ def _kept_companions(folder: Path, image: Path, sidecar: Any) -> dict[str, Path]
             found[str(name)] = path
     root = folder / "companions"
     for capture in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
-        if capture.name not in found:
-            template = _kept_template(folder, image, capture)
-            if template is not None:
-                found[capture.name] = template
+        if capture.name not in found and companion_name_problem(capture.name) is None:
+            file = _kept_template(folder, image, capture)
+            if file is not None:
+                found[capture.name] = file
     return found
 
 
