@@ -930,7 +930,7 @@ def export_labelstudio(
 ) -> None:
     """Images -> Label Studio import tasks (the operator's reviewed labels as annotations, the model's
     detections as predictions where no one reviewed yet, templates as data.template, each companion capture
-    NAME as data.companion_NAME), and the labelling config.
+    NAME as data.companion_NAME), and the labelling config (companion captures shown below the image).
 
     Example: defectdet labels export-labelstudio runs/line3 tasks.json --document-root /data/line3
     Example: defectdet labels export-labelstudio kept/ tasks.json --model models/line.onnx

@@ -73,6 +73,7 @@ def test_labelstudio_round_trip_keeps_reviewed_labels_classes_splits_and_templat
     assert "8 task(s), 6 with reviewed labels, 2 with pre-annotations" in result.output
     config = tasks.with_name("tasks_config.xml")
     assert "spur" in config.read_text() and "pin-hole" in config.read_text()  # the full list, in order
+    assert '<Image name="companion_L2" value="$companion_L2"' in config.read_text()  # shown beside the image
     assert stat.S_IMODE(tasks.stat().st_mode) == 0o644 and stat.S_IMODE(config.stat().st_mode) == 0o644
     document = json.loads(tasks.read_text())
     by_name = {Path(task["data"]["defectdet_image"]).name: task for task in document}

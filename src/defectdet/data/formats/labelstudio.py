@@ -25,6 +25,7 @@ import math
 import os
 import re
 import xml.etree.ElementTree as ElementTree
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -110,15 +111,22 @@ def config_classes(path: Path) -> list[str]:
     return names
 
 
-def labeling_config(class_names: list[str]) -> str:
-    """The labelling interface XML: the image and one RectangleLabels with our classes."""
+def labeling_config(class_names: list[str], companions: Sequence[str] = ()) -> str:
+    """The labelling interface XML: the image and one RectangleLabels with our classes; below them each
+    companion capture, to look at while drawing the boxes on the image (a defect one lighting hides)."""
     labels = "".join(f"    <Label value={quoteattr(name)}/>\n" for name in class_names)
+    views = "".join(
+        f"  <Header value={quoteattr(f'companion {name}')}/>\n"
+        f'  <Image name="{COMPANION_KEY}{name}" value="${COMPANION_KEY}{name}" zoom="true"/>\n'
+        for name in companions
+    )
     return (
         "<View>\n"
         f'  <Image name="{TO_NAME}" value="$image" zoom="true"/>\n'
         f'  <RectangleLabels name="{FROM_NAME}" toName="{TO_NAME}">\n'
         f"{labels}"
         "  </RectangleLabels>\n"
+        f"{views}"
         "</View>\n"
     )
 
@@ -169,7 +177,8 @@ def export_tasks(
     out = Path(out)
     config_path = Path(config_path) if config_path else out.with_name(f"{out.stem}_config.xml")
     atomic_write_text(out, json.dumps(tasks, indent=1))
-    atomic_write_text(config_path, labeling_config(names))
+    companions = list(dict.fromkeys(name for record in records for name in record.companions))
+    atomic_write_text(config_path, labeling_config(names, companions))
     return TasksExport(
         out, config_path, len(tasks), counts["predictions"], counts["regions"], root, names, skipped,
         counts["annotated"], sum(len(record.companions) for record in records),
