@@ -74,7 +74,10 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise SystemExit(f"--set {item!r}: {part} is set both as a value and as a group")
-        node[leaf] = yaml.safe_load(text)
+        value = yaml.safe_load(text)
+        if isinstance(value, bool) and text.strip().lower() not in ("true", "false"):
+            value = text.strip()  # YAML 1.1 reads off/on/yes/no as booleans: `class_balance=off` is the word
+        node[leaf] = value
     return overrides
 
 

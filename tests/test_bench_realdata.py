@@ -81,6 +81,10 @@ def test_set_overrides_are_parsed_nested_and_checked(monkeypatch: pytest.MonkeyP
     assert overrides == {"input_size": 640, "augment": {"noise_prob": 0, "gamma": [1, 1]}}
     merged = realdata._merged({"seed": 0, "augment": {"blur_prob": 0.0}}, overrides)
     assert merged["augment"] == {"blur_prob": 0.0, "noise_prob": 0, "gamma": [1, 1]} and merged["seed"] == 0
+    assert realdata.parse_overrides(["class_balance=off", "ema=false"]) == {
+        "class_balance": "off",
+        "ema": False,
+    }
     with pytest.raises(SystemExit, match="key=value"):
         realdata.parse_overrides(["input_size"])
     with pytest.raises(SystemExit, match="--tag"):
