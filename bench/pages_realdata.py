@@ -411,9 +411,11 @@ def _gap_sentences(runs: list[Result], tried: list[Result]) -> list[str]:
         value = best.doc.get("mAP50") or 0.0
         rare = without_rare(best.doc)
         gap = "meets it" if value >= at10 else f"{f3(at10 - value)} short"
+        base = _mean_without_rare(defaults) if rare is not None else _mean(defaults)
+        verdict = "none beats the defaults; the best" if _score(best) <= (base or 0.0) else "the best"
         sentences.append(
             f"{LABELS[dataset]} at 10 minutes: the defaults {_gap(at10, defaults)} of {at10:.2f}; of "
-            f"{len(mine)} tried, the best is {_changed(best)} at {f3(value)} ({gap})"
+            f"{len(mine)} tried, {verdict} is {_changed(best)} at {f3(value)} ({gap})"
             + (f", {f3(rare)} without crack." if rare is not None else ".")
         )
     return sentences
