@@ -20,6 +20,7 @@ from torch.utils.data import Dataset
 from defectdet.data.augment import AugmentConfig, build_augment, clip_boxes_to_window
 from defectdet.data.imageio import DEFAULT_MAX_PIXELS, read_image, read_planes
 from defectdet.data.letterbox import boxes_to_letterbox, letterbox_image
+from defectdet.data.mosaic import Planes, mosaic_origin, tile_window
 from defectdet.data.planes import input_array, stack_planes
 from defectdet.data.registration import register_pair
 from defectdet.data.sample import DatasetSplit, Sample
@@ -99,6 +100,9 @@ class DetectionDataset(Dataset):
         self.min_visibility = config.min_visibility
         self.seed = seed
         self.augmenter = build_augment(config, train=train and augment is not None, seed=seed)
+        # mosaic items in whole-image training only: a crop already varies what surrounds a defect
+        whole_images = self.augmenter.active and self.crop_size is None and len(self.samples) > 1
+        self.mosaic_prob = config.mosaic_prob if whole_images else 0.0
         self.skipped_paths: list[str] = []
         self._warned_resize: set[str] = set()  # plane kinds already warned about (template, each companion)
         self._unkeyed = np.random.default_rng(seed)  # draws for plain int indices
@@ -202,17 +206,13 @@ class DetectionDataset(Dataset):
         prepared = self._cache.get(index) or self._prepare(index, sample)
         if prepared is None:
             return None
-        image, template, companions, transform, registration, (width, height) = prepared
-        if self.augmenter.active:  # the augmenter may write into its inputs: keep the cached arrays intact
-            image = image.copy()
-            template = None if template is None else template.copy()
-            companions = [plane.copy() for plane in companions]
-        boxes = boxes_to_letterbox(sample.boxes, transform)
-        classes = sample.classes
-
-        image, template, companions, boxes, classes = self.augmenter.augment(
-            image, template, companions, boxes, classes
-        )
+        _, _, _, transform, registration, (width, height) = prepared
+        part = self._augmented(sample, prepared)
+        if self.mosaic_prob and self._rng.random() < self.mosaic_prob:
+            part = self._mosaic(part)
+        image, template, companions, boxes, classes = (
+            part.image, part.template, part.companions, part.boxes, part.classes
+        )  # fmt: skip
         size = self.imgsz
         offset_x = offset_y = 0
         if self.crop_size is not None:
@@ -243,6 +243,31 @@ class DetectionDataset(Dataset):
             "registration": None if registration is None else registration.to_dict(),
         }
         return tensor, target, meta
+
+    def _augmented(self, sample: Sample, prepared: tuple) -> Planes:
+        """The augmented planes and labels of one prepared sample."""
+        image, template, companions, transform, _, _ = prepared
+        if self.augmenter.active:  # the augmenter may write into its inputs: keep the cached arrays intact
+            image = image.copy()
+            template = None if template is None else template.copy()
+            companions = [plane.copy() for plane in companions]
+        boxes = boxes_to_letterbox(sample.boxes, transform)
+        return Planes(*self.augmenter.augment(image, template, companions, boxes, sample.classes))
+
+    def _mosaic(self, part: Planes) -> Planes:
+        """`part` and three other random samples, each augmented on its own, tiled (`data.mosaic`); `part` as it
+        is when one of the others cannot be read."""
+        others = []
+        for _ in range(3):
+            index = int(self._rng.integers(len(self.samples)))
+            prepared = self._cache.get(index) or self._prepare(index, self.samples[index])
+            if prepared is None:
+                return part
+            others.append(self._augmented(self.samples[index], prepared))
+        parts = [part, *others]
+        order = self._rng.permutation(4)
+        origin = mosaic_origin(self.imgsz, self._rng)
+        return tile_window([parts[i] for i in order], self.imgsz, origin, self.min_visibility)
 
     def _prepare(self, index: int, sample: Sample) -> tuple | None:
         """Decode (one intensity mapping for all planes), register the template and letterbox one sample: the
