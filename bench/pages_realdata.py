@@ -280,7 +280,9 @@ def page_real_data(results: dict[str, Result], plots: list[Callable[[], None]]) 
         "AGDD's val split holds two crack boxes (one with one lighting): its crack AP is not a measurement.",
         *_weakest(runs),
     )
-    _tried(page, runs, realdata_results(results, experiments=True))
+    experiments = realdata_results(results, experiments=True)
+    _tried(page, runs, [r for r in experiments if not is_step_matched(r)])
+    _step_matched(page, [r for r in experiments if is_step_matched(r)])
     _diagnosis(page, results.get("agdd_diagnosis"))
     return page
 
@@ -381,6 +383,73 @@ def _tried(page: Page, runs: list[Result], experiments: list[Result]) -> None:
         _tried_rows(page, runs, tried),
     )
     page.para(*_gap_sentences(runs, tried))
+
+
+def is_step_matched(result: Result) -> bool:
+    """A run trained for a set number of epochs (`--set epochs=N`): compared with its control, not with the
+    defaults of a time budget."""
+    return "epochs" in (result.doc.get("overrides") or {})
+
+
+def _control(result: Result, runs: list[Result]) -> Result | None:
+    """The run of the same data, seed and epochs that changed nothing else."""
+    epochs = result.doc["overrides"]["epochs"]
+    for other in runs:
+        same = other.doc["dataset"] == result.doc["dataset"] and other.seed() == result.seed()
+        if same and other.doc.get("overrides") == {"epochs": epochs} and other is not result:
+            return other
+    return None
+
+
+def _step_matched(page: Page, runs: list[Result]) -> None:
+    """Treatment against control at the same number of epochs: the same optimizer steps and schedule, so the
+    machine's load, which moves how many steps a time budget buys, does not enter the comparison."""
+    rows = []
+    for result in runs:
+        control = _control(result, runs)
+        if control is None:
+            continue
+        value, base = _score(result), _score(control)
+        overrides = {k: v for k, v in _flat(result.doc["overrides"]).items() if k != "epochs"}
+        rows.append(
+            [
+                LABELS.get(result.doc["dataset"], result.doc["dataset"]),
+                ", ".join(f"`{key}={value}`" for key, value in overrides.items()),
+                result.doc["overrides"]["epochs"],
+                result.seed(),
+                f"{control.doc.get('steps') or 0:,} / {result.doc.get('steps') or 0:,}",
+                f"{f3(base)} / {f3(value)}",
+                f"{value - base:+.3f}",
+                f"{f1(control.doc.get('train_wall_s', 0) / 60)} / {f1(result.doc.get('train_wall_s', 0) / 60)}",
+                ", ".join(
+                    f"{name} {f3(ap)}" for name, ap in (result.doc.get("per_class_AP50") or {}).items()
+                ),
+                f"{page.cite(control.name)}, {page.cite(result.name)}",
+            ]
+        )
+    if not rows:
+        return
+    page.heading(2, "Same steps, one change")
+    page.para(
+        "Pairs of runs trained for the same number of epochs (`--set epochs=N`), the control with nothing else",
+        "changed: the same steps and learning-rate schedule, so a loaded machine does not change what is",
+        "compared. Training minutes show what the change costs in time.",
+    )
+    page.table(
+        (
+            "data",
+            "changed",
+            "epochs",
+            "seed",
+            "steps, control / changed",
+            "mAP@0.5 (AGDD: without crack), control / changed",
+            "difference",
+            "training minutes, control / changed",
+            "AP@0.5 per class, changed",
+            "files",
+        ),
+        rows,
+    )
 
 
 def _seed_spread(runs: list[Result]) -> float | None:
