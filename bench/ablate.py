@@ -5,6 +5,7 @@
     python bench/ablate.py --rung deeppcb_plain:tiny:20 --set synthetic_boards=400 --threads 2   # both cores: *_threads-2.json
     python bench/ablate.py --rung deeppcb_plain:tiny:20 --set synthetic_boards=0 --tag stop38   # a same-commit control
     python bench/ablate.py --rung deeppcb_plain:tiny:20 --set val_every=null   # the product's validation cadence
+    python bench/ablate.py --rung surface:tiny:30 --set epochs=40 --set "augment={mosaic_prob: 0.5}"  # a nested field
 
 DeepPCB rungs validate on the held-out groups every 2 epochs (the curves between budget points), which takes
 training time from a time-budgeted run; `val_every=null` validates as `train` does by default (about ten times).
@@ -40,6 +41,14 @@ def parse_settings(pairs: list[str]) -> dict:
     return found
 
 
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """{'augment': {'mosaic_prob': 0.5}} -> {'augment.mosaic_prob': 0.5}: file names without braces or spaces."""
+    flat = {}
+    for key, value in tree.items():
+        flat.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return flat
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -57,7 +66,7 @@ def main() -> int:
     limit_threads(args.threads)
     dataset, preset, minutes = args.rung.split(":")
     overrides = parse_settings(args.settings)
-    suffix = "_".join(f"{key}-{value}" for key, value in overrides.items())
+    suffix = "_".join(f"{key}-{value}" for key, value in _flat(overrides).items())
     base = result_name(dataset, preset, float(minutes))
     name = base.replace("scaling_", "ablate_", 1) + f"_{suffix}"
     if args.threads and args.threads > 1:  # a whole-machine run is not the one-core rung's peer: its own file
