@@ -3,15 +3,17 @@
     python bench/realdata.py --dataset agdd_1light --minutes 10 --seed 0 --threads 1
     python bench/realdata.py                      # every dataset: 10 min (seeds 0, 1), 30 and 60 min (seed 0)
     python bench/realdata.py --summary            # mean and spread per dataset and budget -> realdata_summary.json
+    python bench/realdata.py --rescore NAME --work RUN_FOLDER   # score a recorded run again, no training
 
 Each run is `defectdet train DATA --time M` through the Python API (no setting changed), then the bundle is
-exported and scored through the torch-free runtime at the bundle's own threshold:
+exported and scored through the torch-free runtime at the bundle's own threshold, with the fragment merge the
+export chose on the threshold split (`fragment_merge` records the classes, the export's evidence and the
+report split's figures without it):
 
 - `agdd_1light` / `agdd_2light`: AGDD with one lighting (`_L1`) or both lightings as separate images. Trained on
   its `train.json` alone, so the trainer holds out whole groups of it (both lightings of a sample together);
   the bundle's threshold is chosen on that held-out part, and everything is reported on AGDD's own `val.json`
-  (other capture sessions). Both lightings as two planes of one input is not measured: the product has no
-  companion-capture input yet.
+  (other capture sessions).
 - `agdd_pair`: AGDD's `_L1` images with their `_L2` capture as the second plane, through the template input
   (`template_file_name`): what a second aligned plane is worth with the template path as it is (registration
   and the difference plane included). Same split and threshold as above.
@@ -164,7 +166,7 @@ def train_run(
     from defectdet.engine.config import TrainConfig
     from defectdet.engine.trainer import build_train_data, train
 
-    plan = agdd_plan(dataset, work, shared) if dataset.startswith("agdd") else deeppcb_plan(dataset, shared)
+    plan = _plan(dataset, work, shared)
     base = {**plan["train"], "time_minutes": minutes, "seed": seed, "out": work / "run", "progress": False}
     config = TrainConfig(**_merged(base, overrides))
     data = build_train_data(config)
@@ -174,9 +176,10 @@ def train_run(
     return plan, data, result, {"train_wall_s": wall}
 
 
-def score_bundle(plan: dict[str, Any], checkpoint: Path, out: Path) -> tuple[dict, dict]:
-    """Export `checkpoint` with thresholds measured on the plan's threshold split, then score the bundle on
-    the report split at the bundle's threshold. Returns (metrics, bundle thresholds)."""
+def score_bundle(plan: dict[str, Any], checkpoint: Path, out: Path) -> dict[str, Any]:
+    """Export `checkpoint` with thresholds (and the fragment merge) measured on the plan's threshold split, then
+    score the bundle on the report split at the bundle's threshold, with its fragment merge and, when it merges
+    any class, without. Returns the result file's scoring fields."""
     from defectdet.engine.validate import validate
     from defectdet.export.exporter import export_bundle
 
@@ -185,16 +188,68 @@ def score_bundle(plan: dict[str, Any], checkpoint: Path, out: Path) -> tuple[dic
         checkpoint, out / "model.onnx", data=chosen["data"], split=chosen["split"], force=True
     )
     report = plan["report_on"]
-    metrics = validate(
-        bundle.bundle,
-        report["data"],
-        split=report["split"],
-        protocol="coco",
-        threshold_from="bundle",
-        clean_templates=plan["clean_templates"],
-        out=out / "val",
-    )
-    return metrics, bundle.metadata.thresholds.model_dump()
+    settings = {
+        "split": report["split"],
+        "protocol": "coco",
+        "threshold_from": "bundle",
+        "clean_templates": plan["clean_templates"],
+    }
+    metrics = validate(bundle.bundle, report["data"], out=out / "val", **settings)
+    thresholds = bundle.metadata.thresholds.model_dump()
+    merge = {
+        "classes": thresholds.get("merge_fragments") or [],
+        "chosen_on": chosen["what"],
+        "evidence": bundle.metadata.metrics.get("fragment_merge") or {},
+    }
+    if merge["classes"]:
+        plain = validate(
+            bundle.bundle, report["data"], out=out / "val_unmerged", merge_fragments=False, **settings
+        )
+        merge["without"] = {
+            "mAP50": plain["headline"].get("mAP50"),
+            "per_class_AP50": (plain.get("coco") or {}).get("class_AP50"),
+        }
+    headline = metrics.get("headline", {})
+    boards = metrics.get("boards") or {}
+    return {
+        "threshold": {
+            "value": boards.get("threshold"),
+            "chosen_on": chosen["what"],
+            "reported_on": report["what"],
+            "bundle": thresholds,
+        },
+        "mAP50": headline.get("mAP50"),
+        "mAP50_95": headline.get("mAP50_95"),
+        "per_class_AP50": (metrics.get("coco") or {}).get("class_AP50"),
+        "per_class_AP50_95": (metrics.get("coco") or {}).get("class_AP50_95"),
+        "fragment_merge": merge,
+        "boards": boards,
+        "boxes_at_threshold": {key: headline.get(key) for key in ("precision", "recall", "f1")},
+        "clean_boards": metrics.get("clean_boards"),
+    }
+
+
+def _plan(dataset: str, work: Path, shared: Path) -> dict[str, Any]:
+    return agdd_plan(dataset, work, shared) if dataset.startswith("agdd") else deeppcb_plan(dataset, shared)
+
+
+def rescore(name: str, work: Path, shared: Path) -> Path:
+    """Score a recorded run's final weights again with this commit's export and `val`, without training again:
+    the result file keeps its training figures, takes the new scoring fields, and `trained_at` keeps the
+    environment (commit, machine) of the training."""
+    path = RESULTS_DIR / f"{name}.json"
+    document = json.loads(path.read_text())
+    checkpoint = work / "run" / "last.pt"
+    if not checkpoint.is_file():
+        raise SystemExit(f"--rescore {name}: no {checkpoint} (the run's folder is --work)")
+    scoring = score_bundle(_plan(document["dataset"], work, shared), checkpoint, work)
+    body = {key: value for key, value in document.items() if key not in ("name", "environment", "trained_at")}
+    body.update(scoring)
+    body["trained_at"] = document.get("trained_at") or document["environment"]
+    body["rescored_by"] = " ".join(["python bench/realdata.py", *sys.argv[1:]])
+    written = write_result(name, body)
+    print_table(name, ["figure", "value"], [[k, body[k]] for k in ("mAP50", "mAP50_95", "steps")])
+    return written
 
 
 def run(dataset: str, minutes: float, seed: int, args: argparse.Namespace, dirty: bool) -> Path:
@@ -205,9 +260,7 @@ def run(dataset: str, minutes: float, seed: int, args: argparse.Namespace, dirty
     overrides = parse_overrides(args.set)
     plan, data, result, timings = train_run(dataset, minutes, seed, work, args.shared, overrides)
     probe_after_ms = speed_probe(threads or _torch_threads())  # the load may have changed while it trained
-    metrics, thresholds = score_bundle(plan, result.last_checkpoint, work)
-    headline = metrics.get("headline", {})
-    boards = metrics.get("boards") or {}
+    scoring = score_bundle(plan, result.last_checkpoint, work)
     body = {
         "command": " ".join(["python bench/realdata.py", *sys.argv[1:]]),
         "dataset": dataset,
@@ -224,19 +277,7 @@ def run(dataset: str, minutes: float, seed: int, args: argparse.Namespace, dirty
         "steps": result.state.step,
         "train_wall_s": timings["train_wall_s"],
         "internal_held_out_mAP50": (result.final_metrics.get("headline") or {}).get("mAP50"),
-        "threshold": {
-            "value": boards.get("threshold"),
-            "chosen_on": plan["threshold_on"]["what"],
-            "reported_on": plan["report_on"]["what"],
-            "bundle": thresholds,
-        },
-        "mAP50": headline.get("mAP50"),
-        "mAP50_95": headline.get("mAP50_95"),
-        "per_class_AP50": (metrics.get("coco") or {}).get("class_AP50"),
-        "per_class_AP50_95": (metrics.get("coco") or {}).get("class_AP50_95"),
-        "boards": boards,
-        "boxes_at_threshold": {key: headline.get(key) for key in ("precision", "recall", "f1")},
-        "clean_boards": metrics.get("clean_boards"),
+        **scoring,
     }
     path = write_result(name, body)
     print_table(name, ["figure", "value"], [[k, body[k]] for k in ("mAP50", "mAP50_95", "steps")])
@@ -307,9 +348,22 @@ def main() -> int:
     parser.add_argument("--shared", type=Path, default=SHARED, help="the folder holding agdd/ and deeppcb/")
     parser.add_argument("--allow-dirty", action="store_true", help="run from uncommitted code (recorded)")
     parser.add_argument("--summary", action="store_true", help="aggregate the result files, train nothing")
+    parser.add_argument(
+        "--rescore",
+        metavar="NAME",
+        help="score the recorded run NAME (a result file's name) again from its final weights in --work",
+    )
+    parser.add_argument("--work", type=Path, help="with --rescore: the run's folder (holds run/last.pt)")
     args = parser.parse_args()
     if args.summary:
         print(f"wrote {summary()}")
+        return 0
+    if args.rescore:
+        if uncommitted_code() and not args.allow_dirty:
+            raise SystemExit("uncommitted code: commit it, or pass --allow-dirty")
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+        limit_threads(args.threads)
+        print(f"wrote {rescore(args.rescore, args.work or WORK / args.rescore, args.shared)}")
         return 0
     if args.set:
         _check_overrides(parse_overrides(args.set), args.tag)

@@ -89,6 +89,12 @@ REPEAT_CHECK_OVERRIDE = typer.Option(
     "--repeat-check/--no-repeat-check",
     help=_REPEAT_CHECK_HELP + " Default: a bundle's own, off for a checkpoint.",
 )
+MERGE_FRAGMENTS_OPTION = typer.Option(
+    True,
+    "--merge-fragments/--no-merge-fragments",
+    help="A bundle's fragment merge: the classes where export found that overlapping pieces of one large defect "
+    "are better reported as one box. --no-merge-fragments scores the bundle without it.",
+)
 REPEAT_CHECK_EXPORT = typer.Option(
     False, "--repeat-check", help=_REPEAT_CHECK_HELP + " Written into the bundle."
 )
@@ -407,10 +413,9 @@ def val(
     ),
     batch: int = typer.Option(8, help="Batch size."),
     format: str | None = typer.Option(None, "--format", help="Dataset format (default: detected)."),
-    flip_views: str | None = typer.Option(
-        None, help="Test-time flips: none | lr | lr+ud (a bundle: its own)."
-    ),
+    flip_views: str | None = typer.Option(None, help="Test-time flips: none, lr or lr+ud (bundle: its own)."),
     repeat_check: bool | None = REPEAT_CHECK_OVERRIDE,
+    merge_fragments: bool = MERGE_FRAGMENTS_OPTION,
 ) -> None:
     """Evaluate a checkpoint: COCO mAP, the DeepPCB protocol, operating point, plots and report.html.
 
@@ -435,6 +440,7 @@ def val(
         format=format,
         flip_views=flip_views,
         repeat_check=repeat_check,
+        merge_fragments=None if merge_fragments else False,
     )
     metrics = validate(checkpoint, data, settings, console=console)
     console.print(f"[green]report[/green]: {metrics['report']}")
@@ -491,7 +497,8 @@ def export(
     console.print(f"[green]bundle[/green]: {result.bundle} ({result.bundle.stat().st_size / 1024:.0f} KiB)")
     console.print(
         f"input {meta.input_size}x{meta.input_size}, {meta.channels} channel(s), planes {', '.join(meta.planes)}, "
-        f"flip views {meta.flip_views}, repeat check {'on' if meta.repeat_check else 'off'}; eager vs onnxruntime max |diff| {result.parity_max_abs_diff:.1e}"
+        f"flip views {meta.flip_views}, repeat check {'on' if meta.repeat_check else 'off'}, fragments merged for "
+        f"{', '.join(meta.thresholds.merge_fragments) or 'no class'}; eager vs onnxruntime max |diff| {result.parity_max_abs_diff:.1e}"
     )
     recall = meta.thresholds.recall_threshold
     console.print(

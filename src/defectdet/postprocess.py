@@ -23,13 +23,22 @@ MIN_BOX_PIXELS = 1.0
 BOX_DECIMALS = 2
 
 
+# Fragment merge: a detection joins a higher-scoring one of its class when at least this share of the smaller of
+# the two lies inside the other ...
+FRAGMENT_OVERLAP = 0.5
+# ... and it scores at least this share of that one's score (low-scoring pieces of a long defect join too).
+FRAGMENT_SCORE_RATIO = 0.3
+
+
 @dataclass(frozen=True)
 class PostprocessSettings:
-    """Score floor, class-aware NMS IoU and detection cap applied to raw predictions."""
+    """Score floor, class-aware NMS IoU and detection cap applied to raw predictions; `merge_classes`: the class
+    ids whose overlapping fragments are reported as one box (`merge_fragments`)."""
 
     score_threshold: float = DEFAULT_SCORE_THRESHOLD
     iou_threshold: float = DEFAULT_NMS_IOU
     max_detections: int = DEFAULT_MAX_DETECTIONS
+    merge_classes: tuple[int, ...] = ()
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | None) -> PostprocessSettings:
@@ -128,3 +137,46 @@ def visible_boxes(boxes: np.ndarray, min_size: float = MIN_BOX_PIXELS) -> np.nda
     are reported (a box clipped to the image edge can collapse to zero height)."""
     rounded = np.round(np.asarray(boxes, np.float64).reshape(-1, 4), BOX_DECIMALS)
     return (rounded[:, 2] - rounded[:, 0] >= min_size) & (rounded[:, 3] - rounded[:, 1] >= min_size)
+
+
+def merge_fragments(
+    boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, merge_classes: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Detections of `merge_classes` that are pieces of one larger defect, reported as one box.
+
+    A long scratch or a large contusion is often answered with several overlapping boxes, each covering a
+    stretch of it, that NMS keeps because their IoU with each other is low. In descending score order, a
+    detection whose class is in `merge_classes` joins the first kept box of its class that holds at least
+    `FRAGMENT_OVERLAP` of the smaller of the two and scores at least `FRAGMENT_SCORE_RATIO` of its score: that
+    box grows to cover both and keeps its score. Other classes pass unchanged; the order stays by score.
+    """
+    boxes = np.asarray(boxes, np.float32).reshape(-1, 4)
+    if not merge_classes or len(boxes) == 0:
+        return boxes, scores, classes
+    order = np.argsort(-np.asarray(scores), kind="stable")
+    kept: list[int] = []  # indices into the output arrays, in score order
+    out_boxes = boxes[order].copy()
+    out_scores, out_classes = np.asarray(scores)[order], np.asarray(classes)[order]
+    mergeable = np.isin(out_classes, np.asarray(merge_classes, dtype=np.int64))
+    for index in range(len(out_boxes)):
+        if mergeable[index] and kept:
+            candidates = np.asarray(kept)
+            candidates = candidates[
+                (out_classes[candidates] == out_classes[index])
+                & (out_scores[index] >= FRAGMENT_SCORE_RATIO * out_scores[candidates])
+            ]
+            if len(candidates):
+                box, others = out_boxes[index], out_boxes[candidates]
+                width = np.minimum(others[:, 2], box[2]) - np.maximum(others[:, 0], box[0])
+                height = np.minimum(others[:, 3], box[3]) - np.maximum(others[:, 1], box[1])
+                inside = np.clip(width, 0, None) * np.clip(height, 0, None)
+                areas = (others[:, 2] - others[:, 0]) * (others[:, 3] - others[:, 1])
+                smaller = np.minimum(areas, (box[2] - box[0]) * (box[3] - box[1]))
+                joined = np.flatnonzero(inside >= FRAGMENT_OVERLAP * np.maximum(smaller, 1e-6))
+                if len(joined):
+                    target = candidates[joined[0]]
+                    out_boxes[target, :2] = np.minimum(out_boxes[target, :2], box[:2])
+                    out_boxes[target, 2:] = np.maximum(out_boxes[target, 2:], box[2:])
+                    continue
+        kept.append(index)
+    return out_boxes[kept], out_scores[kept], out_classes[kept]

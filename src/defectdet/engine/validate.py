@@ -62,10 +62,11 @@ def model_spec(
     register_pairs: bool | None = None,
     tiles: bool | None = None,
     repeat_check: bool | None = None,
+    merge_fragments: bool | None = None,
 ) -> ModelSpec:
     """The model's settings as `val` runs it: the bundle's (`metadata`) or the checkpoint's (`state`), then the
-    caller's explicit `input_size`, `register_pairs`, `tiles` and `repeat_check` (None: as the model was trained or
-    exported)."""
+    caller's explicit `input_size`, `register_pairs`, `tiles`, `repeat_check` and `merge_fragments` (None: as the
+    model was trained or exported)."""
     if metadata is not None:
         spec = ModelSpec.from_bundle(metadata)
     else:
@@ -77,7 +78,8 @@ def model_spec(
         update["registration"] = spec.template and bool(register_pairs)
     if tiles is not None:
         update["tiles"] = bool(tiles)
-    return spec.model_copy(update=update).with_repeat_check(repeat_check, source)
+    spec = spec.model_copy(update=update).with_repeat_check(repeat_check, source)
+    return spec.with_merge_fragments(merge_fragments)
 
 
 def write_registrations(records: Sequence[ImageRecord], path: Path) -> None:
@@ -109,6 +111,8 @@ class ValidateSettings(BaseModel):
       a checkpoint). A bundle runs the views written into its graph; asking it for others is an error.
     - `repeat_check`: drop detections whose surroundings repeat unchanged elsewhere in the image
       (`runtime.repeat_check`; models without templates; None: a bundle's own, off for a checkpoint).
+    - `merge_fragments`: False reports a bundle's detections without its fragment merge
+      (`postprocess.merge_fragments`; None: the bundle's own classes, none for a checkpoint).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -127,6 +131,7 @@ class ValidateSettings(BaseModel):
     tiles: bool | None = None
     flip_views: str | None = None
     repeat_check: bool | None = None
+    merge_fragments: bool | None = None
     seed: int = 0
     batch: int = DEFAULT_EVAL_BATCH
     format: str | None = None  # dataset format (None: detected)
@@ -277,6 +282,7 @@ class _ValidationRun:
             register_pairs=settings.register_pairs,
             tiles=settings.tiles,
             repeat_check=settings.repeat_check,
+            merge_fragments=settings.merge_fragments,
         )
         model, spec = _with_flip_views(
             model, spec, settings.flip_views, checkpoint, bundle, (state or {}).get("config")
@@ -343,6 +349,7 @@ def _score(
             "tiles": spec.tiles,
             "flip views": spec.flip_views,
             "repeat check": spec.repeat_check,
+            "fragments merged": ", ".join(spec.merge_fragments) or "none",
             "clean boards": _clean_note(settings.clean_templates, recapture, settings.seed),
             "skipped_images": len(skipped),
         },
@@ -359,6 +366,7 @@ def _score(
     metrics["tiles"] = spec.tiles  # native-resolution tiles of large images joined the whole-image pass
     metrics["flip_views"] = spec.flip_views
     metrics["repeat_check"] = spec.repeat_check
+    metrics["merge_fragments"] = list(spec.merge_fragments)
     if metrics["registration"] is not None:
         write_registrations(records, run.out_dir / "registration.csv")
     return metrics

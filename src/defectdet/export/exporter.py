@@ -24,6 +24,7 @@ from torch import nn
 
 from defectdet.engine.start_model import WEIGHTS_KEY, encode_weights
 from defectdet.errors import ConfigError, DatasetError, DefectDetError
+from defectdet.export.fragment_choice import choose_merged, merge_candidates
 from defectdet.runtime.bundle import (
     FEATURES_OUTPUT,
     INPUT_NAME,
@@ -340,10 +341,7 @@ def _measure(
 ) -> BundleMetadata:
     """Thresholds and metrics from `val` on the bundle itself; the drift reference from `reference_split`
     (the training images: the validation split alone is a few boards), else from `split`."""
-    from defectdet.engine.validate import validate
-
-    with tempfile.TemporaryDirectory() as folder:
-        metrics = validate(bundle, data, split=split, out=folder, target_recall=target_recall, console=None)
+    metrics, metadata = _merge_fragments(bundle, metadata, data, split, target_recall)
     headline = metrics.get("headline", {})
     thresholds = metadata.thresholds.model_copy()
     if isinstance(headline.get("threshold"), float):
@@ -362,9 +360,49 @@ def _measure(
     kept = {
         key: value for key, value in headline.items() if isinstance(value, (int, float)) and value is not None
     }
-    return metadata.model_copy(
-        update={"thresholds": thresholds, "metrics": {**kept, "split": split}, "drift_reference": reference}
+    evidence = (
+        {"fragment_merge": metadata.metrics["fragment_merge"]} if "fragment_merge" in metadata.metrics else {}
     )
+    return metadata.model_copy(
+        update={
+            "thresholds": thresholds,
+            "metrics": {**kept, "split": split, **evidence},
+            "drift_reference": reference,
+        }
+    )
+
+
+def _merge_fragments(
+    bundle: Path, metadata: BundleMetadata, data: str | Path, split: str, target_recall: float
+) -> tuple[dict[str, Any], BundleMetadata]:
+    """`val` of the bundle on `split`, with the fragment merge on for the classes where it raised AP there
+    (`export.fragment_choice`): (the metrics of the bundle as written, its metadata)."""
+    from defectdet.engine.validate import validate
+
+    def scored() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory() as folder:
+            return validate(bundle, data, split=split, out=folder, target_recall=target_recall, console=None)
+
+    metrics = scored()
+    candidates = merge_candidates(metrics.get("per_class") or [])
+    if not candidates:
+        return metrics, metadata
+
+    def with_merged(names: list[str]) -> BundleMetadata:
+        thresholds = metadata.thresholds.model_copy(update={"merge_fragments": names})
+        updated = metadata.model_copy(update={"thresholds": thresholds})
+        write_metadata(bundle, updated)
+        return updated
+
+    with_merged(candidates)
+    merged_metrics = scored()
+    chosen, evidence = choose_merged(metrics["per_class"], merged_metrics.get("per_class") or [], candidates)
+    metadata = with_merged(chosen)
+    metadata = metadata.model_copy(update={"metrics": {**metadata.metrics, "fragment_merge": evidence}})
+    if chosen:
+        logger.info("fragment merge for %s (AP50 on split %s: %s)", ", ".join(chosen), split, evidence)
+        metrics = merged_metrics if chosen == candidates else scored()
+    return metrics, metadata
 
 
 def drift_reference(

@@ -67,6 +67,9 @@ class Thresholds(BaseModel):
     nms_iou: float = Field(DEFAULT_NMS_IOU, gt=0, le=1)
     max_detections: int = Field(DEFAULT_MAX_DETECTIONS, ge=1)
     score_floor: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)
+    # classes whose overlapping fragments are reported as one box: those where it raised AP on the export's
+    # validation split (postprocess.merge_fragments)
+    merge_fragments: list[str] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -122,6 +125,13 @@ class BundleMetadata(BaseModel):
     @classmethod
     def _companion_names(cls, names: list[str]) -> list[str]:
         return check_companion_names(names)
+
+    @model_validator(mode="after")
+    def _merged_classes_known(self) -> BundleMetadata:
+        unknown = [name for name in self.thresholds.merge_fragments if name not in self.class_names]
+        if unknown:
+            raise ValueError(f"thresholds.merge_fragments names classes the bundle does not have: {unknown}")
+        return self
 
     @property
     def planes(self) -> list[str]:

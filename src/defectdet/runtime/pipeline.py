@@ -48,7 +48,7 @@ from defectdet.data.registration import register_pair
 from defectdet.data.sample import Sample
 from defectdet.data.tiling import TilePlan, combine_passes, plan_tiles, tile_canvases
 from defectdet.errors import InputError
-from defectdet.postprocess import PostprocessSettings, postprocess, visible_boxes
+from defectdet.postprocess import PostprocessSettings, merge_fragments, postprocess, visible_boxes
 from defectdet.runtime.repeat_check import repeated_mask
 from defectdet.runtime.spec import ModelSpec
 
@@ -353,7 +353,8 @@ def finish(predictions: np.ndarray, prepared: Prepared, settings: PostprocessSet
     """Raw outputs of `prepared.inputs` ``(1 + T, A, 4 + K)`` (boxes in input pixels) -> detections in original
     pixels: score floor and class-aware NMS per pass, then the whole image mapped back through the letterbox and
     small tile detections merged in, boxes under one pixel wide or high in the image dropped; with the repeat
-    check (`runtime.repeat_check`), detections on repeated design dropped."""
+    check (`runtime.repeat_check`), detections on repeated design dropped; fragments of one defect of the
+    settings' `merge_classes` reported as one box (`postprocess.merge_fragments`)."""
     if len(predictions) != prepared.passes:
         raise ValueError(f"{len(predictions)} prediction rows for an image of {prepared.passes} passes")
     found = postprocess(
@@ -367,6 +368,7 @@ def finish(predictions: np.ndarray, prepared: Prepared, settings: PostprocessSet
     if prepared.repeat_check_image is not None:
         keep = ~repeated_mask(prepared.repeat_check_image, boxes, scores)
         boxes, scores, classes = boxes[keep], scores[keep], classes[keep]
+    boxes, scores, classes = merge_fragments(boxes, scores, classes, settings.merge_classes)
     return Found(boxes, scores, classes)
 
 

@@ -53,6 +53,8 @@ class ModelSpec(BaseModel):
     # drop detections whose surroundings repeat unchanged elsewhere in the image (runtime.repeat_check;
     # template-free models only)
     repeat_check: bool = False
+    # classes whose overlapping fragments are reported as one box (postprocess.merge_fragments), chosen at export
+    merge_fragments: tuple[str, ...] = ()
     min_score: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)  # the score floor before NMS
     nms_iou: float = Field(DEFAULT_NMS_IOU, gt=0, le=1)
     max_detections: int = Field(DEFAULT_MAX_DETECTIONS, ge=1)
@@ -76,7 +78,10 @@ class ModelSpec(BaseModel):
 
     @property
     def postprocess(self) -> PostprocessSettings:
-        return PostprocessSettings(self.min_score, self.nms_iou, self.max_detections)
+        merged = tuple(
+            self.class_names.index(name) for name in self.merge_fragments if name in self.class_names
+        )
+        return PostprocessSettings(self.min_score, self.nms_iou, self.max_detections, merged)
 
     def with_postprocess(self, settings: PostprocessSettings) -> ModelSpec:
         """This spec with the score floor, NMS IoU and detection cap of `settings`."""
@@ -87,6 +92,10 @@ class ModelSpec(BaseModel):
                 "max_detections": settings.max_detections,
             }
         )
+
+    def with_merge_fragments(self, merge: bool | None) -> ModelSpec:
+        """This spec with its fragment merge as chosen (None or True: unchanged) or off (False)."""
+        return self if merge is None or merge else self.model_copy(update={"merge_fragments": ()})
 
     def with_repeat_check(self, repeat_check: bool | None, source: str | Path = "model") -> ModelSpec:
         """This spec with the repeat check on or off (None: unchanged). ConfigError for a model that reads
@@ -157,6 +166,7 @@ class ModelSpec(BaseModel):
             tiles=metadata.tiles,
             flip_views=metadata.flip_views,
             repeat_check=metadata.repeat_check,
+            merge_fragments=tuple(metadata.thresholds.merge_fragments),
             min_score=metadata.thresholds.score_floor,
             nms_iou=metadata.thresholds.nms_iou,
             max_detections=metadata.thresholds.max_detections,
