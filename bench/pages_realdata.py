@@ -162,6 +162,7 @@ def _run_rows(page: Page, runs: list[Result]) -> list[list[Any]]:
                 f3(doc.get("mAP50")),
                 f3(without_rare(doc)),
                 f3(doc.get("mAP50_95")),
+                _merged_text(doc),
                 f3(doc.get("internal_held_out_mAP50")),
                 f3(threshold.get("value")),
                 escapes,
@@ -170,6 +171,74 @@ def _run_rows(page: Page, runs: list[Result]) -> list[list[Any]]:
             ]
         )
     return rows
+
+
+def _merged_text(doc: dict[str, Any]) -> str:
+    """Which classes the bundle merged fragments of, and the mAP@0.5 without it; '-' for a run scored before
+    the fragment merge existed."""
+    merge = doc.get("fragment_merge")
+    if merge is None:
+        return "-"
+    if not merge["classes"]:
+        return "no class"
+    return f"{', '.join(merge['classes'])} (without: {f3(merge['without']['mAP50'])})"
+
+
+def _fragment_rows(page: Page, runs: list[Result]) -> list[list[Any]]:
+    """Per run scored with the fragment merge: what export measured on its threshold split, and what the
+    report split gives with and without the merge."""
+    rows = []
+    for result in runs:
+        merge = result.doc.get("fragment_merge")
+        if merge is None:
+            continue
+        evidence = ", ".join(
+            f"{name} {f3(e['as_is'])} -> {f3(e['merged'])} ({e['boxes']} boxes)"
+            for name, e in (merge.get("evidence") or {}).items()
+        )
+        without = (merge.get("without") or {}).get("mAP50")
+        rows.append(
+            [
+                LABELS.get(result.doc["dataset"], result.doc["dataset"]),
+                f"{result.minutes:g}",
+                result.seed(),
+                evidence or "no class with 10 boxes",
+                ", ".join(merge["classes"]) or "none",
+                f"{f3(without)} -> {f3(result.doc.get('mAP50'))}"
+                if without is not None
+                else f3(result.doc.get("mAP50")),
+                page.cite(result.name),
+            ]
+        )
+    return rows
+
+
+def _fragments(page: Page, runs: list[Result]) -> None:
+    rows = _fragment_rows(page, runs)
+    if not rows:
+        return
+    page.heading(2, "Fragment merge")
+    page.para(
+        "A long or large defect is often answered with several overlapping boxes, each too small to count.",
+        "`export` tries, per class with at least 10 labelled boxes on the threshold split, reporting such pieces",
+        "as one box, and keeps it for the classes whose AP@0.5 it raised there by at least 0.05",
+        "([fragment merge](../glossary.md#fragment-merge)). The choice is made on the threshold split and",
+        "reported on the report split (for DeepPCB they are the same held-out board groups). Runs recorded",
+        "before the merge existed were scored again from their final weights (`bench/realdata.py --rescore`);",
+        "their training is unchanged.",
+    )
+    page.table(
+        (
+            "data",
+            "minutes",
+            "seed",
+            "AP@0.5 on the threshold split, as is -> merged",
+            "merged",
+            "mAP@0.5 reported, without -> with the merge",
+            "file",
+        ),
+        rows,
+    )
 
 
 def _probe(probe: dict[str, Any]) -> str:
@@ -256,6 +325,7 @@ def page_real_data(results: dict[str, Result], plots: list[Callable[[], None]]) 
             "mAP@0.5",
             "mAP@0.5 without crack (AGDD)",
             "mAP@0.5:0.95",
+            "fragment merge",
             "the trainer's own held-out mAP@0.5",
             "threshold",
             "escapes",
@@ -281,6 +351,7 @@ def page_real_data(results: dict[str, Result], plots: list[Callable[[], None]]) 
         *_weakest(runs),
     )
     experiments = realdata_results(results, experiments=True)
+    _fragments(page, runs + experiments)
     _tried(page, runs, [r for r in experiments if not is_step_matched(r)])
     _step_matched(page, [r for r in experiments if is_step_matched(r)])
     _diagnosis(page, results.get("agdd_diagnosis"))
