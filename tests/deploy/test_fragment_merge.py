@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from defectdet.data.formats import load_dataset
 from defectdet.export import exporter
 from defectdet.export.fragment_choice import MIN_BOXES, choose_merged, merge_candidates
 from defectdet.postprocess import merge_fragments
-from defectdet.runtime.bundle import BundleMetadata, read_metadata
+from defectdet.runtime.bundle import BundleMetadata, read_metadata, write_metadata
 from defectdet.runtime.predictor import Predictor
 from defectdet.runtime.spec import ModelSpec
 
@@ -97,3 +99,27 @@ def test_bundle_runs_its_merge_and_refuses_unknown_classes(bundle_path: Path, tm
     assert spec.postprocess.merge_classes == (0,)
     assert spec.with_merge_fragments(False).postprocess.merge_classes == ()
     assert Predictor(bundle_path).spec.postprocess.merge_classes == ()  # exported without a merge
+
+
+def test_predictor_reports_every_piece_inside_one_merged_box(
+    bundle_path: Path, tiny_dataset: Path, tmp_path: Path
+) -> None:
+    metadata = read_metadata(bundle_path)
+    merged_bundle = tmp_path / "merged.onnx"
+    shutil.copy(bundle_path, merged_bundle)
+    thresholds = metadata.thresholds.model_copy(update={"merge_fragments": list(metadata.class_names)})
+    write_metadata(merged_bundle, metadata.model_copy(update={"thresholds": thresholds}))
+    sample = load_dataset(tiny_dataset, "val").samples[0]
+    plain = Predictor(bundle_path).predict(sample.image_path, sample.template_path, score_floor=0.001)
+    merged = Predictor(merged_bundle).predict(sample.image_path, sample.template_path, score_floor=0.001)
+    assert 0 < len(merged.detections) < len(plain.detections)  # a barely trained model answers in pieces
+    assert {d.score for d in merged.detections} <= {d.score for d in plain.detections}
+    for piece in plain.detections:
+        assert any(
+            whole.class_id == piece.class_id
+            and whole.box[0] <= piece.box[0] + 0.01
+            and whole.box[1] <= piece.box[1] + 0.01
+            and whole.box[2] >= piece.box[2] - 0.01
+            and whole.box[3] >= piece.box[3] - 0.01
+            for whole in merged.detections
+        )

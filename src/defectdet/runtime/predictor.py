@@ -9,6 +9,7 @@ pass, so a bundle scores what its checkpoint scored.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -21,7 +22,6 @@ import numpy as np
 
 from defectdet.data.imageio import DEFAULT_MAX_PIXELS
 from defectdet.errors import CheckpointError, InputError, renamed_keywords
-from defectdet.postprocess import PostprocessSettings
 from defectdet.runtime import pipeline
 from defectdet.runtime.bundle import (
     FEATURES_OUTPUT,
@@ -341,11 +341,11 @@ class Predictor:
         prepared_at = time.perf_counter()
         predictions, features = self.run(prepared.inputs)  # whole image first, then its tiles
         ran_at = time.perf_counter()
-        spec = self.spec
+        settings = self.spec.postprocess
         found = pipeline.finish(
             predictions,
             prepared,
-            PostprocessSettings(max(floor, spec.min_score), spec.nms_iou, spec.max_detections),
+            dataclasses.replace(settings, score_threshold=max(floor, settings.score_threshold)),
         )
         detections = [
             Detection(
