@@ -200,6 +200,7 @@ def _fragment_rows(page: Page, runs: list[Result]) -> list[list[Any]]:
         rows.append(
             [
                 LABELS.get(result.doc["dataset"], result.doc["dataset"]),
+                _changed(result) if is_experiment(result) else "defaults",
                 f"{result.minutes:g}",
                 result.seed(),
                 evidence or "no class with 10 boxes",
@@ -225,11 +226,13 @@ def _fragments(page: Page, runs: list[Result]) -> None:
         "([fragment merge](../glossary.md#fragment-merge)). The choice is made on the threshold split and",
         "reported on the report split (for DeepPCB they are the same held-out board groups). Runs recorded",
         "before the merge existed were scored again from their final weights (`bench/realdata.py --rescore`);",
-        "their training is unchanged.",
+        "their training is unchanged. Runs whose weights were no longer kept could not be, and show '-' in the",
+        "fragment-merge column of the runs table.",
     )
     page.table(
         (
             "data",
+            "settings",
             "minutes",
             "seed",
             "AP@0.5 on the threshold split, as is -> merged",
