@@ -35,8 +35,9 @@ class DetectionDataset(Dataset):
     """Samples of a `DatasetSplit` as model-ready tensors.
 
     Pipeline per item: read the tested image (+ template, + companion captures) at `channels` -> letterbox
-    every plane to `imgsz` -> (train) augment -> (train, `crop_size < imgsz`) a `crop_size` window, biased
-    towards defects -> tensor `[C, S, S]`, C = channels x (1 + template + companions), planes in the order
+    every plane to `imgsz` -> (train) augment -> (train, whole images, `augment.mosaic_prob`) sometimes a window
+    onto it and three other augmented samples tiled (`data.mosaic`) -> (train, `crop_size < imgsz`) a
+    `crop_size` window, biased towards defects -> tensor `[C, S, S]`, C = channels x (1 + template + companions), planes in the order
     [tested, template, *companions].
 
     `use_template=None` uses templates when every sample has one. `companions` names the companion captures to
