@@ -229,6 +229,16 @@ def _fragments(page: Page, runs: list[Result]) -> None:
         "their training is unchanged. Runs whose weights were no longer kept could not be, and show '-' in the",
         "fragment-merge column of the runs table.",
     )
+    changes = [
+        r.doc["mAP50"] - r.doc["fragment_merge"]["without"]["mAP50"]
+        for r in runs
+        if (r.doc.get("fragment_merge") or {}).get("without") and r.doc.get("mAP50") is not None
+    ]
+    if changes:
+        page.para(
+            f"Over the {len(changes)} runs whose bundle merged a class, the merge changed mAP@0.5 on the report",
+            f"split by {min(changes):+.3f} to {max(changes):+.3f} (mean {statistics.fmean(changes):+.3f}).",
+        )
     page.table(
         (
             "data",
