@@ -80,6 +80,11 @@ def test_export_chooses_the_classes_where_merging_raised_ap(
         "boxes": 10,
     }
     assert metrics["headline"]["threshold"] == 0.3  # scored with the merge the bundle will run
+    # export --no-merge-fragments: scored once as is, nothing tried or written
+    written.clear()
+    metrics, unchosen = exporter._merge_fragments(tmp_path / "b.onnx", metadata, tmp_path, "val", 0.99, False)
+    assert written == [] and unchosen.thresholds.merge_fragments == []
+    assert metrics["headline"]["threshold"] == 0.4
 
 
 def test_bundle_runs_its_merge_and_refuses_unknown_classes(bundle_path: Path, tmp_path: Path) -> None:

@@ -225,6 +225,7 @@ def export_bundle(
     target_recall: float = 0.99,
     flip_views: str = "none",
     repeat_check: bool = False,
+    merge_fragments: bool = True,
     console: Any = None,
 ) -> ExportResult:
     """Export ``checkpoint`` (EMA weights, BatchNorm folded) to a bundle at ``out`` (default: beside the
@@ -232,7 +233,8 @@ def export_bundle(
     ``split``, default its validation split) the bundle carries thresholds and metrics measured on it, and
     a drift reference from the same dataset's training split (the split itself when that is missing);
     without, the checkpoint's logged thresholds and no drift reference. `flip_views` (`model.flip_average`):
-    test-time flips averaged inside the graph, one more forward pass per view. `repeat_check`: `runtime.repeat_check`."""
+    test-time flips averaged inside the graph, one more forward pass per view. `repeat_check`: `runtime.repeat_check`.
+    `merge_fragments`: choose the fragment merge's classes on the measured split (False: none)."""
     from defectdet.engine.checkpoint import load_detector
 
     wanted = _checked_options(formats, flip_views)
@@ -256,7 +258,7 @@ def export_bundle(
         measured_on = None
         if has_data:
             train_split = config.get("train_split") or "train"
-            metadata = _measure(partial, metadata, data, split, target_recall, console, train_split)
+            metadata = _measure(partial, metadata, data, split, target_recall, train_split, merge_fragments)
             metadata = flag_quality(metadata, bundle)
             write_metadata(partial, metadata)
             measured_on = f"{data}, split {split}"
@@ -336,12 +338,13 @@ def _measure(
     data: str | Path,
     split: str,
     target_recall: float,
-    console: Any,
     reference_split: str | None = None,
+    merge_fragments: bool = True,
 ) -> BundleMetadata:
-    """Thresholds and metrics from `val` on the bundle itself; the drift reference from `reference_split`
-    (the training images: the validation split alone is a few boards), else from `split`."""
-    metrics, metadata = _merge_fragments(bundle, metadata, data, split, target_recall)
+    """Thresholds and metrics from `val` on the bundle itself (with the fragment merge chosen there unless
+    `merge_fragments` is False); the drift reference from `reference_split` (the training images: the validation
+    split alone is a few boards), else from `split`."""
+    metrics, metadata = _merge_fragments(bundle, metadata, data, split, target_recall, merge_fragments)
     headline = metrics.get("headline", {})
     thresholds = metadata.thresholds.model_copy()
     if isinstance(headline.get("threshold"), float):
@@ -373,10 +376,15 @@ def _measure(
 
 
 def _merge_fragments(
-    bundle: Path, metadata: BundleMetadata, data: str | Path, split: str, target_recall: float
+    bundle: Path,
+    metadata: BundleMetadata,
+    data: str | Path,
+    split: str,
+    target_recall: float,
+    choose: bool = True,
 ) -> tuple[dict[str, Any], BundleMetadata]:
     """`val` of the bundle on `split`, with the fragment merge on for the classes where it raised AP there
-    (`export.fragment_choice`): (the metrics of the bundle as written, its metadata)."""
+    (`export.fragment_choice`; none when not `choose`): (the metrics of the bundle as written, its metadata)."""
     from defectdet.engine.validate import validate
 
     def scored() -> dict[str, Any]:
@@ -384,7 +392,7 @@ def _merge_fragments(
             return validate(bundle, data, split=split, out=folder, target_recall=target_recall, console=None)
 
     metrics = scored()
-    candidates = merge_candidates(metrics.get("per_class") or [])
+    candidates = merge_candidates(metrics.get("per_class") or []) if choose else []
     if not candidates:
         return metrics, metadata
 
