@@ -89,8 +89,10 @@ SETTING_NAMES = (
     "tiles",
     "clean_templates",
     "pretrained",
+    "backbone_lr_scale",
 )
 BASE_BATCH = 16  # images per step at CROP_BASE x CROP_BASE
+IMAGENET_BACKBONE_LR_SCALE = 0.25
 MIN_AUTO_BATCH = 4  # BatchNorm statistics get noisy below this
 ALL_STRIDES = (8, 16, 32)
 GRAY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"})
@@ -294,11 +296,19 @@ def auto_crop(stats: SplitStats, imgsz: int) -> tuple[int, str]:
 
 
 def auto_preset(template: bool) -> tuple[str, str]:
-    """nano with templates, tiny without: the image alone needs the larger model's capacity, and tiny's shipped
-    weights make up for its 2x compute per step from 10 minutes on."""
+    """nano with templates; without them lite0 (ImageNet features) when its weights package is installed,
+    else tiny: the image alone has to tell a defect from the part's own look."""
     if template:
         return "nano", (
             "templates: the fastest preset; the comparison with the template does most of the work"
+        )
+    from defectdet.model.imagenet import weights_path
+
+    if weights_path() is not None:
+        return "lite0", (
+            "no templates: the image alone must show the defect, and lite0 starts from features learned on "
+            "ImageNet's real images (more accurate on real surfaces than tiny at equal CPU minutes: see the "
+            "real-data benchmark); --preset tiny trains about 6x more steps per minute"
         )
     return "tiny", (
         "no templates: from its shipped weights tiny beat nano at every CPU budget measured on DeepPCB without "
@@ -326,13 +336,20 @@ def auto_strides(stats: SplitStats, imgsz: int, preset: str) -> tuple[list[int],
     return strides, f"only {share:.0%} of defects are >= {LARGE_BOX_PX} px at {imgsz}: the preset's {listed}"
 
 
-def auto_batch(input_size: int) -> tuple[int, str]:
-    pixels = BASE_BATCH * CROP_BASE**2
-    batch = int(min(BASE_BATCH, max(MIN_AUTO_BATCH, round(pixels / input_size**2))))
-    if batch == BASE_BATCH:
-        return batch, f"{input_size} px inputs: the {BASE_BATCH} x {CROP_BASE}^2 px recipe's batch"
+def auto_batch(input_size: int, preset: str = "tiny") -> tuple[int, str]:
+    """The `BASE_BATCH` x `CROP_BASE`^2 pixel budget per step (half of it for lite0, whose step costs about
+    six of tiny's: a time budget still buys hundreds of steps)."""
+    from defectdet.model.detector import PRESETS
+
+    heavy = PRESETS.get(preset, {}).get("backbone") == "efficientnet_lite0"
+    base = BASE_BATCH // 2 if heavy else BASE_BATCH
+    pixels = base * CROP_BASE**2
+    batch = int(min(base, max(MIN_AUTO_BATCH, round(pixels / input_size**2))))
+    note = f" (half the usual pixels: the {preset} preset's step costs about 6x tiny's)" if heavy else ""
+    if batch == base:
+        return batch, f"{input_size} px inputs: {batch} x {CROP_BASE}^2 px per step{note}"
     return batch, (
-        f"{input_size} px inputs: {batch} per step keeps about {BASE_BATCH} x {CROP_BASE}^2 px per step, "
+        f"{input_size} px inputs: {batch} per step keeps about {base} x {CROP_BASE}^2 px per step{note}, "
         f"so a time budget still gets many optimizer steps"
     )
 
@@ -403,13 +420,33 @@ def auto_clean_templates(stats: SplitStats, template: bool) -> tuple[bool, str]:
 def auto_pretrained(preset: str, template: bool, companions: int = 0) -> tuple[bool, str]:
     """Start from the shipped weights (model.pretrained) when the package has them for this preset and
     input layout; the fine-tuning data then only has to teach its own classes and look."""
+    from defectdet.model.detector import PRESETS
     from defectdet.model.pretrained import layout_name, shipped_weights
+
+    if PRESETS[preset].get("backbone") == "efficientnet_lite0":
+        from defectdet.model import imagenet
+
+        if imagenet.weights_path() is None:
+            return False, imagenet.missing_reason()
+        return True, f"ImageNet features from the {imagenet.DISTRIBUTION} package ({imagenet.LICENCE})"
 
     path = shipped_weights(preset, template)
     if path is None:
         return False, f"no shipped weights for the {preset} preset with the {layout_name(template)} layout"
     zero = "; the companion planes' stem weights start at zero" if companions else ""
     return True, f"{path.name}, learned on synthetic boards and surfaces (make pretrain){zero}"
+
+
+def auto_backbone_lr_scale(preset: str, pretrained: bool) -> tuple[float, str]:
+    """A quarter of lr for a backbone that starts from ImageNet features, the full lr otherwise."""
+    from defectdet.model.detector import PRESETS
+
+    if pretrained and PRESETS[preset].get("backbone") == "efficientnet_lite0":
+        return IMAGENET_BACKBONE_LR_SCALE, (
+            f"the backbone starts from ImageNet features: it learns at {IMAGENET_BACKBONE_LR_SCALE:g} x lr so "
+            "the new neck and head adapt to it without erasing what it knows"
+        )
+    return 1.0, "the backbone learns at the full learning rate"
 
 
 def auto_class_balance(stats: SplitStats) -> tuple[str, str]:
@@ -496,7 +533,7 @@ def choose_settings(
         decide("companions", *auto_companions(stats))
     preset = decide("preset", *auto_preset(bool(template)))
     decide("strides", *auto_strides(stats, imgsz, preset))
-    decide("batch", *auto_batch(crop or imgsz))
+    decide("batch", *auto_batch(crop or imgsz, preset))
     decide("class_balance", *auto_class_balance(stats))
     decide("tiles", *auto_tiles(stats, imgsz))
     decide("clean_templates", *auto_clean_templates(stats, bool(values["template"])))
@@ -506,6 +543,7 @@ def choose_settings(
         choices.append(Choice("pretrained", False, "kept from the checkpoint being resumed", "checkpoint"))
     else:
         decide("pretrained", *auto_pretrained(preset, bool(template), len(values["companions"])))
+    decide("backbone_lr_scale", *auto_backbone_lr_scale(preset, bool(values["pretrained"])))
     choices.append(
         Choice(
             "regression ranges",

@@ -86,6 +86,9 @@ class TrainConfig(BaseModel):
     optimizer: Literal["adamw", "sgd"] = "adamw"  # AdamW, or SGD with momentum
     lr: float | None = Field(None, gt=0)  # None: DEFAULT_LEARNING_RATES[optimizer], a tenth with start_from
     weight_decay: float | None = Field(None, ge=0)  # None: DEFAULT_WEIGHT_DECAY[optimizer]
+    # the backbone's learning rate as a share of lr; None: chosen with the preset (engine.autoconfig): smaller
+    # for a backbone that starts from ImageNet features, so the new neck and head learn without erasing them
+    backbone_lr_scale: float | None = Field(None, gt=0, le=1)
     momentum: float = Field(0.9, ge=0, lt=1)  # SGD momentum, AdamW beta1
     warmup_epochs: float = Field(1.0, ge=0)  # linear learning-rate warm-up
     warmup_steps: int | None = Field(None, ge=0)  # overrides warmup_epochs when set

@@ -16,26 +16,41 @@ from torch import nn
 from defectdet.errors import ConfigError
 
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: weights (ndim > 1, decayed) and biases / norm scales (ndim <= 1, never decayed)."""
-    decay, no_decay = [], []
-    for _name, parameter in model.named_parameters():
+def parameter_groups(model: nn.Module, weight_decay: float, backbone_lr_scale: float = 1.0) -> list[dict]:
+    """Weights (ndim > 1, decayed) and biases / norm scales (ndim <= 1, never decayed); with a
+    `backbone_lr_scale` other than 1 each is split again into backbone and the rest, the backbone's groups
+    carrying ``lr_scale`` (a pretrained backbone takes smaller steps than the new neck and head)."""
+    buckets: dict[tuple[bool, bool], list[nn.Parameter]] = {}
+    for name, parameter in model.named_parameters():
         if not parameter.requires_grad:
             continue
-        (decay if parameter.ndim > 1 else no_decay).append(parameter)
+        in_backbone = backbone_lr_scale != 1.0 and name.startswith("backbone.")
+        buckets.setdefault((parameter.ndim > 1, in_backbone), []).append(parameter)
     groups = []
-    if decay:
-        groups.append({"params": decay, "weight_decay": weight_decay, "name": "decay"})
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0, "name": "no_decay"})
+    for (decayed, in_backbone), parameters in sorted(
+        buckets.items(), key=lambda item: (not item[0][0], item[0][1])
+    ):
+        groups.append(
+            {
+                "params": parameters,
+                "weight_decay": weight_decay if decayed else 0.0,
+                "name": ("decay" if decayed else "no_decay") + ("_backbone" if in_backbone else ""),
+                "lr_scale": backbone_lr_scale if in_backbone else 1.0,
+            }
+        )
     return groups
 
 
 def build_optimizer(
-    model: nn.Module, name: str, lr: float, weight_decay: float, momentum: float = 0.9
+    model: nn.Module,
+    name: str,
+    lr: float,
+    weight_decay: float,
+    momentum: float = 0.9,
+    backbone_lr_scale: float = 1.0,
 ) -> torch.optim.Optimizer:
     """AdamW or SGD (Nesterov) over `parameter_groups`; `momentum` is AdamW's beta1."""
-    groups = parameter_groups(model, weight_decay)
+    groups = parameter_groups(model, weight_decay, backbone_lr_scale)
     if not groups:
         raise ConfigError("model has no trainable parameters (all have requires_grad=False)")
     if name == "adamw":

@@ -619,7 +619,12 @@ class Trainer:
         config, model = self.config, self.model
         self.amp = resolve_amp(config.amp, config.amp_dtype, self.device)
         self.optimizer = build_optimizer(
-            model, config.optimizer, config.lr, config.weight_decay, config.momentum
+            model,
+            config.optimizer,
+            config.lr,
+            config.weight_decay,
+            config.momentum,
+            config.backbone_lr_scale or 1.0,
         )
         check_optimizer_coverage(model, self.optimizer)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp.use_scaler)
@@ -659,7 +664,7 @@ class Trainer:
         if total_steps is not None:
             warmup_steps = min(warmup_steps, total_steps // 2)
         self.schedule = WarmupCosineSchedule(
-            [config.lr] * len(self.optimizer.param_groups),
+            [config.lr * group.get("lr_scale", 1.0) for group in self.optimizer.param_groups],
             warmup_steps,
             config.final_lr_ratio,
             total_steps,
@@ -876,8 +881,14 @@ class Trainer:
 
 
 def _start_from_shipped_weights(model: nn.Module, preset: str, template: bool, log: logging.Logger) -> None:
+    from defectdet.model.detector import PRESETS
     from defectdet.model.pretrained import layout_name, shipped_weights, transfer_weights
 
+    if PRESETS[preset].get("backbone") == "efficientnet_lite0":
+        from defectdet.model.imagenet import transfer_imagenet_weights
+
+        log.info("starting weights: %s", transfer_imagenet_weights(model).summary())
+        return
     path = shipped_weights(preset, template)
     if path is None:
         raise ConfigError(

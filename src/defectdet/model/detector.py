@@ -55,6 +55,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         "head_depth": 2,
         "kernel_size": 5,
     },
+    # ImageNet features (model.efficientnet_lite, weights: model.imagenet) under the same neck and head: for
+    # images without a golden template, where features learned on real images matter most
+    "lite0": {
+        "backbone": "efficientnet_lite0",
+        "neck_width": 64,
+        "levels": (0, 1),
+        "bottom_up": False,
+        "head_depth": 1,
+        "kernel_size": 3,
+    },
     # the largest preset: for an hour or more of CPU, or a GPU
     "base": {
         "widths": (48, 96, 192, 384),
@@ -94,9 +104,7 @@ class Detector(nn.Module):
         self.companions = [str(name) for name in config.get("companions") or []]
         self.strides = tuple(STRIDES_BY_LEVEL[level] for level in config["levels"])
         self.fusion = InputFusion(self.in_channels, self.template, len(self.companions))
-        self.backbone = Backbone(
-            self.fusion.out_channels, tuple(config["widths"]), tuple(config["depths"]), config["kernel_size"]
-        )
+        self.backbone = _build_backbone(config, self.fusion.out_channels)
         self.neck = FeaturePyramid(
             self.backbone.out_channels,
             config["neck_width"],
@@ -170,6 +178,18 @@ class Detector(nn.Module):
         points, _ = make_anchor_points(features, self.strides)  # (A, 2)
         boxes = distances_to_boxes(points, distances.float())  # (B, A, 4)
         return logits, boxes, points, backbone_features
+
+
+def _build_backbone(config: dict[str, Any], in_channels: int) -> nn.Module:
+    """The preset's backbone: ours (widths, depths) or EfficientNet-Lite0 (``backbone: efficientnet_lite0``)."""
+    kind = config.get("backbone", "defectdet")
+    if kind == "efficientnet_lite0":
+        from defectdet.model.efficientnet_lite import EfficientNetLiteBackbone
+
+        return EfficientNetLiteBackbone(in_channels)
+    if kind != "defectdet":
+        raise ConfigError(f"model.backbone: unknown backbone {kind!r}; valid: defectdet, efficientnet_lite0")
+    return Backbone(in_channels, tuple(config["widths"]), tuple(config["depths"]), config["kernel_size"])
 
 
 def build_model(
