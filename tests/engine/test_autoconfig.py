@@ -85,7 +85,8 @@ def test_large_images_with_large_defects_are_downscaled_for_whole_image_training
     config, why = chosen(stats)
     # whole images: below 640 down to the floor, the smallest defects still span 54 px there
     assert config.input_size == 320 and config.crop_size == 0 and 32 in config.strides
-    assert config.batch == 16  # 320 px whole images: the recipe's batch
+    assert config.batch == 8  # 320 px whole images without templates: lite0, half the recipe's pixels
+    assert chosen(stats, preset="tiny")[0].batch == 16  # the recipe's batch for our own backbones
     assert (
         "lowered to 320" in why["input_size"].reason
         and "4.0x the images per second" in why["input_size"].reason
@@ -156,14 +157,29 @@ def test_channels_template_and_class_balance() -> None:
     assert chosen(make_stats((640, 480), boxes, class_images=[100, 60]))[0].class_balance == "off"
 
 
-def test_preset_is_nano_with_templates_tiny_without_and_follows_the_template_setting() -> None:
+def test_preset_is_nano_with_templates_lite0_without_and_follows_the_template_setting(monkeypatch) -> None:
+    from defectdet.model import imagenet
+
     boxes = [(30, 30)] * 5
     paired = make_stats((640, 640), boxes, images=10, with_template=10)
     config, why = chosen(paired)
     assert (config.template, config.preset, why["preset"].source) == (True, "nano", "auto")
+    assert config.backbone_lr_scale == 1.0 and config.batch == 16
     config, why = chosen(paired, template=False)  # the user drops the templates: the image alone
-    assert config.preset == "tiny" and "no templates" in why["preset"].reason
-    assert chosen(make_stats((640, 480), boxes))[0].preset == "tiny"
+    assert (
+        config.preset == "lite0"
+        and "no templates" in why["preset"].reason
+        and "ImageNet" in why["preset"].reason
+    )
+    # ImageNet features: the backbone learns slower than the new head, and the step's pixels are halved
+    assert config.pretrained is True and config.backbone_lr_scale == 0.25 and config.batch == 8
+    assert "ImageNet" in why["pretrained"].reason and "0.25" in why["backbone_lr_scale"].reason
+    assert chosen(make_stats((640, 480), boxes))[0].preset == "lite0"
+    config, why = chosen(paired, template=False, pretrained=False)  # --from-scratch: full lr everywhere
+    assert config.preset == "lite0" and config.backbone_lr_scale == 1.0
+    monkeypatch.setattr(imagenet, "weights_path", lambda: None)  # the weights package is not installed
+    config, why = chosen(paired, template=False)
+    assert config.preset == "tiny" and config.backbone_lr_scale == 1.0
     config, why = chosen(paired, preset="small")
     assert config.preset == "small" and why["preset"].source == "user" and "nano" in why["preset"].reason
     assert config.strides == [8, 16, 32]  # the strides follow the preset that was chosen

@@ -290,3 +290,38 @@ def test_embedded_weights_that_inflate_too_far_are_refused(monkeypatch) -> None:
         start_model.decode_weights(bomb, "evil.onnx")
     with pytest.raises(CheckpointError, match="unreadable"):
         start_model.decode_weights(base64.b64encode(zlib.compress(b"not torch")).decode("ascii"), "odd.onnx")
+
+
+@pytest.mark.skipif(
+    __import__("defectdet.model.imagenet", fromlist=["weights_path"]).weights_path() is None,
+    reason="the ImageNet weights package is not installed",
+)
+def test_lite0_trains_from_imagenet_exports_and_fine_tunes_from_its_bundle(tmp_path, caplog) -> None:
+    """The default without templates: ImageNet start, a bundle that matches eager, and `train --from` it."""
+    from defectdet.data.synth import synthesize_dataset
+    from defectdet.engine.bundle_model import BundleModel
+    from defectdet.export.exporter import export_bundle
+
+    data = synthesize_dataset(
+        tmp_path / "surfaces", boards=6, seed=3, kind="surface", min_size=160, max_size=224, progress=False
+    )
+    quick = {**QUICK, "input_size": 160, "crop_size": 0}
+    with caplog.at_level(logging.INFO):
+        result = train(TrainConfig(**quick, data=data, out=tmp_path / "run", max_steps=2))
+    assert "from ImageNet" in caplog.text
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert (saved["preset"], saved["pretrained"], saved["backbone_lr_scale"]) == ("lite0", True, 0.25)
+    with caplog.at_level(logging.ERROR):
+        exported = export_bundle(result.last_checkpoint, tmp_path / "model.onnx", data=tmp_path / "no-data")
+    assert exported.parity_max_abs_diff < 1e-3
+    start = read_start(exported.bundle)
+    model, summary = build_start_model(start, start.class_names)
+    assert start.architecture["preset"] == "lite0" and summary.startswith("all ")
+    images = torch.rand(1, model.in_channels, 160, 160, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        eager = model.eval()(images)
+    assert torch.allclose(eager, BundleModel(exported.bundle)(images), atol=1e-4)
+    tuned = train(
+        TrainConfig(**quick, data=data, out=tmp_path / "tuned", max_steps=1, start_from=exported.bundle)
+    )
+    assert load_checkpoint(tuned.last_checkpoint)["model_config"]["preset"] == "lite0"

@@ -75,8 +75,11 @@ def test_other_layouts_presets_and_files_are_refused(tmp_path):
 
 
 def test_the_settings_table_says_where_the_starting_weights_come_from(tmp_path, monkeypatch):
+    from defectdet.model import imagenet
+
     stats = make_stats()
     monkeypatch.setattr(pretrained_module, "WEIGHTS_DIR", tmp_path)
+    monkeypatch.setattr(imagenet, "weights_path", lambda: None)  # without the ImageNet package: tiny
     _, choices = choose_settings(stats, TrainConfig())
     assert [c for c in choices if c.name == "pretrained"][0].value is False
     save_weights(build_model("tiny", 2, 1, False), tmp_path / "tiny_plain.pt", {})  # no templates: tiny
