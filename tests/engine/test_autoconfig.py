@@ -173,10 +173,13 @@ def test_preset_is_nano_with_templates_lite0_without_and_follows_the_template_se
     )
     # ImageNet features: the backbone learns slower than the new head, and the step's pixels are halved
     assert config.pretrained is True and config.backbone_lr_scale == 0.25 and config.batch == 8
+    assert config.frozen_stem is True and "strides 2 and 4" in why["frozen_stem"].reason
+    assert model_overrides(config)["frozen_stem"] is True
+    assert chosen(paired)[0].frozen_stem is False  # with templates: nano, nothing to freeze
     assert "ImageNet" in why["pretrained"].reason and "0.25" in why["backbone_lr_scale"].reason
     assert chosen(make_stats((640, 480), boxes))[0].preset == "lite0"
     config, why = chosen(paired, template=False, pretrained=False)  # --from-scratch: full lr everywhere
-    assert config.preset == "lite0" and config.backbone_lr_scale == 1.0
+    assert config.preset == "lite0" and config.backbone_lr_scale == 1.0 and config.frozen_stem is False
     monkeypatch.setattr(imagenet, "weights_path", lambda: None)  # the weights package is not installed
     config, why = chosen(paired, template=False)
     assert config.preset == "tiny" and config.backbone_lr_scale == 1.0
@@ -233,7 +236,7 @@ def test_table_and_model_overrides() -> None:
     text = console.export_text()
     for name in ("input_size", "crop_size", "strides", "channels", "template", "class_balance"):
         assert name in text
-    assert model_overrides(config) == {"levels": (0, 1, 2)}
+    assert model_overrides(config) == {"levels": (0, 1, 2), "frozen_stem": True}  # lite0 from ImageNet
     assert model_overrides(TrainConfig()) == {}
 
 

@@ -102,3 +102,31 @@ def test_other_presets_and_bad_files_are_refused(tmp_path):
     torch.save({"conv.weight": torch.zeros(1)}, other)
     with pytest.raises(ConfigError, match="_conv_stem"):
         transfer_imagenet_weights(build_model("lite0", 2, 3, False), other)
+
+
+def test_a_frozen_stem_keeps_its_imagenet_weights_and_statistics_while_the_rest_learns():
+    model = build_model("lite0", 2, 1, False, frozen_stem=True)
+    transfer_imagenet_weights(model)
+    model.train()
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    images = torch.rand(2, 1, 64, 64, generator=torch.Generator().manual_seed(4))
+    targets = [torch.tensor([[0.0, 8, 8, 40, 40]]), torch.tensor([[1.0, 20, 10, 60, 30]])]
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(images, targets)["loss"].backward()
+        optimizer.step()
+    after = model.state_dict()
+    frozen = [
+        n for n in after if n.startswith(("backbone.stem.", *(f"backbone.blocks.{i}." for i in range(3))))
+    ]
+    assert frozen and all(
+        torch.equal(after[n], before[n]) for n in frozen
+    )  # weights and BatchNorm statistics
+    assert not torch.equal(
+        after["backbone.blocks.3.expand.conv.weight"], before["backbone.blocks.3.expand.conv.weight"]
+    )
+    assert not torch.equal(
+        after["backbone.blocks.3.expand.norm.running_mean"],
+        before["backbone.blocks.3.expand.norm.running_mean"],
+    )

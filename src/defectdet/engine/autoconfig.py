@@ -90,6 +90,7 @@ SETTING_NAMES = (
     "clean_templates",
     "pretrained",
     "backbone_lr_scale",
+    "frozen_stem",
 )
 BASE_BATCH = 16  # images per step at CROP_BASE x CROP_BASE
 IMAGENET_BACKBONE_LR_SCALE = 0.25
@@ -449,6 +450,22 @@ def auto_backbone_lr_scale(preset: str, pretrained: bool) -> tuple[float, str]:
     return 1.0, "the backbone learns at the full learning rate"
 
 
+def auto_frozen_stem(preset: str, pretrained: bool, template: bool, companions: int) -> tuple[bool, str]:
+    """Freeze lite0's ImageNet stem and stride-2/4 blocks when its input is an image as ImageNet's were."""
+    from defectdet.model.detector import PRESETS
+
+    if PRESETS[preset].get("backbone") != "efficientnet_lite0":
+        return False, f"the {preset} preset trains every layer"
+    if not pretrained:
+        return False, "the backbone starts from random weights: every layer trains"
+    if template or companions:
+        return False, "the stem must learn to combine the template or companion planes: every layer trains"
+    return True, (
+        "the ImageNet stem and the blocks at strides 2 and 4 keep their weights: generic edge and texture "
+        "filters, and a third of the step's time at full resolution, spent on more steps instead"
+    )
+
+
 def auto_class_balance(stats: SplitStats) -> tuple[str, str]:
     counts = stats.class_images
     names = stats.class_names
@@ -544,6 +561,8 @@ def choose_settings(
     else:
         decide("pretrained", *auto_pretrained(preset, bool(template), len(values["companions"])))
     decide("backbone_lr_scale", *auto_backbone_lr_scale(preset, bool(values["pretrained"])))
+    frozen = auto_frozen_stem(preset, bool(values["pretrained"]), bool(template), len(values["companions"]))
+    decide("frozen_stem", *frozen)
     choices.append(
         Choice(
             "regression ranges",
@@ -657,10 +676,14 @@ def _with_samples(split: DatasetSplit, extra: list[Sample]) -> DatasetSplit:
 
 
 def model_overrides(config: TrainConfig) -> dict[str, Any]:
-    """`build_model` keyword overrides for the chosen settings (head levels from `strides`)."""
-    if not config.strides:
-        return {}
-    return {"levels": tuple(ALL_STRIDES.index(stride) for stride in config.strides)}
+    """`build_model` keyword overrides for the chosen settings (head levels from `strides`; lite0's frozen
+    stem)."""
+    overrides: dict[str, Any] = {}
+    if config.strides:
+        overrides["levels"] = tuple(ALL_STRIDES.index(stride) for stride in config.strides)
+    if config.frozen_stem:
+        overrides["frozen_stem"] = True
+    return overrides
 
 
 def choices_table(choices: list[Choice], title: str = "settings chosen for this run"):

@@ -89,6 +89,9 @@ class TrainConfig(BaseModel):
     # the backbone's learning rate as a share of lr; None: chosen with the preset (engine.autoconfig): smaller
     # for a backbone that starts from ImageNet features, so the new neck and head learn without erasing them
     backbone_lr_scale: float | None = Field(None, gt=0, le=1)
+    # lite0: keep the ImageNet stem and the blocks at strides 2 and 4 as they are; None: chosen from the
+    # input layout (engine.autoconfig)
+    frozen_stem: bool | None = None
     momentum: float = Field(0.9, ge=0, lt=1)  # SGD momentum, AdamW beta1
     warmup_epochs: float = Field(1.0, ge=0)  # linear learning-rate warm-up
     warmup_steps: int | None = Field(None, ge=0)  # overrides warmup_epochs when set

@@ -59,6 +59,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # images without a golden template, where features learned on real images matter most
     "lite0": {
         "backbone": "efficientnet_lite0",
+        "frozen_stem": False,  # engine.autoconfig turns it on when the stem starts from ImageNet as it is
         "neck_width": 64,
         "levels": (0, 1),
         "bottom_up": False,
@@ -186,7 +187,7 @@ def _build_backbone(config: dict[str, Any], in_channels: int) -> nn.Module:
     if kind == "efficientnet_lite0":
         from defectdet.model.efficientnet_lite import EfficientNetLiteBackbone
 
-        return EfficientNetLiteBackbone(in_channels)
+        return EfficientNetLiteBackbone(in_channels, bool(config.get("frozen_stem", False)))
     if kind != "defectdet":
         raise ConfigError(f"model.backbone: unknown backbone {kind!r}; valid: defectdet, efficientnet_lite0")
     return Backbone(in_channels, tuple(config["widths"]), tuple(config["depths"]), config["kernel_size"])
