@@ -16,6 +16,7 @@ from defectdet.data.formats import load_dataset
 from defectdet.serve.review import ReviewFolder
 from defectdet.serve.review_app import create_review_app
 from defectdet.serve.server import ServeSettings, create_app
+from defectdet.serve.upload import UploadError
 
 CLASSES = ["open", "short", "mousebite"]
 POST_HEADERS = {"X-Defectdet-Request": "1"}
@@ -237,6 +238,45 @@ def test_the_download_is_the_reviewed_dataset_as_a_zip(
         "data.yaml", "reviewed.txt", "reviewed_train.txt", "reviewed_val.txt", "decisions.jsonl", "images/a.png",
         "labels/a.txt",
     }  # fmt: skip
+
+
+def _version(client: TestClient, image: str) -> int:
+    return next(i for i in client.get("/v1/review/items").json()["items"] if i["name"] == image)["version"]
+
+
+def test_a_save_from_a_stale_version_is_refused_with_409_and_writes_nothing(
+    client: TestClient, folder: Path
+) -> None:
+    """Two clients read a.png at version 0; the first accept wins, the second (still on version 0) gets 409
+    and neither its labels nor its log line are written."""
+    read = _version(client, "a.png")
+    assert read == 0
+    first = _decide(client, "a.png", "accept", [{"class_id": 1, "box": [50, 40, 90, 70]}], version=read)
+    assert first.status_code == 200 and first.json()["version"] == 1
+    saved = (folder / "labels" / "a.txt").read_text()
+    second = _decide(client, "a.png", "edit", [{"class_id": 0, "box": [0, 0, 20, 10]}], version=read)
+    assert second.status_code == 409, second.text
+    assert second.json()["status"] == 409
+    error = second.json()["error"]
+    assert "a.png" in error and "version 0" in error and "version 1" in error and "accept by anna" in error
+    assert (folder / "labels" / "a.txt").read_text() == saved
+    assert [entry["action"] for entry in _log(folder)] == ["accept"]
+    assert _version(client, "a.png") == 1 and ReviewFolder(folder).versions["a.png"] == 1  # read from the log
+    again = _decide(client, "a.png", "edit", [{"class_id": 0, "box": [0, 0, 20, 10]}], version=1)
+    assert again.status_code == 200 and again.json()["version"] == 2  # decided again on what is saved
+    bad = _decide(client, "a.png", "clean", version="1")
+    assert bad.status_code == 422 and "version" in bad.json()["error"]
+
+
+def test_a_stale_version_is_refused_across_processes(folder: Path) -> None:
+    """Another process (a serve replica) saved a decision on the image: this one's version is stale."""
+    here, there = ReviewFolder(folder), ReviewFolder(folder)
+    assert here.item(here.image_path("d.png"))["version"] == 0
+    there.decide("d.png", "clean", operator="bob", version=0)
+    with pytest.raises(UploadError) as refused:
+        here.decide("d.png", "accept", [{"class_id": 0, "box": [1, 1, 9, 9]}], "anna", version=0)
+    assert refused.value.status == 409 and "clean by bob" in refused.value.reason
+    assert (folder / "labels" / "d.txt").read_text() == ""
 
 
 def test_a_decision_needs_an_operator(client: TestClient) -> None:

@@ -293,6 +293,37 @@ def test_a_bad_label_file_and_a_broken_image_are_shown_and_the_rest_is_decided(
     assert (folder / "reviewed.txt").read_text() == "./images/a.png\n./images/d.png\n"
 
 
+def test_two_tabs_on_one_image_the_stale_save_is_refused_and_the_page_reloads_it(
+    served: tuple[str, Path],
+) -> None:
+    """Tab 1 decides a.png clean; tab 2, opened before that, accepts a.png: the server refuses it (409), the
+    page says so, stays on a.png and shows what is saved now; the label file is tab 1's."""
+    url, folder = served
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        try:
+            first, second = _open(browser, url, "a.png"), _open(browser, url, "a.png")
+            for page in (first, second):
+                page.fill("#operator", "anna")
+                page.keyboard.press("Enter")
+            first.keyboard.press("c")
+            _saved(first, 1)
+            second.keyboard.press("a")
+            second.wait_for_function("() => document.body.dataset.stale === 'a.png'", timeout=15_000)
+            second.wait_for_function(
+                "() => document.getElementById('status').textContent.startsWith('not saved')", timeout=15_000
+            )
+            assert "changed since you opened it" in second.text_content("#status")
+            assert second.text_content("#item-name") == "a.png"
+            second.wait_for_function("() => document.getElementById('item-status').textContent === 'clean'")
+            assert second.evaluate("document.body.dataset.saved || '0'") == "0"
+        finally:
+            browser.close()
+    assert (folder / "labels" / "a.txt").read_text() == ""
+    log = [json.loads(line) for line in (folder / "decisions.jsonl").read_text().splitlines()]
+    assert [(entry["image"], entry["action"]) for entry in log] == [("images/a.png", "clean")]
+
+
 def test_v_switches_the_view_between_the_image_and_its_companion_capture(tmp_path: Path) -> None:
     """A kept item with a companion capture L2: the page shows the key and the view buttons, `v` shows the L2
     capture (its pixels, not the image's) and `v` again the image."""

@@ -10,7 +10,9 @@ model's predictions in `FOLDER/predictions/NAME.json` (what `serve --keep` write
 - `clean`: an empty label file (a defect-free example);
 - `skip`: the image is dropped from the dataset; its label file, if any, is left as it is.
 
-Every decision is written at once (label file through a temporary file and `os.replace`) and appended to
+Every image has a version, the number of decisions saved on it; a decision that names the version it was made
+on is refused (409, nothing written) when another decision was saved on that image since (a second tab or
+client). Every decision is written at once (label file through a temporary file and `os.replace`) and appended to
 `FOLDER/decisions.jsonl` with the operator and the time; `FOLDER/reviewed.txt` (a YOLO image list) names the
 images decided and not skipped, and `FOLDER/data.yaml` makes them a dataset for `train --from` (train: the older
 images, `reviewed_train.txt`; val: the newest fifth by capture time, `reviewed_val.txt`; their templates and
@@ -113,6 +115,7 @@ class ReviewFolder:
     class_names: list[str] | None = None
     operator: str = ""
     decisions: dict[str, Decision] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)  # image name -> decisions saved on it so far
     broken: dict[str, str] = field(default_factory=dict)  # image name -> why it cannot be shown
 
     def __post_init__(self) -> None:
@@ -246,15 +249,12 @@ class ReviewFolder:
     def refresh_decisions(self) -> None:
         """Read decisions.jsonl again when it changed: another process (a `serve` worker or replica, or
         `defectdet review`) may have decided on images of this folder."""
-        try:
-            stat = (self.root / DECISIONS).stat()
-            mark = (stat.st_size, stat.st_mtime_ns)
-        except OSError:
-            mark = None
+        mark = _file_mark(self.root / DECISIONS)
         if mark == self._decisions_mark:
             return
         self._decisions_mark = mark
         self.decisions = {}
+        self.versions = {}
         self._read_decisions()
 
     def _read_decisions(self) -> None:
@@ -268,6 +268,7 @@ class ReviewFolder:
                 self.decisions[name] = Decision(
                     entry["action"], entry.get("operator", ""), entry.get("time", "")
                 )
+                self.versions[name] = self.versions.get(name, 0) + 1
             except (ValueError, KeyError, TypeError):
                 continue  # a torn last line after a crash: the label files are the truth
 
@@ -329,6 +330,7 @@ class ReviewFolder:
         """What the page shows for one image."""
         names = self.class_names or []
         entry: dict[str, Any] = {"name": image.name, "status": "pending", "error": None, "label_error": None}
+        entry["version"] = self.versions.get(image.name, 0)
         decision = self.decisions.get(image.name)
         if decision is not None:
             entry.update(status=decision.action, operator=decision.operator, decided=decision.time)
@@ -405,10 +407,19 @@ class ReviewFolder:
 
     # ---------------------------------------------------------------- deciding
     def decide(
-        self, name: str, action: str, boxes: Any = None, operator: str | None = None
+        self,
+        name: str,
+        action: str,
+        boxes: Any = None,
+        operator: str | None = None,
+        version: Any = None,
     ) -> dict[str, Any]:
-        """Save one decision on image `name` (label file and log); the updated item. UploadError on bad input."""
+        """Save one decision on image `name` (label file and log); the updated item. UploadError on bad input.
+        `version`: the image's version the decision was made on (the listing's `version`); when another
+        decision was saved on the image since, nothing is written and the answer is 409. None skips the check."""
         image = self.image_path(name)
+        if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 0):
+            raise UploadError(422, f"version must be a whole number >= 0 (the listing's), got {version!r}")
         if action not in ACTIONS:
             raise UploadError(422, f"action must be one of {', '.join(ACTIONS)}, got {str(action)[:30]!r}")
         who = " ".join(str(operator or self.operator or "").split())[:80]
@@ -433,6 +444,7 @@ class ReviewFolder:
         label = self.label_path(image)
         with self._lock, folder_lock(self.root / REVIEW_LOCK):
             self.refresh_decisions()  # what the other processes decided goes into reviewed.txt too
+            self._check_version(image.name, version)
             if action in LABELLED:
                 label.parent.mkdir(parents=True, exist_ok=True)
                 width, height = self.image_size(image)
@@ -455,10 +467,26 @@ class ReviewFolder:
                 entry["dropped"] = dropped
             _append_line(self.root / DECISIONS, json.dumps(entry))
             self.decisions[image.name] = Decision(action, who, stamp)
+            self.versions[image.name] = self.versions.get(image.name, 0) + 1
+            self._decisions_mark = _file_mark(self.root / DECISIONS)  # our own line: nothing to read again
             self._write_reviewed()
         answer = self.item(image)
         answer["dropped"] = dropped
         return answer
+
+    def _check_version(self, name: str, version: int | None) -> None:
+        """409 when `version` is not the image's current version: another decision (another tab, another
+        client) was saved on it after the sender read it."""
+        current = self.versions.get(name, 0)
+        if version is None or version == current:
+            return
+        last = self.decisions.get(name)
+        by = f" ({last.action} by {last.operator or 'someone'} at {last.time})" if last else ""
+        raise UploadError(
+            409,
+            f"{name} changed since you opened it: version {version} was read, version {current} is saved"
+            f"{by}; nothing was written, reload the image and decide again",
+        )
 
     def _parse_boxes(self, boxes: Any, size: tuple[int, int]) -> tuple[list[Box], list[str]]:
         """The boxes, and a note for each empty one dropped (an empty box never blocks the others)."""
@@ -587,6 +615,15 @@ def held_out_count(reviewed: int) -> int:
     return max(1, round(reviewed * HELD_OUT_SHARE)) if reviewed >= 2 else 0
 
 
+def _file_mark(path: Path) -> tuple[int, int] | None:
+    """(size, mtime) of `path`, None when it cannot be read: how a change by another process is noticed."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_size, stat.st_mtime_ns
+
+
 def _append_line(path: Path, line: str) -> None:
     """One whole line per write on an O_APPEND descriptor, synced: a crash can only tear the last line."""
     descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -657,7 +694,9 @@ def review_router(folder: ReviewFolder, export_name: str = "annotations.coco.jso
         name = body.get("image")
         if not isinstance(name, str):
             raise UploadError(422, "image: the image's file name (from /v1/review/items)")
-        return folder.decide(name, str(body.get("action")), body.get("boxes"), body.get("operator"))
+        return folder.decide(
+            name, str(body.get("action")), body.get("boxes"), body.get("operator"), body.get("version")
+        )
 
     @router.post("/v1/review/export", summary="Write the labels as COCO json in the folder")
     async def export(request: Request) -> dict[str, Any]:

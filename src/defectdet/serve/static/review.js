@@ -515,8 +515,13 @@ function decide(action) {
   return run;
 }
 
+// each decision names the version of the image it was made on (the last one this page read or saved); a save
+// made elsewhere in between answers 409: the page says so and reloads that image
 async function send(decision) {
-  const { ok, body } = await postJson("/v1/review/decide", decision);
+  const known = state.items.find((item) => item.name === decision.image);
+  if (known && typeof known.version === "number") decision = { ...decision, version: known.version };
+  const { ok, status, body } = await postJson("/v1/review/decide", decision);
+  if (status === 409) { await reloadStale(decision.image, body.error); return false; }
   if (!ok) { setStatus(`not saved (${decision.image}): ${body.error || "error"}`, true); return false; }
   const index = state.items.findIndex((item) => item.name === decision.image);
   if (index >= 0) state.items[index] = body;
@@ -529,6 +534,19 @@ async function send(decision) {
   if (FINAL.has(decision.action)) state.memory.delete(decision.image);
   renderList();
   return true;
+}
+
+// another tab or client saved a decision on `name` first: nothing of ours was written; show what is saved now
+async function reloadStale(name, reason) {
+  const { ok, body } = await getJson("/v1/review/items");
+  const fresh = ok ? body.items.find((item) => item.name === name) : null;
+  const index = state.items.findIndex((item) => item.name === name);
+  if (fresh && index >= 0) state.items[index] = fresh;
+  state.memory.delete(name);
+  document.body.dataset.stale = name;
+  if (index >= 0 && index === state.index) { state.image = null; await show(index); }  // nothing remembered
+  renderList();
+  setStatus(`not saved: ${reason || name + " was changed elsewhere"} (reloaded ${name})`, true);
 }
 
 async function decideAndNext(action) {
