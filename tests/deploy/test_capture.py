@@ -372,7 +372,7 @@ def test_decisions_made_by_another_process_are_seen_and_kept_in_reviewed_txt(tmp
     one, two, _ = (item["name"] for item in first.listing()["items"])
     first.decide(one, "clean")
     assert {item["name"]: item["status"] for item in second.listing()["items"]}[one] == "clean"
-    second.decide(two, "edit", [{"class_id": 1, "box": [10, 10, 40, 40]}])
+    second.decide(two, "accept", [{"class_id": 1, "box": [10, 10, 40, 40]}])
     reviewed = (tmp_path / "reviewed.txt").read_text().split()
     assert reviewed == [f"./images/{one}", f"./images/{two}"]  # bob's write kept ann's decision
-    assert {item["name"]: item["status"] for item in first.listing()["items"]}[two] == "edit"
+    assert {item["name"]: item["status"] for item in first.listing()["items"]}[two] == "accept"

@@ -135,7 +135,7 @@ def test_the_reviewed_images_become_a_dataset_train_can_read(client: TestClient,
 
     (folder / "templates").mkdir()
     (folder / "templates" / "a.jpg").write_bytes(encode(board(1, size=200)[:100], ".jpg"))  # another format
-    _decide(client, "a.png", "edit", [{"class_id": 2, "box": [50, 40, 90, 70]}])
+    _decide(client, "a.png", "accept", [{"class_id": 2, "box": [50, 40, 90, 70]}])
     _decide(client, "d.png", "clean")
     split, val = load_dataset(folder / "data.yaml", "train"), load_dataset(folder / "data.yaml", "val")
     # the newest images (by name: capture time) are held out for validation, not trained on
@@ -233,11 +233,45 @@ def test_the_download_is_the_reviewed_dataset_as_a_zip(
     with zipfile.ZipFile(tmp_path / "labels.zip") as archive:
         names = set(archive.namelist())
         assert archive.read("labels/a.txt") == (folder / "labels" / "a.txt").read_bytes()
+        left_out = archive.read("left_out.txt").decode().splitlines()
     # b.png's label file has a bad line and d.png was skipped: left out, as from the COCO export
     assert names == {
         "data.yaml", "reviewed.txt", "reviewed_train.txt", "reviewed_val.txt", "decisions.jsonl", "images/a.png",
-        "labels/a.txt",
+        "labels/a.txt", "left_out.txt",
     }  # fmt: skip
+    assert left_out[0].startswith("images/b.png: left out: its label file does not read (labels/b.txt line 2")
+    assert left_out[1:] == [
+        "images/c.png: left out: not reviewed",
+        "images/d.png: left out: skipped by anna",
+        "images/notes.png: left out: not reviewed",
+    ]
+
+
+def test_an_edit_never_accepted_does_not_train_and_the_download_says_why(
+    client: TestClient, folder: Path, tmp_path: Path
+) -> None:
+    """a.png has one box drawn (an edit, never accepted): its other defects are not boxed yet, so it must not
+    train as if they were background. Only the accepted and the clean images go into the lists, the zip and the
+    COCO export; the zip's left_out.txt names the edit and why."""
+    _decide(client, "a.png", "edit", [{"class_id": 0, "box": [10, 10, 60, 50]}])
+    _decide(client, "d.png", "clean")
+    assert (folder / "labels" / "a.txt").is_file()  # the edit is saved, it just does not train
+    assert (folder / "reviewed.txt").read_text() == "./images/d.png\n"
+    lists = (folder / "reviewed_train.txt").read_text() + (folder / "reviewed_val.txt").read_text()
+    assert "a.png" not in lists
+    (tmp_path / "labels.zip").write_bytes(client.get("/v1/review/download").content)
+    with zipfile.ZipFile(tmp_path / "labels.zip") as archive:
+        names = set(archive.namelist())
+        left_out = archive.read("left_out.txt").decode()
+    assert "images/d.png" in names and "labels/d.txt" in names
+    assert "images/a.png" not in names and "labels/a.txt" not in names
+    assert "images/a.png: left out: boxes drawn but never accepted" in left_out
+    coco = client.post("/v1/review/export", json={}, headers=POST_HEADERS).json()
+    assert coco["images"] == 1 and any(
+        p.startswith("images/a.png: left out: boxes drawn") for p in coco["problems"]
+    )
+    _decide(client, "a.png", "accept", [{"class_id": 0, "box": [10, 10, 60, 50]}])  # accepted: it trains
+    assert "./images/a.png" in (folder / "reviewed.txt").read_text().splitlines()
 
 
 def _version(client: TestClient, image: str) -> int:

@@ -14,13 +14,14 @@ Every image has a version, the number of decisions saved on it; a decision that 
 on is refused (409, nothing written) when another decision was saved on that image since (a second tab or
 client). Every decision is written at once (label file through a temporary file and `os.replace`) and appended to
 `FOLDER/decisions.jsonl` with the operator and the time; `FOLDER/reviewed.txt` (a YOLO image list) names the
-images decided and not skipped, and `FOLDER/data.yaml` makes them a dataset for `train --from` (train: the older
+images accepted or decided clean (an edit, boxes drawn but never accepted, is left out until it is accepted:
+its unboxed defects would train as background), and `FOLDER/data.yaml` makes them a dataset for `train --from` (train: the older
 images, `reviewed_train.txt`; val: the newest fifth by capture time, `reviewed_val.txt`; their templates and
 companion captures). A label file
 with a bad line is shown with the file and line and is never rewritten until the operator decides on that image.
 A box that is empty inside its image is dropped with a note (`dropped` in the answer and the log) instead of
 refusing the decision; the listing never serves an empty proposal. `GET /v1/review/download` is the reviewed
-dataset as one zip. `export_coco` writes the decided labels as COCO json.
+dataset as one zip (the images that train, and `left_out.txt`: every other image and why). `export_coco` writes the decided labels as COCO json.
 The HTTP routes (`review_router`) are served by `defectdet serve --keep-dir` and `defectdet review`.
 No torch import.
 """
@@ -53,6 +54,10 @@ from defectdet.serve.upload import UploadError
 
 ACTIONS = ("accept", "edit", "clean", "skip")
 LABELLED = frozenset({"accept", "edit", "clean"})
+# the decisions that train: an edit has boxes drawn but was never accepted, so the defects it does not box yet
+# would become background; it stays out of reviewed.txt, the download and the COCO export until accepted
+TRAINED = frozenset({"accept", "clean"})
+NOT_ACCEPTED = "left out: boxes drawn but never accepted (accept it, or decide clean, to train on it)"
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 MAX_DECISION_BYTES = 1 << 20
 MAX_BOXES = 1000
@@ -529,7 +534,7 @@ class ReviewFolder:
         lines = [
             f"./{image.relative_to(self.root)}\n"
             for image in self.images()
-            if self.decisions.get(image.name, Decision("", "", "")).action in LABELLED
+            if self.decisions.get(image.name, Decision("", "", "")).action in TRAINED
         ]
         atomic_write(self.root / REVIEWED, "".join(lines).encode())
         held = held_out_count(len(lines))
@@ -558,8 +563,9 @@ class ReviewFolder:
 
     # ---------------------------------------------------------------- export
     def export_coco(self, out: str | Path) -> dict[str, Any]:
-        """COCO json of the labelled images (decided and not skipped, or with a hand-made label file and no
-        decision). Images whose label file has a bad line or that cannot be read are left out and listed."""
+        """COCO json of the labelled images (accepted or clean, or with a hand-made label file and no
+        decision). Images whose label file has a bad line or that cannot be read, and edits never accepted, are
+        left out and listed."""
         out = Path(out)
         names = self.class_names or []
         entries, problems = [], []
@@ -567,6 +573,9 @@ class ReviewFolder:
         for image in self.images():
             decision = self.decisions.get(image.name)
             if decision is not None and decision.action == "skip":
+                continue
+            if decision is not None and decision.action not in TRAINED:
+                problems.append(f"{image.relative_to(self.root)}: {NOT_ACCEPTED}")
                 continue
             try:
                 labels = self.read_labels(image)

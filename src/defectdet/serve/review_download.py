@@ -1,9 +1,10 @@
 """The reviewed labels as one zip file, for the review page's download button. No torch import.
 
 The zip is the review folder as a dataset: `data.yaml`, the image lists and logs at the top of the folder
-(`reviewed.txt`, `decisions.jsonl`, the COCO export when written), and for every labelled image that was not
-skipped and whose label file reads: its image, its YOLO label file, its template and its companion captures. Unpacked, it trains with
-`train data.yaml --from`.
+(`reviewed.txt`, `decisions.jsonl`, the COCO export when written), and for every image that trains (accepted, or
+decided clean) and whose label file reads: its image, its YOLO label file, its template and its companion
+captures. Every other image is named in `left_out.txt` with the reason (an edit never accepted, skipped, not
+reviewed, a label file that does not read). Unpacked, it trains with `train data.yaml --from`.
 """
 
 from __future__ import annotations
@@ -22,20 +23,41 @@ if TYPE_CHECKING:
 TOP_LEVEL_SUFFIXES = (".yaml", ".txt", ".jsonl", ".json")
 
 
-def labelled_images(folder: ReviewFolder) -> list[Path]:
-    """The images with a label file that reads, whose last decision is not skip (as the COCO export)."""
-    chosen = []
+LEFT_OUT = "left_out.txt"
+
+
+def trained_images(folder: ReviewFolder) -> tuple[list[Path], list[str]]:
+    """The images that train (last decision accept or clean, a label file that reads), and one line
+    `images/NAME: why` for every other image of the folder."""
+    chosen, left_out = [], []
+    folder.refresh_decisions()  # another process may have decided since
     for image in folder.images():
-        decision = folder.decisions.get(image.name)
-        if decision is not None and decision.action == "skip":
-            continue
-        try:
-            labels = folder.read_labels(image)
-        except (DefectDetError, OSError):
-            continue
-        if labels is not None:
+        reason = _left_out_reason(folder, image)
+        if reason is None:
             chosen.append(image)
-    return chosen
+        else:
+            left_out.append(f"{image.relative_to(folder.root).as_posix()}: {reason}")
+    return chosen, left_out
+
+
+def _left_out_reason(folder: ReviewFolder, image: Path) -> str | None:
+    """Why `image` does not train, or None when it does."""
+    from defectdet.serve.review import NOT_ACCEPTED, TRAINED
+
+    decision = folder.decisions.get(image.name)
+    try:
+        labels = folder.read_labels(image)
+    except (DefectDetError, OSError) as error:
+        return f"left out: its label file does not read ({error})"
+    if decision is None:
+        return "left out: not reviewed" + (
+            " (it has a label file: accept it to train on it)" if labels is not None else ""
+        )
+    if decision.action == "skip":
+        return f"left out: skipped by {decision.operator or 'the operator'}"
+    if decision.action not in TRAINED:
+        return NOT_ACCEPTED
+    return None if labels is not None else "left out: its label file is missing"
 
 
 def write_dataset_zip(folder: ReviewFolder) -> tuple[Path, int]:
@@ -45,12 +67,14 @@ def write_dataset_zip(folder: ReviewFolder) -> tuple[Path, int]:
     os.close(handle)
     path = Path(name)
     root = folder.root
-    images = labelled_images(folder)
+    images, left_out = trained_images(folder)
     try:
         with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
             for top in sorted(root.iterdir()):
                 if top.is_file() and top.suffix in TOP_LEVEL_SUFFIXES and not top.name.startswith("."):
-                    archive.write(top, top.name)
+                    if top.name != LEFT_OUT:  # the folder's own file of that name would be out of date
+                        archive.write(top, top.name)
+            archive.writestr(LEFT_OUT, "".join(line + "\n" for line in left_out))
             for image in images:
                 archive.write(image, image.relative_to(root).as_posix(), compress_type=zipfile.ZIP_STORED)
                 label = folder.label_path(image)
