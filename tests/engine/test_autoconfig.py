@@ -262,3 +262,34 @@ def test_collect_split_stats_reads_headers_and_colour(tmp_path) -> None:
         assert stats.sizes.max() <= 256 and stats.with_template == 0
         assert len(stats.box_wh) == sum(len(sample.boxes) for sample in split.samples)
         assert choose_settings(stats, TrainConfig())[0].channels == channels
+
+
+def test_without_templates_the_time_budget_and_the_measured_step_decide_between_lite0_and_tiny() -> None:
+    from defectdet.engine.step_speed import StepShape, measure_step_seconds
+
+    stats = make_stats((640, 640), [(30, 30)] * 20)
+    shapes: list[StepShape] = []
+
+    def timer(seconds: float):
+        def step_seconds(shape: StepShape) -> float:
+            shapes.append(shape)
+            return seconds
+
+        return step_seconds
+
+    config, choices = choose_settings(stats, TrainConfig(time_minutes=10), None, timer(1.0))  # 600 steps
+    why = {choice.name: choice for choice in choices}
+    assert config.preset == "tiny" and "about 600 steps" in why["preset"].reason
+    assert shapes[-1] == StepShape("lite0", 1, False, 0, 320, 8, True)  # the run's crops, batch, frozen stem
+    config, choices = choose_settings(stats, TrainConfig(time_minutes=10), None, timer(0.1))  # 6000 steps
+    assert config.preset == "lite0" and "about 6000 steps" in [c for c in choices if c.name == "preset"][0].reason
+
+    def never(shape: StepShape) -> float:
+        raise AssertionError("nothing to weigh: no time budget, a preset given, or templates")
+
+    assert choose_settings(stats, TrainConfig(epochs=5), None, never)[0].preset == "lite0"
+    assert choose_settings(stats, TrainConfig(time_minutes=1, preset="lite0"), None, never)[0].preset == "lite0"
+    paired = make_stats((640, 640), [(30, 30)] * 20, with_template=50)
+    assert choose_settings(paired, TrainConfig(time_minutes=1), None, never)[0].preset == "nano"
+    seconds = measure_step_seconds(StepShape("lite0", 1, False, 1, 64, 2))  # a real step, companions too
+    assert 0 < seconds < 30

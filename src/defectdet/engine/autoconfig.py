@@ -50,6 +50,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -58,6 +59,7 @@ import numpy as np
 
 from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.engine.config import TrainConfig
+from defectdet.engine.step_speed import StepShape
 from defectdet.errors import TRAIN_CONFIG_RENAMES, ConfigError, ImageReadError, renamed_keys
 
 logger = logging.getLogger(__name__)
@@ -94,6 +96,8 @@ SETTING_NAMES = (
 )
 BASE_BATCH = 16  # images per step at CROP_BASE x CROP_BASE
 IMAGENET_BACKBONE_LR_SCALE = 0.25
+# lite0 is chosen for a time budget only when it buys this many steps (engine.step_speed measures one)
+LITE0_MIN_STEPS = 2000
 MIN_AUTO_BATCH = 4  # BatchNorm statistics get noisy below this
 ALL_STRIDES = (8, 16, 32)
 GRAY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"})
@@ -296,9 +300,10 @@ def auto_crop(stats: SplitStats, imgsz: int) -> tuple[int, str]:
     )
 
 
-def auto_preset(template: bool) -> tuple[str, str]:
-    """nano with templates; without them lite0 (ImageNet features) when its weights package is installed,
-    else tiny: the image alone has to tell a defect from the part's own look."""
+def auto_preset(template: bool, lite0_budget: tuple[int, float] | None = None) -> tuple[str, str]:
+    """nano with templates; without them lite0 (ImageNet features) when its weights package is installed and
+    the time budget buys it at least `LITE0_MIN_STEPS` steps at the measured step time (`lite0_budget`:
+    steps, seconds per step; None: no time budget or not measured), else tiny."""
     if template:
         return "nano", (
             "templates: the fastest preset; the comparison with the template does most of the work"
@@ -306,10 +311,18 @@ def auto_preset(template: bool) -> tuple[str, str]:
     from defectdet.model.imagenet import weights_path
 
     if weights_path() is not None:
+        steps, seconds = lite0_budget or (None, None)
+        if steps is not None and steps < LITE0_MIN_STEPS:
+            return "tiny", (
+                f"no templates: lite0 (ImageNet features) would train about {steps} steps in this budget at "
+                f"the measured {seconds:.2f} s per step, fewer than the {LITE0_MIN_STEPS} it needs to lead "
+                "tiny (see the real-data benchmark); tiny trains about 6x more steps per minute; --preset "
+                "lite0 forces it, a longer --time or a GPU chooses it"
+            )
+        measured = f" (about {steps} steps in this budget at {seconds:.2f} s per step)" if steps else ""
         return "lite0", (
             "no templates: the image alone must show the defect, and lite0 starts from features learned on "
-            "ImageNet's real images (more accurate on real surfaces than tiny at equal CPU minutes: see the "
-            "real-data benchmark); --preset tiny trains about 6x more steps per minute"
+            f"ImageNet's real images{measured}; --preset tiny trains about 6x more steps per minute"
         )
     return "tiny", (
         "no templates: from its shipped weights tiny beat nano at every CPU budget measured on DeepPCB without "
@@ -505,11 +518,15 @@ def auto_tiles(stats: SplitStats, imgsz: int) -> tuple[bool, str]:
 
 
 def choose_settings(
-    stats: SplitStats, config: TrainConfig, previous: dict[str, Any] | None = None
+    stats: SplitStats,
+    config: TrainConfig,
+    previous: dict[str, Any] | None = None,
+    step_seconds: Callable[[StepShape], float] | None = None,
 ) -> tuple[TrainConfig, list[Choice]]:
     """Fill the config's auto (None) settings from `stats`; returns the filled config and one
     Choice per setting. `previous` (a resumed checkpoint's config) wins over the data for auto fields.
-    Pure: no IO."""
+    `step_seconds` times a training step of a given shape (engine.step_speed): with a time budget it decides
+    whether lite0 fits it. Pure otherwise: no IO."""
     if previous is not None:  # a checkpoint written before the renaming says imgsz
         previous = renamed_keys(previous, TRAIN_CONFIG_RENAMES, warn=False)
     choices: list[Choice] = []
@@ -548,7 +565,10 @@ def choose_settings(
         choices.append(Choice("companions", [], "kept from the checkpoint being resumed", "checkpoint"))
     else:
         decide("companions", *auto_companions(stats))
-    preset = decide("preset", *auto_preset(bool(template)))
+    lite0_budget = None
+    if config.preset is None and not (previous or {}).get("preset") and not template:
+        lite0_budget = _lite0_budget(config, values, crop or imgsz, step_seconds)
+    preset = decide("preset", *auto_preset(bool(template), lite0_budget))
     decide("strides", *auto_strides(stats, imgsz, preset))
     decide("batch", *auto_batch(crop or imgsz, preset))
     decide("class_balance", *auto_class_balance(stats))
@@ -575,6 +595,20 @@ def choose_settings(
     for note in stats.notes:
         logger.warning("settings from the data: %s", note)
     return config.model_copy(update=values), choices
+
+
+def _lite0_budget(
+    config: TrainConfig, values: dict[str, Any], size: int, step_seconds: Callable[[StepShape], float] | None
+) -> tuple[int, float] | None:
+    """(steps, seconds per step) lite0 would train in the time budget; None without a budget or a timer."""
+    budget = config.time_budget_seconds
+    if budget is None or step_seconds is None:
+        return None
+    companions = len(values["companions"])
+    batch = config.batch or auto_batch(size, "lite0")[0]
+    frozen = companions == 0 and config.pretrained is not False
+    seconds = step_seconds(StepShape("lite0", values["channels"], False, companions, size, batch, frozen))
+    return int(budget / max(seconds, 1e-6)), seconds
 
 
 def _show(value: Any) -> str:

@@ -158,7 +158,8 @@ def build_train_data(config: TrainConfig) -> TrainData:
         previous = load_checkpoint(config.resume).get("config")
         config = _resumed_start(config, previous or {})
     config, train_split, old_val_split, extra_choices = _continue_from(config, train_split)
-    config, choices = choose_settings(collect_split_stats(train_split, seed=config.seed), config, previous)
+    stats = collect_split_stats(train_split, seed=config.seed)
+    config, choices = choose_settings(stats, config, previous, _step_timer(config))
     choices = _with_start_rows(config, choices + extra_choices) + hold_out_rows
     train_split, extra_rows = _training_images(config, train_split)
     choices += extra_rows
@@ -189,6 +190,15 @@ def build_train_data(config: TrainConfig) -> TrainData:
         choices=choices,
         old_val=_val_set(old_val_split, config, template),  # `--from --old-data`: validated on too
     )
+
+
+def _step_timer(config: TrainConfig) -> Any:
+    """Times one training step of a shape on the device the run will use (engine.step_speed)."""
+    from defectdet.engine.distributed import resolve_device
+    from defectdet.engine.step_speed import measure_step_seconds
+
+    device = resolve_device(config.device)
+    return lambda shape: measure_step_seconds(shape, device)
 
 
 def _grouped_hold_out(config: TrainConfig, train_split: Any) -> tuple[Any, Any, list]:
