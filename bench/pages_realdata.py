@@ -364,6 +364,8 @@ def page_real_data(results: dict[str, Result], plots: list[Callable[[], None]]) 
         *_weakest(runs),
     )
     experiments = realdata_results(results, experiments=True)
+    _presets(page, runs, [r for r in experiments if is_preset_run(r)])
+    experiments = [r for r in experiments if not is_preset_run(r)]
     _fragments(page, runs + experiments)
     _tried(page, runs, [r for r in experiments if not is_step_matched(r)])
     _step_matched(page, [r for r in experiments if is_step_matched(r)])
@@ -386,6 +388,8 @@ def _model(result: Result) -> str:
     if not settings:
         return "-"
     weights = "shipped starting weights" if settings.get("pretrained") else "no starting weights"
+    if settings.get("pretrained") and settings.get("preset") == "lite0":
+        weights = "ImageNet weights"
     return f"{settings.get('preset')}, {weights}, {settings.get('input_size')} px"
 
 
@@ -467,6 +471,74 @@ def _tried(page: Page, runs: list[Result], experiments: list[Result]) -> None:
         _tried_rows(page, runs, tried),
     )
     page.para(*_gap_sentences(runs, tried))
+
+
+def is_preset_run(result: Result) -> bool:
+    """A run that sets the preset and nothing else (`--set preset=P --tag P`): presets compared side by side."""
+    return set(result.doc.get("overrides") or {}) == {"preset"}
+
+
+def _preset_rows(page: Page, runs: list[Result], preset_runs: list[Result]) -> list[list[Any]]:
+    rows = []
+    for result in preset_runs:
+        doc = result.doc
+        same_run = [
+            other.doc["overrides"]["preset"]
+            for other in preset_runs
+            if other is not result
+            and (other.doc["dataset"], other.minutes, other.seed())
+            == (doc["dataset"], result.minutes, result.seed())
+        ]
+        escapes, false_calls = _boards(result)
+        rows.append(
+            [
+                LABELS.get(doc["dataset"], doc["dataset"]),
+                f"{result.minutes:g}",
+                result.seed(),
+                doc["overrides"]["preset"],
+                ", ".join(same_run) or "-",
+                f"{doc.get('steps') or 0:,}",
+                f3(doc.get("mAP50")),
+                f3(without_rare(doc)),
+                escapes,
+                false_calls,
+                ", ".join(f"{name} {f3(ap)}" for name, ap in (doc.get("per_class_AP50") or {}).items()),
+                page.cite(result.name),
+            ]
+        )
+    return rows
+
+
+def _presets(page: Page, runs: list[Result], preset_runs: list[Result]) -> None:
+    """lite0 (ImageNet features) against the presets of our own backbone, trained side by side."""
+    page.heading(2, "ImageNet features (lite0) against tiny")
+    if not preset_runs:
+        page.para("No run with a forced preset recorded yet.")
+        return
+    page.para(
+        "The same data, budget and seed with the preset forced (`bench/realdata.py --set preset=P --tag P`).",
+        "Runs naming another preset in 'trained beside' ran at the same time on the same machine, one thread",
+        "each, so they had the same CPU; a run without one is compared with the defaults' runs above, made on",
+        "other days. lite0 trains about 6x fewer images per second than tiny on a CPU: at a time budget it",
+        "learns from far fewer steps.",
+    )
+    page.table(
+        (
+            "data",
+            "minutes",
+            "seed",
+            "preset",
+            "trained beside",
+            "steps",
+            "mAP@0.5",
+            "mAP@0.5 without crack (AGDD)",
+            "escapes",
+            "false calls",
+            "AP@0.5 per class",
+            "file",
+        ),
+        _preset_rows(page, runs, preset_runs),
+    )
 
 
 def is_step_matched(result: Result) -> bool:
