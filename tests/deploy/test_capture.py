@@ -194,6 +194,31 @@ def test_uncertain_keeps_a_near_miss_but_answers_only_what_passes_the_threshold(
     assert sidecar["reasons"] == ["uncertain"] and sidecar["detections"][0]["score"] == 0.2
 
 
+JUST_UNDER = 0.25 - 4e-7  # FakePredictor's stored threshold is 0.25: rounded to 5 places this would be 0.25
+
+
+@pytest.mark.parametrize("keep_client", [(("uncertain",), JUST_UNDER)], indirect=True)
+def test_a_score_just_under_the_threshold_is_never_rounded_over_it(
+    keep_client: TestClient, tmp_path: Path
+) -> None:
+    """Kept as uncertain: the sidecar, the review listing and the Label Studio tasks all keep the exact score,
+    so the proposal stays under the threshold (hidden on the page, left out of the tasks)."""
+    from defectdet.data.formats.labelstudio import export_tasks
+    from defectdet.serve.review import ReviewFolder
+
+    body = _detect(keep_client)
+    assert body["kept"] is True and body["verdict"] == "clean" and body["detections"] == []
+    keep_client.app.state.service.capture.drain()
+    (sidecar_path,) = (tmp_path / "kept" / "predictions").iterdir()
+    sidecar = json.loads(sidecar_path.read_text())
+    assert sidecar["detections"][0]["score"] == JUST_UNDER < sidecar["threshold"] == 0.25
+    (item,) = ReviewFolder(tmp_path / "kept").listing()["items"]
+    assert item["predictions"][0]["score"] == JUST_UNDER < item["threshold"]
+    export_tasks(tmp_path / "kept", tmp_path / "tasks.json")
+    (task,) = json.loads((tmp_path / "tasks.json").read_text())
+    assert "predictions" not in task or not task["predictions"][0]["result"]
+
+
 def test_a_disk_error_never_fails_the_request(
     keep_client: TestClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -101,7 +101,7 @@ class Box:
             "box": [round(v, 2) for v in self.box],
         }
         if self.score is not None:
-            answer["score"] = round(self.score, 5)
+            answer["score"] = float(self.score)  # unrounded: the page compares it with the threshold
         return answer
 
 

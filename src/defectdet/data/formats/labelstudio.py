@@ -241,7 +241,7 @@ def _task(
     ]
     scores = [score for _, score, _ in record.detections]
     task["predictions"] = [
-        {"model_version": model_version, "score": round(max(scores), 5) if scores else 0.0, "result": result}
+        {"model_version": model_version, "score": float(max(scores)) if scores else 0.0, "result": result}
     ]
     counts["predictions"] += 1
     counts["regions"] += len(result)
@@ -273,7 +273,7 @@ def _region(
             "rotation": 0,
             "rectanglelabels": [name],
         },  # fmt: skip
-        **({} if score is None else {"score": round(float(score), 5)}),
+        **({} if score is None else {"score": float(score)}),  # unrounded: Label Studio filters by it
     }
 
 
