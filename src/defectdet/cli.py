@@ -205,12 +205,12 @@ def presets(
 
     from defectdet.engine.autoconfig import auto_preset
     from defectdet.model import PRESETS, build_model, model_info
+    from defectdet.model.imagenet import weights_path as imagenet_weights_path
     from defectdet.model.pretrained import shipped_weights
 
-    default_for = {
-        auto_preset(layout)[0]: "with templates" if layout else "without templates"
-        for layout in (True, False)
-    }
+    default_for = {auto_preset(True)[0]: "with templates", auto_preset(False)[0]: "without templates"}
+    short_budget = auto_preset(False, (0, 1.0))[0]  # what a time budget too short for lite0 gets
+    default_for.setdefault(short_budget, "without templates, when the time budget is short for lite0")
     table = Table(title=f"model presets (gray + template input, 6 classes, {input_size}x{input_size})")
     for column in ("preset", "params", "GFLOPs", "strides", "shipped weights", "default for"):
         table.add_column(column, justify="right" if column in ("params", "GFLOPs", "strides") else "left")
@@ -218,12 +218,15 @@ def presets(
         model = build_model(name, num_classes=6, in_channels=2, template=True)
         info = model_info(model, input_size)
         layouts = [layout for layout in (True, False) if shipped_weights(name, layout) is not None]
+        weights = ", ".join("template" if layout else "plain" for layout in layouts) or "none (random start)"
+        if PRESETS[name].get("backbone") == "efficientnet_lite0":
+            weights = "ImageNet (package)" if imagenet_weights_path() is not None else "ImageNet: not installed"
         table.add_row(
             name,
             f"{info['params']:,}",
             f"{info['gflops']:.3f}",
             ", ".join(map(str, model.strides)),
-            ", ".join("template" if layout else "plain" for layout in layouts) or "none (random start)",
+            weights,
             default_for.get(name, "--preset " + name + " only"),
         )
     console.print(table)
@@ -252,6 +255,10 @@ _COMPANIONS_HELP = (
     "Companion captures to stack as extra input planes, in this order, e.g. L2,UV (default: every companion "
     "every training image has)."
 )
+_PRESET_HELP = (
+    "Model preset (see `defectdet presets`; default: nano with templates; without, lite0 when the time budget "
+    "buys it enough steps, else tiny)."
+)
 _NEW_SHARE_HELP = "With --old-data: the least share of each epoch drawn from DATA (default 0.3)."
 
 
@@ -259,9 +266,7 @@ _NEW_SHARE_HELP = "With --old-data: the least share of each epoch drawn from DAT
 def train(
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
     config: Path | None = typer.Option(None, help="YAML with TrainConfig fields; options below override it."),
-    preset: str | None = typer.Option(
-        None, help="Model preset (see `defectdet presets`; default: nano with templates, tiny without)."
-    ),
+    preset: str | None = typer.Option(None, help=_PRESET_HELP),
     from_scratch: bool = typer.Option(False, "--from-scratch", help=_FROM_SCRATCH_HELP),
     start_from: Path | None = typer.Option(None, "--from", help=_FROM_HELP),
     old_data: Path | None = typer.Option(None, "--old-data", help=_OLD_DATA_HELP),
@@ -452,6 +457,18 @@ def val(
     console.print(f"[green]report[/green]: {metrics['report']}")
 
 
+def _refuse_existing_bundle(bundle: Path, overwrite: bool) -> None:
+    """A bundle already at `bundle` may be the one a line serves: replaced only with --overwrite."""
+    if bundle.is_dir():
+        raise DefectDetError(
+            f"--out {bundle}: a folder; give the bundle's file name (e.g. {bundle}/model.onnx)"
+        )
+    if bundle.exists() and not overwrite:
+        raise DefectDetError(
+            f"--out {bundle}: a bundle is already there; pass --overwrite to replace it, or choose another --out"
+        )
+
+
 @app.command()
 def export(
     checkpoint: Path = typer.Argument(..., help="A checkpoint written by `defectdet train` (best.pt)."),
@@ -471,6 +488,11 @@ def export(
     ),
     force: bool = typer.Option(
         False, "--force", help="Write the int8 model even when it loses > 0.5 mAP points."
+    ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Replace a bundle already at the output path (without it, an existing bundle is refused).",
     ),
     data: Path | None = typer.Option(
         None, help="Dataset to measure thresholds and the drift reference on (default: the training data)."
@@ -495,6 +517,7 @@ def export(
     """
     from defectdet.export.exporter import export_bundle
 
+    _refuse_existing_bundle(out if out else checkpoint.with_suffix(".onnx"), overwrite)
     result = export_bundle(
         checkpoint, out, data=data, split=split, formats=tuple(format), int8=int8, force=force,
         calibration_images=calibration_images, flip_views=flip_views, repeat_check=repeat_check,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -128,9 +129,40 @@ def test_a_failed_export_leaves_the_bundle_at_out_as_it_was(trained_checkpoint: 
     assert result.exit_code != 0 and "nowhere" in result.output + str(result.exception)
     assert not out.parent.exists() or list(out.parent.iterdir()) == []
     out.write_bytes(b"the served model")
-    result = runner.invoke(app, ["export", str(trained_checkpoint), "--data", str(bad), "--out", str(out)])
-    assert result.exit_code != 0
+    result = runner.invoke(
+        app, ["export", str(trained_checkpoint), "--data", str(bad), "--out", str(out), "--overwrite"]
+    )
+    assert result.exit_code != 0 and "nowhere" in result.output + str(result.exception)
     assert out.read_bytes() == b"the served model" and list(out.parent.iterdir()) == [out]
+
+
+def _export_cli(*args: Path | str) -> tuple[int, str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "defectdet.cli", "export", *map(str, args)],
+        capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "COLUMNS": "300"},
+    )  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_export_never_replaces_a_bundle_without_overwrite(tmp_path: Path) -> None:
+    """An existing bundle at --out (or the default path beside the checkpoint) is refused in one line, before
+    anything is read or written; a folder as --out too. --overwrite lets the export go on."""
+    checkpoint = tmp_path / "best.pt"
+    checkpoint.write_bytes(b"not a checkpoint")  # never read: the refusal comes first
+    out = tmp_path / "model.onnx"
+    out.write_bytes(b"the served model")
+    for args in ((checkpoint, "--out", out), (checkpoint,)):
+        if len(args) == 1:
+            (tmp_path / "best.onnx").write_bytes(b"the served model")
+        code, said = _export_cli(*args)
+        assert code == 2 and "a bundle is already there" in said and "--overwrite" in said, said
+        assert "Traceback" not in said
+    assert out.read_bytes() == (tmp_path / "best.onnx").read_bytes() == b"the served model"
+    (tmp_path / "folder").mkdir()
+    code, said = _export_cli(checkpoint, "--out", tmp_path / "folder")
+    assert code == 2 and "a folder" in said and "Traceback" not in said
+    code, said = _export_cli(checkpoint, "--out", out, "--overwrite")
+    assert "already there" not in said  # it went on (and failed on the fake checkpoint)
 
 
 def test_val_on_the_bundle_gives_the_checkpoint_metrics(

@@ -406,3 +406,19 @@ def test_review_cli_exports_coco(folder: Path, tmp_path: Path) -> None:
     document = json.loads(out.read_text())
     assert document["images"][0]["file_name"] == "../kept/images/a.png"
     assert document["annotations"][0]["bbox"] == [10, 10, 20, 20]
+
+
+def test_review_export_coco_onto_a_folder_is_one_clear_line(folder: Path, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "exports").mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "defectdet.cli", "review", str(folder), "--export-coco", str(tmp_path / "exports")],
+        capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "COLUMNS": "300"},
+    )  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode == 2 and "Traceback" not in said, said
+    assert "exports: a folder; the COCO export is one json file" in said
+    assert list((tmp_path / "exports").iterdir()) == []

@@ -567,6 +567,10 @@ class ReviewFolder:
         decision). Images whose label file has a bad line or that cannot be read, and edits never accepted, are
         left out and listed."""
         out = Path(out)
+        if out.is_dir():
+            raise DefectDetError(
+                f"{out}: a folder; the COCO export is one json file (e.g. {out / 'annotations.coco.json'})"
+            )
         names = self.class_names or []
         entries, problems = [], []
         self.refresh_decisions()
@@ -608,8 +612,11 @@ class ReviewFolder:
             entries.append(CocoImage(relative, width, height, boxes, classes, template_name, companions))
         document = coco_document(entries, names, f"{self.root}: reviewed images, exported by defectdet")
         images, annotations = document["images"], document["annotations"]
-        out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(out, json.dumps(document, indent=1).encode())
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(out, json.dumps(document, indent=1).encode())
+        except OSError as error:
+            raise DefectDetError(f"{out}: cannot write the COCO export ({error.strerror or error})") from None
         return {
             "path": str(out),
             "images": len(images),
