@@ -104,6 +104,11 @@ MERGE_FRAGMENTS_EXPORT = typer.Option(
 REPEAT_CHECK_EXPORT = typer.Option(
     False, "--repeat-check", help=_REPEAT_CHECK_HELP + " Written into the bundle."
 )
+OVERWRITE_EXPORT = typer.Option(
+    False,
+    "--overwrite",
+    help="Replace a bundle already at the output path (without it, one there is refused).",
+)
 
 
 @app.command()
@@ -489,11 +494,7 @@ def export(
     force: bool = typer.Option(
         False, "--force", help="Write the int8 model even when it loses > 0.5 mAP points."
     ),
-    overwrite: bool = typer.Option(
-        False,
-        "--overwrite",
-        help="Replace a bundle already at the output path (without it, an existing bundle is refused).",
-    ),
+    overwrite: bool = OVERWRITE_EXPORT,
     data: Path | None = typer.Option(
         None, help="Dataset to measure thresholds and the drift reference on (default: the training data)."
     ),
