@@ -11,6 +11,7 @@ from .core import (
     f2,
     f3,
     save_figure,
+    threads_text,
 )
 
 PEER_DATA = (  # (key, label, our files, YOLO files)
@@ -143,29 +144,53 @@ def section_peer_latency(page: Page) -> None:
     by_size: dict[int, dict[str, float]] = {}
     for row in result.doc["model_only"]:
         by_size.setdefault(row["imgsz"], {})[row["model"]] = row["p50_ms"]
-    end = result.doc["end_to_end"]
+    ours, theirs = latency_models(result)
+    pinned = "one pinned core at " if result.cores == 1 else ""
     page.para(
-        "Model only: ONNX Runtime fp32, batch 1, one pinned core at 1 thread, the calls interleaved, on",
-        f"{result.machine} ({page.cite(result.name)}). End to end at {end['imgsz']} px on {end['images']}",
-        f"held-out surface images (file bytes to boxes): p50 {f2(end['ours']['e2e_total_p50_ms'])} ms for",
-        f"defectdet nano against {f2(end['yolo11n']['e2e_total_p50_ms'])} ms for YOLO11n; p95",
-        f"{f2(end['ours']['e2e_total_p95_ms'])} against {f2(end['yolo11n']['e2e_total_p95_ms'])} ms, because",
-        "defectdet also runs the largest images as tiles, which YOLO does not.",
+        f"Model only: ONNX Runtime fp32, batch 1, {pinned}{threads_text(result.threads)}, the calls interleaved, on",
+        f"{result.machine} ({page.cite(result.name)}); untrained weights (weights do not change a graph's",
+        "cost), each YOLO graph as their exporter writes it from the yaml.",
+        end_to_end_text(result.doc.get("end_to_end")),
     )
     rows = [
         [
             size,
-            f2(m.get("defectdet nano")),
-            f2(m.get("yolo11n")),
-            f2(m.get("yolov8n")),
-            f"{m['yolo11n'] / m['defectdet nano']:.1f}x",
+            *(f2(m.get(model)) for model in (*ours, *theirs)),
+            *(f"{m['yolo11n'] / m[model]:.1f}x" for model in ours if "yolo11n" in theirs),
             result.cpu,
             result.doc["settings"]["threads"],
         ]
         for size, m in sorted(by_size.items())
     ]
-    headers = ("input px", "defectdet nano p50 ms", "YOLO11n p50 ms", "YOLOv8n p50 ms", "YOLO11n / ours")
-    page.table((*headers, "machine", "threads"), rows)
+    headers = [f"{latency_label(model)} p50 ms" for model in (*ours, *theirs)]
+    headers += [f"YOLO11n / {model.removeprefix('defectdet ')}" for model in ours if "yolo11n" in theirs]
+    page.table(("input px", *headers, "machine", "threads"), rows)
+
+
+def latency_models(result: Result) -> tuple[list[str], list[str]]:
+    """(our models, YOLO models) in the order the run measured them."""
+    names = list(dict.fromkeys(row["model"] for row in result.doc["model_only"]))
+    ours = [name for name in names if name.startswith("defectdet ")]
+    return ours, [name for name in names if name not in ours]
+
+
+def latency_label(model: str) -> str:
+    """yolo11n -> YOLO11n, yolov8n -> YOLOv8n; ours as named."""
+    return "YOLO" + model.removeprefix("yolo") if model.startswith("yolo") else model
+
+
+def end_to_end_text(end: dict | None) -> str:
+    if end is None:
+        return "End to end was not measured in this run (it needs trained models: --ours-checkpoint, --yolo-onnx)."
+    return " ".join(
+        [
+            f"End to end at {end['imgsz']} px on {end['images']} held-out surface images (file bytes to boxes): p50",
+            f"{f2(end['ours']['e2e_total_p50_ms'])} ms for defectdet nano against",
+            f"{f2(end['yolo11n']['e2e_total_p50_ms'])} ms for YOLO11n; p95 {f2(end['ours']['e2e_total_p95_ms'])}",
+            f"against {f2(end['yolo11n']['e2e_total_p95_ms'])} ms, because defectdet also runs the largest images",
+            "as tiles, which YOLO does not.",
+        ]
+    )
 
 
 def plot_peers(results: dict[str, Result]) -> None:
