@@ -665,7 +665,8 @@ def compare(
     Rule: promote NEW only if its escape rate and missed-defect rate are at most OLD's plus the escape
     tolerance, its mAP@0.5 at least OLD's minus the mAP tolerance, and its false-call rate (defect-free images
     and clean boards flagged) at most OLD's plus the false-call tolerance; a criterion that cannot be measured
-    (no defect-free image) keeps OLD. Equal is not worse. Exit code 0: promote, 1: keep OLD, 2: error (models
+    (no defect-free image) keeps OLD. Equal is not worse, but a NEW whose mAP@0.5 or recall is near zero (below
+    0.05) is never promoted. Exit code 0: promote, 1: keep OLD, 2: error (models
     that cannot be compared: another input layout, other channels, or other classes; NEW may reorder or add
     classes, which are matched by name).
 

@@ -1,18 +1,16 @@
-"""`defectdet compare`'s measurements and verdict: both models run interleaved (`run_interleaved`), each scored at its
-own threshold (`score_model`), the images where they disagree (`disagreement`), and the promotion rule (`decide`,
-`RULE`)."""
+"""`defectdet compare`'s measurements: both models run interleaved (`run_interleaved`), each scored at its own threshold
+(`score_model`), and the images where they disagree (`disagreement`). The promotion rule (`decide`, `RULE`) is
+`runtime.compare_rule`, which the service's promotion gate applies again to the recorded figures."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from defectdet.data.sample import Sample
-from defectdet.errors import InputError
 from defectdet.evaluation.coco import coco_metrics
 from defectdet.evaluation.operating_point import (
     box_iou,
@@ -22,34 +20,19 @@ from defectdet.evaluation.operating_point import (
 )
 from defectdet.evaluation.types import ImageRecord
 from defectdet.export.compare_inputs import ROLES
+from defectdet.runtime.compare_rule import (  # noqa: F401 - the rule's names, as compare imports them
+    EXIT_KEEP,
+    EXIT_PROMOTE,
+    KEEP,
+    PROMOTE,
+    RULE,
+    Tolerances,
+    decide,
+)
 from defectdet.runtime.pipeline import sample_companions
 from defectdet.runtime.predictor import PredictionResult, Predictor
 
-PROMOTE, KEEP = "promote", "keep OLD"
-EXIT_PROMOTE, EXIT_KEEP = 0, 1
 IOU = 0.5  # a box "agrees" with the other model's box, or finds a defect, at IoU >= 0.5
-EPSILON = 1e-9  # equal is not worse: float noise never decides a verdict
-RULE = (
-    "promote NEW only if, each model at its own stored threshold: NEW's escape rate (defective images judged "
-    "clean) <= OLD's + tol_escape, NEW's missed-defect rate <= OLD's + tol_escape, NEW's mAP@0.5 >= OLD's - tol_map, "
-    "and NEW's false-call rate (defect-free images and clean boards flagged) <= OLD's + tol_false_call; a criterion "
-    "that cannot be measured (no defect-free image: pass --clean DIR or --clean-auto) keeps OLD. Equal is not worse."
-)
-
-
-@dataclass(frozen=True)
-class Tolerances:
-    """How much worse than OLD NEW may be, in absolute rate (escape, false call) or mAP points (map50)."""
-
-    escape: float = 0.005
-    map50: float = 0.01
-    false_call: float = 0.01
-
-    def __post_init__(self) -> None:
-        for name in ("escape", "map50", "false_call"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise InputError(f"tolerance {name} must be within [0, 1], got {value}")
 
 
 # ------------------------------------------------------------------------------------------- running
@@ -185,50 +168,3 @@ def disagreement(
     if changed:
         parts.append(f"{len(changed)} box(es) of another class ({', '.join(changed)})")
     return "both flag it; " + "; ".join(parts) if parts else None
-
-
-# ------------------------------------------------------------------------------------------- verdict
-def decide(old: dict[str, Any], new: dict[str, Any], tolerances: Tolerances) -> dict[str, Any]:
-    """The promotion rule (`RULE`) applied to two `score_model` results."""
-    checks = [
-        _check("escape rate", old["escapes"]["escape_rate"], new["escapes"]["escape_rate"], tolerances.escape,
-               lower_is_better=True, missing="the split has no defective image"),
-        _check("missed-defect rate", old["escapes"]["missed_defect_rate"], new["escapes"]["missed_defect_rate"],
-               tolerances.escape, lower_is_better=True, missing="the split has no labelled defect"),
-        _check("mAP@0.5", old["mAP50"], new["mAP50"], tolerances.map50, lower_is_better=False,
-               missing="the split has no labelled defect"),
-        _check("false-call rate", old["false_calls"]["false_call_rate"], new["false_calls"]["false_call_rate"],
-               tolerances.false_call, lower_is_better=True,
-               missing="no defect-free image in the split and no clean board: pass --clean DIR or --clean-auto"),
-    ]  # fmt: skip
-    failed = [check for check in checks if not check["passed"]]
-    decision = PROMOTE if not failed else KEEP
-    return {
-        "decision": decision,
-        "exit_code": EXIT_PROMOTE if decision == PROMOTE else EXIT_KEEP,
-        "rule": RULE,
-        "tolerances": {
-            "escape": tolerances.escape,
-            "map50": tolerances.map50,
-            "false_call": tolerances.false_call,
-        },
-        "checks": checks,
-        "reasons": [check["reason"] for check in (failed or checks)],
-    }
-
-
-def _check(
-    name: str, old: float | None, new: float | None, tolerance: float, *, lower_is_better: bool, missing: str
-) -> dict[str, Any]:
-    if old is None or new is None:
-        return {"name": name, "old": old, "new": new, "limit": None, "passed": False,
-                "reason": f"{name} not measured: {missing}"}  # fmt: skip
-    limit = old + tolerance if lower_is_better else old - tolerance
-    passed = new <= limit + EPSILON if lower_is_better else new >= limit - EPSILON
-    relation = ("<=" if lower_is_better else ">=") if passed else (">" if lower_is_better else "<")
-    word = "within" if passed else "worse than"
-    reason = (
-        f"{name}: NEW {new:.4f} {relation} {limit:.4f} (OLD {old:.4f} {'+' if lower_is_better else '-'} "
-        f"tolerance {tolerance:g}): {word} the limit"
-    )
-    return {"name": name, "old": old, "new": new, "limit": limit, "passed": passed, "reason": reason}
