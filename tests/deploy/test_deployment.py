@@ -352,13 +352,22 @@ def test_promote_needs_a_compare_verdict_of_promote_or_force(
         kept = client.post("/v1/models/promote", json=body, headers=POST)
         assert kept.status_code == 409 and "compare said keep (compare/compare.json" in kept.json()["error"]
         assert client.get("/v1/models").json()["live"]["name"] == "model.onnx"
+        # a verdict edited by hand to promote does not follow from its figures: still refused, saying so
         saved = json.loads((models / "compare" / "compare.json").read_text())
         saved["verdict"]["decision"] = PROMOTE
         (models / "compare" / "compare.json").write_text(json.dumps(saved))
-        promoted = client.post("/v1/models/promote", json=body, headers=POST)
-        assert promoted.status_code == 200, promoted.text
-        done = promoted.json()["done"]
-        assert done["compare"]["decision"] == PROMOTE and done["forced"] is False
+        edited = client.post("/v1/models/promote", json=body, headers=POST)
+        assert edited.status_code == 409, edited.text
+        assert (
+            "the recorded verdict 'promote' does not follow from the recorded figures"
+            in edited.json()["error"]
+        )
+        assert client.get("/v1/models").json()["live"]["name"] == "model.onnx"
+        forced = client.post("/v1/models/promote", json={**body, "force": True}, headers=POST)
+        assert forced.status_code == 200, forced.text
+        done = forced.json()["done"]
+        assert done["compare"]["decision"] == KEEP and done["compare"]["recorded_decision"] == PROMOTE
+        assert done["forced"] is True
         back = client.post("/v1/models/rollback", json={"force": True}, headers=POST)
         assert back.status_code == 422  # a roll-back needs no override
 

@@ -104,21 +104,76 @@ def test_two_processes_promoting_from_one_generation_one_wins(tmp_path: Path) ->
     assert line.current()["generation"] == 2  # type: ignore[index]
 
 
+def _figures(map50: float, missed: float, escape: float = 0.0, false_call: float = 0.0) -> dict:
+    """One model's figures as compare.json records them (the ones the promotion rule reads)."""
+    return {
+        "mAP50": map50,
+        "escapes": {"escape_rate": escape, "missed_defect_rate": missed},
+        "false_calls": {"false_call_rate": false_call},
+    }
+
+
+def _compare_document(old: dict, new: dict, decision: str) -> dict:
+    from defectdet.runtime.compare_rule import Tolerances, decide
+
+    verdict = decide(old, new, Tolerances())
+    tolerances = verdict["tolerances"]
+    return {
+        "models": {"old": old, "new": new},
+        "verdict": {**verdict, "decision": decision, "tolerances": tolerances},
+    }
+
+
 def test_the_compare_verdict_is_found_by_the_pair_of_hashes(tmp_path: Path) -> None:
     models = tmp_path / "models"
     files = _bundles(models, "old", "new")
     sha = {name: file_sha256(path) for name, path in files.items()}
     (models / "runs" / "v2").mkdir(parents=True)
-    document = {
-        "models": {"old": {"sha256": sha["old"]}, "new": {"bundle": str(files["new"])}},  # no sha: hashed
-        "verdict": {"decision": "promote", "reasons": ["mAP@0.5: within the limit"]},
-    }
+    document = _compare_document(_figures(0.80, 0.10), _figures(0.85, 0.05), "promote")
+    document["models"]["old"]["sha256"] = sha["old"]
+    document["models"]["new"]["bundle"] = str(files["new"])  # no sha: hashed
     (models / "runs" / "v2" / "compare.json").write_text(json.dumps(document))
     (models / "compare.json").write_text("{not json")  # skipped
     found = compare_verdict(models, sha["old"], sha["new"])
-    assert found == {
-        "decision": "promote",
-        "file": "runs/v2/compare.json",
-        "reasons": ["mAP@0.5: within the limit"],
-    }
+    assert found is not None and found["decision"] == "promote" and found["file"] == "runs/v2/compare.json"
+    assert found["reasons"][0].startswith("escape rate: NEW 0.0000 <=")
     assert compare_verdict(models, sha["new"], sha["old"]) is None  # the other direction is another question
+
+
+def _one_verdict(tmp_path: Path, document: dict) -> dict:
+    models = tmp_path / "models"
+    files = _bundles(models, "old", "new")
+    sha = {name: file_sha256(path) for name, path in files.items()}
+    for role in ("old", "new"):
+        document["models"].setdefault(role, {})["sha256"] = sha[role]
+    (models / "compare.json").write_text(json.dumps(document))
+    found = compare_verdict(models, sha["old"], sha["new"])
+    assert found is not None
+    return found
+
+
+def test_a_hand_edited_verdict_is_not_trusted(tmp_path: Path) -> None:
+    """The figures say NEW escapes more (keep); the decision was edited to promote, the reasons left as they
+    were: the rule applied again to the figures answers keep and says the file does not hold together."""
+    document = _compare_document(_figures(0.80, 0.10), _figures(0.80, 0.10, escape=0.2), "promote")
+    assert document["verdict"]["reasons"][0].startswith("escape rate: NEW 0.2000 >")
+    found = _one_verdict(tmp_path, document)
+    assert found["decision"] == "keep OLD" and found["recorded_decision"] == "promote"
+    assert "the recorded verdict 'promote' does not follow from the recorded figures" in found["reasons"][0]
+    assert found["reasons"][1].startswith("escape rate: NEW 0.2000 >")
+
+
+def test_a_verdict_without_figures_is_not_trusted(tmp_path: Path) -> None:
+    document = {"models": {}, "verdict": {"decision": "promote", "reasons": ["mAP@0.5: within the limit"]}}
+    found = _one_verdict(tmp_path, document)
+    assert found["decision"] == "keep OLD" and "cannot be checked" in found["reasons"][0]
+
+
+def test_a_near_zero_new_model_is_never_promoted_by_a_recorded_verdict(tmp_path: Path) -> None:
+    """Both models find nothing (mAP 0, every defect missed): 'equal is not worse' made an older compare write
+    promote; the gate applies the rule again and refuses, naming the near-zero figures."""
+    zero = _figures(0.0, 1.0, escape=1.0)
+    document = _compare_document(zero, dict(zero), "promote")
+    found = _one_verdict(tmp_path, document)
+    assert found["decision"] == "keep OLD"
+    assert any("NEW finds almost none of the labelled defects" in reason for reason in found["reasons"])

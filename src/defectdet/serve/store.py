@@ -34,6 +34,7 @@ from typing import Any
 
 from defectdet.errors import DefectDetError
 from defectdet.runtime.bundle import file_sha256
+from defectdet.runtime.compare_rule import KEEP, verdict_from_document
 
 logger = logging.getLogger(__name__)
 
@@ -250,7 +251,9 @@ class ModelStore:
 
 def compare_verdict(folder: Path, old_sha: str, new_sha: str) -> dict[str, Any] | None:
     """The newest `defectdet compare` verdict on OLD = `old_sha`, NEW = `new_sha` among the compare.json
-    files in `folder` and its sub-folders two levels down (its `store/` left out); None when there is none."""
+    files in `folder` and its sub-folders two levels down (its `store/` left out); None when there is none. Its
+    decision is the promotion rule applied again to the file's recorded figures (`runtime.compare_rule`), never
+    the decision as written: an edited verdict answers keep, saying so."""
     found: list[tuple[float, dict[str, Any]]] = []
     patterns = (COMPARE_FILE, f"*/{COMPARE_FILE}", f"*/*/{COMPARE_FILE}")
     for path in (path for pattern in patterns for path in folder.glob(pattern)):
@@ -265,13 +268,33 @@ def compare_verdict(folder: Path, old_sha: str, new_sha: str) -> dict[str, Any] 
             logger.debug("%s: not a compare verdict (%s)", path, error)
             continue
         if pair == (old_sha, new_sha):
-            summary = {
-                "decision": decision,
-                "file": str(path.relative_to(folder)),
-                "reasons": list(verdict.get("reasons", []))[:6],
-            }
-            found.append((path.stat().st_mtime, summary))
+            summary = {"decision": decision, "file": str(path.relative_to(folder))}
+            found.append((path.stat().st_mtime, {**summary, **_checked(document, decision)}))
     return max(found, key=lambda item: item[0])[1] if found else None
+
+
+def _checked(document: dict[str, Any], recorded: Any) -> dict[str, Any]:
+    """The verdict's decision and reasons as the promotion rule gives them on the file's recorded figures: a
+    decision that does not follow from them (edited by hand, or written by another rule) is not trusted, and
+    neither is a file without figures; both are answered as keep, saying why."""
+    try:
+        verdict = verdict_from_document(document)
+    except (KeyError, TypeError, ValueError, DefectDetError) as error:
+        return {
+            "decision": KEEP,
+            "reasons": [f"the verdict cannot be checked: its figures are missing or malformed ({error})"],
+        }
+    if verdict["decision"] != recorded:
+        return {
+            "decision": KEEP,
+            "recorded_decision": recorded,
+            "reasons": [
+                f"the recorded verdict {recorded!r} does not follow from the recorded figures (the rule gives "
+                f"{verdict['decision']!r}): the file was edited or written by another rule; run compare again",
+                *verdict["reasons"][:5],
+            ],
+        }
+    return {"decision": verdict["decision"], "reasons": list(verdict["reasons"])[:6]}
 
 
 def _model_sha(model: dict[str, Any], document: Path) -> str | None:
