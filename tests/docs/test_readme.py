@@ -51,3 +51,20 @@ def test_the_first_tasks_are_one_link_away() -> None:
         assert f"]({page})" in text, f"README does not link {page}"
         target = (ROOT / page.partition("#")[0]).read_text(encoding="utf-8")
         assert must_hold in target, f"{page} no longer shows {must_hold!r}"
+
+
+def test_the_install_is_from_a_clone_until_a_release_exists() -> None:
+    """Nothing is published: no page presents `pip install defectdet` as working, none has a placeholder URL,
+    and the README and the install page set up with the three make targets in the clone."""
+    pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    for page in pages:
+        if page.name == "changelog.md":
+            continue
+        text = page.read_text(encoding="utf-8")
+        for unpublished in ("pip install defectdet", "pip install 'defectdet", "<your clone URL>"):
+            assert unpublished not in text, f"{page.relative_to(ROOT)} shows {unpublished!r}"
+    for page in (README, ROOT / "docs" / "getting-started" / "install.md"):
+        text = page.read_text(encoding="utf-8")
+        assert "No release is published yet" in text and "clone" in text, page
+        for target in ("make install", "make demo", "make test"):
+            assert f"\n{target} " in text, f"{page.relative_to(ROOT)} does not show {target!r} as a command"
