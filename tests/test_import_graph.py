@@ -43,6 +43,7 @@ LAYERS: dict[str, int] = {
     "diagnostics": 6,
     "export": 6,
     # the service (server, review, models store, metrics, static pages) on the runtime; only the CLI imports it
+    "anomaly": 7,  # good-parts-only models: ImageNet features (model) written as a bundle (export)
     "demo": 7,
     "doctor_cli": 7,
     "serve": 7,

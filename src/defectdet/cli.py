@@ -381,6 +381,46 @@ def _recapture_config(nuisance: bool, shift: float | None, rotation: float | Non
 
 
 @app.command()
+def fit(
+    images: Path = typer.Argument(..., help="A folder of defect-free images (searched recursively)."),
+    out: Path = typer.Option(Path("model.onnx"), "--out", help="Bundle file to write."),
+    time: float | None = typer.Option(
+        None, "--time", help="Time budget in minutes (default: every image, the full memory bank)."
+    ),
+    input_size: int | None = typer.Option(
+        None,
+        "--input-size",
+        help="Square input side, a multiple of 32 (default: from the images, at most 640).",
+    ),
+    false_call_rate: float = typer.Option(
+        0.01, "--false-call-rate", help="Share of held-out good images the threshold may flag."
+    ),
+    seed: int = typer.Option(0, help="Random seed (which images are held out, the memory bank's start)."),
+    overwrite: bool = OVERWRITE_EXPORT,
+) -> None:
+    """Fit a good-parts-only model on defect-free images alone and write a bundle that boxes what does not
+    look like them (class "anomaly"); `predict`, `serve` and `Predictor` run it like any bundle.
+
+    Example: defectdet fit good_parts/ --out model.onnx --time 2
+    """
+    from defectdet.anomaly import FitSettings, fit_good_only
+
+    _refuse_existing_bundle(out, overwrite)
+    settings = FitSettings(minutes=time, input_size=input_size, false_call_rate=false_call_rate, seed=seed)
+    result = fit_good_only(images, out, settings)
+    calibration, meta = result.calibration, result.metadata
+    console.print(f"[green]bundle[/green]: {result.bundle} ({result.bundle.stat().st_size / 1024:.0f} KiB)")
+    console.print(
+        f"input {meta.input_size}x{meta.input_size}, {meta.channels} channel(s); {result.fit_images} images fitted, "
+        f"{result.memory_vectors} memory vectors; threshold {meta.thresholds.threshold} flags "
+        f"{calibration.false_calls} of {calibration.images} held-out good "
+        f"images (target {calibration.target_rate:.2%}); {result.timings['total_s']:.0f} s"
+    )
+    for name, reason in result.skipped:
+        console.print(f"[yellow]skipped[/yellow] {name}: {reason}")
+
+
+@app.command()
 def val(
     checkpoint: Path = typer.Argument(
         ..., help="A checkpoint written by `defectdet train` (best.pt / last.pt) or a bundle (model.onnx)."
