@@ -95,6 +95,27 @@ def test_val_writes_both_protocols_and_clean_board_rates(
     assert (out / "report.html").read_text().count("data:image/png;base64") >= 3
 
 
+def test_val_prints_figures_in_words_into_one_folder_per_run(
+    trained_run: Path, tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --out, the best.pt of two runs land in runs/val/<run folder>-best, never one shared folder; the
+    table names its figures in words, without raw keys or DeepPCB's figures on data that is not DeepPCB."""
+    monkeypatch.chdir(tmp_path)
+    other_run = tmp_path / "line4"
+    other_run.mkdir()
+    shutil.copy(trained_run / "best.pt", other_run / "best.pt")
+    for run in (trained_run, other_run):
+        result = runner.invoke(app, ["val", str(run / "best.pt"), str(tiny_data)])
+        assert result.exit_code == 0, result.output
+        folder = Path("runs/val") / f"{run.name}-best"
+        assert (folder / "report.html").is_file() and f"report: {folder / 'report.html'}" in result.output
+        assert "mAP@0.5" in result.output and "false calls" in result.output and "escapes" in result.output
+        assert not [key for key in ("mAP50", "deeppcb", "DeepPCB", "escape_rate") if key in result.output]
+    assert sorted(path.name for path in Path("runs/val").iterdir()) == sorted(
+        [f"{trained_run.name}-best", "line4-best"]
+    )
+
+
 def test_val_rejects_a_dataset_with_other_classes(trained_run: Path, tmp_path: Path) -> None:
     other = tmp_path / "other"
     runner.invoke(app, ["synth", str(other), "--boards", "2", "--min-size", "96", "--max-size", "96"])

@@ -428,7 +428,7 @@ def val(
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
     split: str = typer.Option("val", help="Split to evaluate (a DeepPCB list file stem, e.g. test)."),
     protocol: str = typer.Option("both", help="coco|deeppcb|both."),
-    out: Path | None = typer.Option(None, help="Output folder (default: runs/val/<checkpoint stem>)."),
+    out: Path | None = typer.Option(None, help="Output folder (default: runs/val/<run>-<checkpoint stem>)."),
     threshold: float | None = typer.Option(
         None, help="Operating threshold (default: the best-F1 threshold)."
     ),

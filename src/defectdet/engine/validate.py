@@ -119,7 +119,7 @@ class ValidateSettings(BaseModel):
 
     split: str = "val"
     protocol: str = "both"  # one of PROTOCOLS
-    out: str | Path | None = None  # default runs/val/<checkpoint stem>
+    out: str | Path | None = None  # default runs/val/<run folder>-<checkpoint stem> (default_out_dir)
     threshold: float | None = None
     threshold_from: str | None = None
     target_escape: float = DEFAULT_TARGET_ESCAPE
@@ -245,7 +245,7 @@ def validate(
     metrics["report"] = str(run.out_dir / "report.html")
     metrics["skipped_images"] = skipped
     if console is not None:
-        console.print(summary_table(metrics))
+        print_summary(console, metrics)
     return metrics
 
 
@@ -298,7 +298,7 @@ class _ValidationRun:
             )
         _check_templates(dataset, spec.template, checkpoint)
         dataset = _with_companions(dataset, spec.companions, checkpoint)
-        out_dir = Path(settings.out) if settings.out else Path("runs/val") / Path(checkpoint).stem
+        out_dir = Path(settings.out) if settings.out else default_out_dir(checkpoint)
         out_dir.mkdir(parents=True, exist_ok=True)
         return cls(checkpoint, data, model, metadata, spec, dataset, class_names, out_dir, settings.batch)
 
@@ -361,6 +361,7 @@ def _score(
         else ThresholdChoice(threshold, "best_f1", "the reported records themselves (optimistic)").to_dict()
     )
     metrics["headline"]["threshold_source"] = threshold_note
+    metrics["data_format"] = run.dataset.format  # the console shows DeepPCB's figures only on DeepPCB data
     metrics["boards"] = board_rates(records, threshold)
     metrics["registration"] = registration_summary(records)
     metrics["tiles"] = spec.tiles  # native-resolution tiles of large images joined the whole-image pass
@@ -489,15 +490,108 @@ def _clean_note(clean_templates: bool, recapture: RecaptureConfig, seed: int) ->
     return f"recaptured templates, seed {seed}: {recapture.model_dump(mode='json')}"
 
 
+def default_out_dir(checkpoint: str | Path) -> Path:
+    """Where `val` writes without --out: runs/val/<run folder>-<checkpoint stem>, so the best.pt of two runs never
+    share a folder (runs/line3/best.pt -> runs/val/line3-best); a file in the current folder: runs/val/<stem>."""
+    path = Path(checkpoint)
+    folder = path.parent.name
+    return Path("runs/val") / (f"{folder}-{path.stem}" if folder else path.stem)
+
+
+def print_summary(console: Console, metrics: dict[str, Any]) -> None:
+    """The evaluation in a quality engineer's words: the table (`summary_table`), how the threshold was chosen,
+    and what to add when false calls could not be measured."""
+    console.print(summary_table(metrics))
+    words = _threshold_words(metrics.get("threshold") or {})
+    if words:
+        console.print(f"operating threshold: {words}")
+    if _board_counts(metrics)["clean_boards"] == 0:
+        console.print(
+            "false calls need defect-free images: add some to the split, or pass --clean-templates when the "
+            "images have templates"
+        )
+
+
 def summary_table(metrics: dict[str, Any]) -> Table:
-    """The headline numbers of an evaluation as a rich table."""
+    """The headline figures of an evaluation, each named in words: mAP, the DeepPCB protocol's figures (only on
+    DeepPCB data), the operating threshold with precision and recall, escapes and false calls as counts of
+    images (false calls "not measured" without defect-free images), the recall-target threshold and speed."""
     headline = metrics.get("headline", {})
     table = Table(title="evaluation", show_header=True)
-    table.add_column("metric")
+    table.add_column("figure")
     table.add_column("value", justify="right")
-    for key, value in headline.items():
-        if isinstance(value, float):
-            table.add_row(key, f"{value:.4f}")
-        elif value is not None and not isinstance(value, (dict, list)):
-            table.add_row(key, str(value))
+    rows = [("mAP@0.5 (1 is perfect)", headline.get("mAP50")), ("mAP@0.5:0.95", headline.get("mAP50_95"))]
+    if metrics.get("data_format") == "deeppcb":
+        rows += [
+            ("DeepPCB mAP", headline.get("deeppcb_mAP")),
+            ("DeepPCB F-score, best threshold", headline.get("deeppcb_F")),
+            ("DeepPCB F-score at the threshold", headline.get("deeppcb_F_at_threshold")),
+        ]
+    rows += [
+        ("operating threshold", headline.get("threshold")),
+        ("precision (boxes that are defects)", headline.get("precision")),
+        ("recall (defects found)", headline.get("recall")),
+        ("F1", headline.get("f1")),
+        *_board_rows(metrics),
+        (f"threshold for {_recall_target(metrics)} recall", headline.get("target_recall_threshold")),
+    ]
+    if headline.get("images_per_second") is not None:
+        rows.append(("speed", f"{headline['images_per_second']:.1f} images/s"))
+    for name, value in rows:
+        if value is not None:
+            table.add_row(name, f"{value:.4f}" if isinstance(value, float) else str(value))
     return table
+
+
+def _board_counts(metrics: dict[str, Any]) -> dict[str, int]:
+    """Defective and defect-free images and their escapes and false calls at the operating threshold."""
+    boards = metrics.get("boards") or {}
+    chosen = (metrics.get("operating_point") or {}).get("chosen") or {}
+    return {
+        "defective_boards": int(boards.get("defective_boards", chosen.get("defective_images", 0)) or 0),
+        "escapes": int(boards.get("escapes", chosen.get("escapes", 0)) or 0),
+        "clean_boards": int(boards.get("clean_boards", chosen.get("clean_images", 0)) or 0),
+        "false_calls": int(boards.get("false_calls", chosen.get("false_calls", 0)) or 0),
+    }
+
+
+def _board_rows(metrics: dict[str, Any]) -> list[tuple[str, str | None]]:
+    counts = _board_counts(metrics)
+    defective, clean = counts["defective_boards"], counts["clean_boards"]
+    escapes = (
+        f"{counts['escapes']} of {defective} defective images ({counts['escapes'] / defective:.1%})"
+        if defective
+        else "not measured (no defective images)"
+    )
+    false_calls = (
+        f"{counts['false_calls']} of {clean} defect-free images ({counts['false_calls'] / clean:.1%})"
+        if clean
+        else "not measured (no defect-free images)"
+    )
+    return [("escapes", escapes), ("false calls", false_calls)]
+
+
+def _threshold_words(choice: dict[str, Any]) -> str | None:
+    """How the operating threshold was chosen (`ThresholdChoice.to_dict()`), in words."""
+    rule, source = choice.get("rule"), choice.get("source")
+    if rule == "escape":
+        target = choice.get("target_escape")
+        share = f"{target:.0%}" if isinstance(target, float) else "the target share"
+        return f"the highest at which at most {share} of the defective images of {source} escape"
+    if rule == "f1":
+        return f"the best box F1 on {source}"
+    if rule == "given":
+        return "given with --threshold"
+    if rule == "bundle":
+        return f"stored in the bundle ({source})"
+    if rule == "best_f1":
+        return (
+            "the best F1 on these same images, an optimistic choice: choose it on another split with "
+            "--threshold-from SPLIT"
+        )
+    return None
+
+
+def _recall_target(metrics: dict[str, Any]) -> str:
+    target = (metrics.get("operating_point") or {}).get("target_recall")
+    return f"{target:.0%}" if isinstance(target, float) else "the target"
