@@ -150,7 +150,11 @@ def test_promote_makes_the_shadow_live_and_rollback_restores_it(line: dict[str, 
         assert back.json()["done"]["generation"] == 3
         assert _detect(client, 3)["model_version"] == before
     history = [json.loads(line_) for line_ in (models / "promotions.jsonl").read_text().splitlines()]
-    assert [(h["action"], h["by"]) for h in history] == [("promote", "anna"), ("rollback", "anna")]
+    assert [(h["action"], h["by"]) for h in history] == [
+        ("shadow", "anonymous"),  # no name, no token: said so, never null
+        ("promote", "anna"),
+        ("rollback", "anna"),
+    ]
 
 
 def test_a_restart_serves_the_promoted_bundle_and_can_still_roll_back(line: dict[str, Path]) -> None:

@@ -155,7 +155,8 @@ def _promote_in_the_browser(url: str, screenshot: Path) -> str:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1100})
-            page.on("dialog", lambda dialog: dialog.accept(TOKEN))  # the token prompt, then the confirmation
+            # the token prompt, the confirmation, then the name recorded with the change
+            page.on("dialog", lambda dialog: dialog.accept("olga" if "name" in dialog.message else TOKEN))
             page.goto(url + "/")
             page.wait_for_function(
                 "() => document.getElementById('shadow-rate').textContent.startsWith('disagree')",
@@ -246,5 +247,7 @@ def test_serve_keep_review_finetune_compare_shadow_promote_rollback(line: dict, 
     new_version = promoted["live"]["model_version"]
     assert client.versions() == [old_version, new_version, old_version]
     history = [json.loads(row) for row in (line["models"] / "promotions.jsonl").read_text().splitlines()]
-    assert [entry["action"] for entry in history] == ["promote", "rollback"]
+    assert [entry["action"] for entry in history] == ["shadow", "promote", "rollback"]
+    assert [entry["by"] for entry in history] == ["token", "olga", "olga"]  # the page sends the name
+    history = history[1:]
     assert line["served"].read_bytes() == (line["models"] / history[0]["previous_file"]).read_bytes()

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
+import socket
 import threading
 import time
+import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +55,9 @@ logger = logging.getLogger(__name__)
 
 MATCH_IOU = 0.5
 POLL_S = 0.5  # how often a process reads the store's current generation
+RETRY_FIRST_S = 1.0  # a generation that failed to load here is tried again after this, doubling
+RETRY_MAX_S = 60.0  # ... up to this
+BEHIND_GRACE_S = 60.0  # serving another generation than the store's longer than this: not ready
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}\.onnx$")
 _PRINTABLE = re.compile(r"[^\x20-\x7e]")
 
@@ -175,6 +181,16 @@ def _iou(a: tuple[float, ...], b: tuple[float, ...]) -> float:
     inter = width * height
     union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
     return inter / union if union > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class _Retry:
+    """A store generation that failed to load in this process: tries so far, when to try again, why."""
+
+    generation: int
+    attempts: int
+    at: float  # time.monotonic()
+    reason: str
 
 
 class ShadowRun:
@@ -313,7 +329,9 @@ class Deployment:
         self._changing = threading.Lock()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
-        self._failed: int | None = None  # a generation that could not be loaded here (logged once)
+        self._retry: _Retry | None = None  # a store generation that failed to load here, when to try again
+        self._owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # its shadow note's name
+        self._behind_since: float | None = None  # monotonic time this process first saw another generation
         if self.store is not None:
             self._join_store()
         self.metrics.set_models(self)
@@ -321,7 +339,11 @@ class Deployment:
     def _join_store(self) -> None:
         """Serve the store's current generation; an empty store starts with the bundle `serve` was given."""
         assert self.store is not None
-        current = self.store.current() or self._start_store()
+        try:
+            current = self.store.repair()  # a torn `current` rewritten from history/, or refused naming it
+        except OSError:  # a read-only store: read what is there
+            current = self.store.current()
+        current = current or self._start_store()
         if current is None:
             return
         entry = Entry.of(current["live"])
@@ -350,7 +372,7 @@ class Deployment:
             entry = self.store.stage(self.live_path, self.live.name)
             if entry.sha256 != self.live.sha256:
                 raise StoreError(f"{self.live_path}: the file changed while it loaded; start again")
-            return self.store.commit(0, "start", entry)
+            return self.store.commit(0, "start", entry, by="serve")
         except StaleGeneration as raced:  # another process started the store first
             return raced.current
         except OSError as error:
@@ -429,7 +451,9 @@ class Deployment:
         if shadow is not None:
             shadow.submit(image, template, live_result, companions)
 
-    def start_shadow(self, name: str, unless_live: bool = False) -> dict[str, Any]:
+    def start_shadow(
+        self, name: str, unless_live: bool = False, by: str | None = None, client: str | None = None
+    ) -> dict[str, Any]:
         """Copy the candidate's bytes into the store and run that copy beside the live model. `unless_live`
         (`serve --shadow` at start): a candidate that is already live (promoted meanwhile) is no error."""
         with self._change():
@@ -443,15 +467,18 @@ class Deployment:
             old, self.shadow = self.shadow, ShadowRun(model, self.metrics)
             if old is not None:
                 old.stop()
+            if model.source is not None:
+                self._note_shadow(Entry(model.name, model.sha256, model.source.name), by, client)
             self.metrics.set_models(self)
             logger.info("shadow: %s (%s) runs beside %s", model.name, model.version, self.live.name)
             return self.report()
 
-    def stop_shadow(self) -> dict[str, Any]:
+    def stop_shadow(self, by: str | None = None, client: str | None = None) -> dict[str, Any]:
         with self._change():
             if self.shadow is not None:
                 self.shadow.stop()
                 self.shadow = None
+                self._note_shadow(None, by, client)
                 self.metrics.set_models(self)
             return self.report()
 
@@ -474,28 +501,53 @@ class Deployment:
 
     # ------------------------------------------------------------------ promotion
     def promote(
-        self, name: str | None, by: str | None = None, force: bool = False, generation: int | None = None
+        self,
+        name: str | None,
+        by: str | None = None,
+        force: bool = False,
+        generation: int | None = None,
+        client: str | None = None,
     ) -> dict[str, Any]:
-        """Make `name` (default: the shadow, exactly the bytes it ran) the live model of every process on
-        the store. Needs a `compare` verdict of "promote" for (live, candidate) in the models folder, or
-        `force`. `generation`: the store generation the decision was made on (default: the one served here)."""
+        """Make `name` (default: this process's shadow, exactly the bytes it ran) the live model of every
+        process on the store. Needs a `compare` verdict of "promote" for (live, candidate) in the models
+        folder, or `force`. `generation`: the store generation the decision was made on (default: the one
+        served here); `by`, `client`: who asks and from which address (recorded)."""
         with self._change():
             shadow = self.shadow
             if name is None:
                 if shadow is None:
-                    raise UploadError(
-                        422, 'name the bundle to promote ({"bundle": "NAME.onnx"}) or shadow one first'
-                    )
+                    raise UploadError(409, self._no_shadow_here())
                 model = shadow.model
             else:
                 model = self._candidate(name)
             evidence = shadow.report() if shadow is not None and shadow.model is model else None
             verdict = self._gate(model, force)
             record = self._commit(
-                generation, "promote", model, by, shadow=_summary(evidence), compare=verdict,
+                generation, "promote", model, by, client=client, shadow=_summary(evidence), compare=verdict,
                 forced=bool(force) and (verdict or {}).get("decision") != "promote",
             )  # fmt: skip
             return self._make_live(model, record)
+
+    def _no_shadow_here(self) -> str:
+        """Why `promote {}` is refused here: this process runs no shadow; where one runs, if anywhere."""
+        here = f"{socket.gethostname()}, pid {os.getpid()}"
+        notes = self.store.shadows() if self.store is not None else []
+        if not notes:
+            return (
+                f"no shadow runs in this process ({here}) nor in another one on the models store: name the "
+                'bundle to promote ({"bundle": "NAME.onnx"}) or shadow one first'
+            )
+        where = "; ".join(
+            f"{note.get('name')} ({str(note.get('sha256'))[:12]}) in {note.get('host')}, pid {note.get('pid')} "
+            f"since {note.get('time')}"
+            for note in notes[:3]
+        )
+        return (
+            f"no shadow runs in this process ({here}): a shadow is per process, and this request reached "
+            f"another replica than the one running it. Shadows on the models store: {where}. Promote through "
+            'that process, or name the bundle here ({"bundle": "NAME.onnx"}; the evidence of its shadow '
+            "run then stays with that process)"
+        )
 
     def _gate(self, model: ServedModel, force: bool) -> dict[str, Any] | None:
         """The compare verdict on (live, `model`); 409 unless it says promote or `force` is given."""
@@ -513,7 +565,9 @@ class Deployment:
             reason = f"compare said keep ({verdict['file']}: {'; '.join(verdict['reasons'][:2])})"
         raise UploadError(409, f"{reason}; to promote anyway, send force: true")
 
-    def rollback(self, by: str | None = None, generation: int | None = None) -> dict[str, Any]:
+    def rollback(
+        self, by: str | None = None, generation: int | None = None, client: str | None = None
+    ) -> dict[str, Any]:
         """Bring back the model before the live one in the store's history (a second roll-back goes back
         one more)."""
         with self._change():
@@ -526,7 +580,7 @@ class Deployment:
                 raise UploadError(409, "nothing to roll back to: no model was promoted over this one")
             target = Entry.of(current["stack"][0])
             model = self._load_entry(target)
-            record = self._commit(generation, "rollback", model, by)
+            record = self._commit(generation, "rollback", model, by, client=client)
             return self._make_live(model, record)
 
     def _load_entry(self, entry: Entry) -> ServedModel:
@@ -558,7 +612,7 @@ class Deployment:
         entry = Entry(model.name, model.sha256, model.source.name)
         base = generation if generation is not None else (self.generation or 0)
         try:
-            return self.store.commit(base, action, entry, _clean(by), **details)
+            return self.store.commit(base, action, entry, clean_name(by), **details)
         except StaleGeneration as error:
             raise UploadError(409, str(error)) from None
         except StoreError as error:
@@ -569,13 +623,23 @@ class Deployment:
             ) from None
 
     def _make_live(self, model: ServedModel, record: dict[str, Any]) -> dict[str, Any]:
+        """Serve the committed `record` here and answer it. The generation is written: nothing here may turn
+        that into an error answer (a swap that fails is logged, and the store poll tries again)."""
+        done = {"done": {**record, "to": record["live"]}}
+        try:
+            return {**done, **self._swapped_here(model, record)}
+        except Exception as error:
+            logger.exception("generation %d is committed but not served here yet", record["generation"])
+            return {**done, "warning": f"committed; this process did not switch yet ({error})"}
+
+    def _swapped_here(self, model: ServedModel, record: dict[str, Any]) -> dict[str, Any]:
         old = self._swap(model, record)
         self.metrics.promotions.labels(record["action"]).inc()
         logger.info(
             "%s: %s (%s) is live, generation %d; was %s (%s)",
             record["action"], model.name, model.version, record["generation"], old.name, old.version,
         )  # fmt: skip
-        return {"done": {**record, "to": record["live"]}, **self.report()}
+        return self.report()
 
     def _swap(self, model: ServedModel, record: dict[str, Any]) -> ServedModel:
         """`model` answers from the next request on; the store's `record` is what this process serves."""
@@ -584,9 +648,11 @@ class Deployment:
             self.live = replace(model, since=time.time())
             self.previous = old
         self.generation = self.store_seen = record["generation"]
+        self._caught_up()
         if self.shadow is not None and self.shadow.model.sha256 == model.sha256:
             self.shadow.stop()
             self.shadow = None
+            self._unmark_shadow()  # the promotion's line in promotions.jsonl carries its evidence
         if self.on_swap is not None and model.sha256 != old.sha256:
             self.on_swap(self.live)
         self.metrics.set_models(self)
@@ -611,13 +677,21 @@ class Deployment:
 
     def follow(self) -> bool:
         """Load and serve the store's current generation when it is not the one served here. True when this
-        process changed its model. A generation whose bundle fails its checks is logged once and skipped."""
+        process changed its model. A generation whose bundle fails to load (a file briefly truncated, a copy
+        still arriving on a shared volume) is tried again after RETRY_FIRST_S, doubling up to RETRY_MAX_S;
+        meanwhile `not_ready()` says why."""
         current = self._current_quietly()
         if current is None:
             return False
         self.store_seen = current["generation"]
         self.metrics.store_generation.set(current["generation"])
-        if current["generation"] == self.generation or current["generation"] == self._failed:
+        if current["generation"] == self.generation:
+            self._caught_up()
+            return False
+        if self._behind_since is None:
+            self._behind_since = time.monotonic()
+        retry = self._retry
+        if retry is not None and retry.generation == current["generation"] and time.monotonic() < retry.at:
             return False
         if not self._changing.acquire(blocking=False):
             return False  # a change of this process runs: the next poll looks again
@@ -626,8 +700,7 @@ class Deployment:
             try:
                 model = self._load_entry(entry) if entry.sha256 != self.live.sha256 else self.live
             except UploadError as error:
-                self._failed = current["generation"]
-                logger.error("store generation %d not loaded here: %s", current["generation"], error)
+                self._failed_load(current["generation"], error.reason)
                 return False
             old = self._swap(model, current)
             logger.info(
@@ -638,6 +711,45 @@ class Deployment:
             return True
         finally:
             self._changing.release()
+
+    def _failed_load(self, generation: int, reason: str) -> None:
+        """Note a failed load of `generation` and when to try again (backing off)."""
+        retry = self._retry
+        attempts = retry.attempts + 1 if retry is not None and retry.generation == generation else 1
+        delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (attempts - 1))
+        self._retry = _Retry(generation, attempts, time.monotonic() + delay, reason)
+        self.metrics.model_behind_store.set(1)
+        logger.error(
+            "store generation %d not loaded here (try %d): %s; serving generation %s, trying again in %.0f s",
+            generation, attempts, reason, self.generation, delay,
+        )  # fmt: skip
+
+    def _caught_up(self) -> None:
+        self._retry = None
+        self._behind_since = None
+        self.metrics.model_behind_store.set(0)
+
+    def not_ready(self) -> str | None:
+        """Why this process should take no traffic although it answers: it serves a generation other than
+        the store's current one and failed to load that one, or has been behind for over BEHIND_GRACE_S.
+        None when it serves the store's generation (or has no store)."""
+        seen, served = self.store_seen, self.generation
+        if self.store is None or seen is None or seen == served:
+            return None
+        retry, since = self._retry, self._behind_since
+        if retry is not None and retry.generation == seen:
+            wait = max(0.0, retry.at - time.monotonic())
+            return (
+                f"serving store generation {served}, the store's current one is {seen}: it failed to load "
+                f"here ({retry.attempts} tries; {retry.reason}); trying again in {wait:.0f} s"
+            )
+        if since is not None and time.monotonic() - since > BEHIND_GRACE_S:
+            self.metrics.model_behind_store.set(1)
+            return (
+                f"serving store generation {served}, the store's current one is {seen} since "
+                f"{time.monotonic() - since:.0f} s"
+            )
+        return None
 
     # ------------------------------------------------------------------ files
     def resolve(self, name: Any) -> Path:
@@ -704,6 +816,26 @@ class Deployment:
         self._stop.set()
         if self.shadow is not None:
             self.shadow.stop()
+            self._unmark_shadow()
+
+    def _unmark_shadow(self) -> None:
+        if self.store is not None:
+            try:
+                self.store.mark_shadow(self._owner, None)
+            except OSError as error:
+                logger.warning("the shadow's note in the models store is not removed (%s)", error)
+
+    def _note_shadow(self, entry: Entry | None, by: str | None = None, client: str | None = None) -> None:
+        """This process's shadow in the store's notes and in promotions.jsonl (a failure is logged)."""
+        if self.store is None:
+            return
+        try:
+            self.store.mark_shadow(self._owner, entry, clean_name(by))
+            details = {"shadow": entry.to_dict()} if entry is not None else {}
+            action = "shadow" if entry is not None else "shadow-stop"
+            self.store.log_event(action, clean_name(by), client=client, live=self.live.sha256, **details)
+        except OSError as error:
+            logger.warning("the shadow is not noted in the models store (%s)", error)
 
 
 def _entry_report(item: dict[str, Any]) -> dict[str, Any]:
@@ -756,7 +888,8 @@ def _summary(evidence: dict[str, Any] | None) -> dict[str, Any] | None:
     return {key: evidence[key] for key in ("images", "disagreements", "disagreement_rate", "shadow_since")}
 
 
-def _clean(text: str | None) -> str | None:
+def clean_name(text: str | None) -> str | None:
+    """A name as it is recorded: printable ASCII only (no control or bidi characters), at most 80."""
     return _PRINTABLE.sub("", text)[:80] or None if text else None
 
 

@@ -215,6 +215,11 @@ class ServiceMetrics:
             "defectdet_store_generation", "The models store's newest generation, as this process last read it",
             registry=registry, multiprocess_mode="livemax",
         )  # fmt: skip
+        self.model_behind_store = Gauge(
+            "defectdet_model_behind_store", "1 while this process serves another generation than the store's "
+            "current one and failed to load it (or is behind for over a minute): /readyz answers 503",
+            registry=registry, multiprocess_mode="livemax",
+        )  # fmt: skip
         self.serving = Gauge(
             "defectdet_model_serving", "1 for the bundle this process serves, by sha256 and store generation",
             ["sha256", "generation"], registry=registry, multiprocess_mode="liveall",

@@ -778,11 +778,13 @@ def _add_inspection_routes(app: FastAPI, service: Service, settings: ServeSettin
 
     @app.get("/readyz", summary="200 once the model is loaded and one warm-up inference ran")
     async def readyz() -> Response:
-        if service.ready.is_set():
+        behind = service.deployment.not_ready()  # serving another generation than the models store's
+        if service.ready.is_set() and behind is None:
             return JSONResponse({"ready": True, "model_version": service.version})
         service.start()
         headers = {"Retry-After": str(settings.retry_after_s)}
-        return JSONResponse({"ready": False, "reason": service.readiness}, 503, headers=headers)
+        reason = service.readiness if not service.ready.is_set() else behind
+        return JSONResponse({"ready": False, "reason": reason}, 503, headers=headers)
 
     @app.get("/v1/model", summary="The bundle's metadata")
     async def model() -> dict[str, Any]:

@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import socket
 import tempfile
 import threading
@@ -44,6 +45,7 @@ DEFAULT_KEEP = 5  # models kept for roll-back behind the live one
 STAGED_MAX_AGE_S = 7 * 24 * 3600  # copies of candidates that never went live are removed after this
 RECENT_S = 600.0  # a copy staged (or staged again) this recently stays: a shadow may be promoted from it
 COMPARE_FILE = "compare.json"
+SHADOWS_DIR = "shadows"  # store/shadows/HOST-PID.json: the shadow each process runs
 _IN_PROCESS = threading.Lock()  # fcntl locks belong to the process: threads of one process queue here first
 
 
@@ -85,6 +87,48 @@ class Entry:
         return cls(str(record["name"]), str(record["sha256"]), str(record["file"]))
 
 
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_PLAIN = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def check_record(record: Any, where: str | Path) -> dict[str, Any]:
+    """`record` when it is a generation record the store can act on; else a StoreError naming `where` and
+    the field that is wrong (a file edited by hand, or torn)."""
+
+    def wrong(field: str, expected: str) -> StoreError:
+        return StoreError(f"{where}: not a generation record: field {field!r} {expected}")
+
+    if not isinstance(record, dict):
+        raise StoreError(
+            f"{where}: not a generation record (a JSON object is expected, found {type(record).__name__})"
+        )
+    generation = record.get("generation")
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 1:
+        raise wrong("generation", "must be a whole number >= 1")
+    if not isinstance(record.get("action"), str):
+        raise wrong("action", "must be a text (start, promote or rollback)")
+    _check_entry(record.get("live"), "live", wrong)
+    stack = record.get("stack")
+    if not isinstance(stack, list):
+        raise wrong("stack", "must be a list of models (the roll-back history; [] for none)")
+    for position, item in enumerate(stack):
+        _check_entry(item, f"stack[{position}]", wrong)
+    return record
+
+
+def _check_entry(item: Any, field: str, wrong: Any) -> None:
+    """A model of a generation record: name, sha256 (64 hex digits) and a plain file name in bundles/."""
+    if not isinstance(item, dict):
+        raise wrong(field, "must be a model: {name, sha256, file}")
+    if not isinstance(item.get("name"), str):
+        raise wrong(f"{field}.name", "must be a text")
+    if not isinstance(item.get("sha256"), str) or not _SHA256.match(item["sha256"]):
+        raise wrong(f"{field}.sha256", "must be 64 hex digits")
+    file = item.get("file")
+    if not isinstance(file, str) or file in ("", ".", "..") or any(c in file for c in "/\\\0"):
+        raise wrong(f"{field}.file", "must be a file name in bundles/")
+
+
 class ModelStore:
     """Generations of one line's live model in `root` (DIR/store); `keep` models stay for roll-back."""
 
@@ -95,6 +139,7 @@ class ModelStore:
         self.keep = keep
         self.bundles = self.root / "bundles"
         self.generations = self.root / "history"
+        self._reported: str | None = None  # the last problem of `current` logged (logged once)
         try:
             for folder in (self.bundles, self.generations):
                 folder.mkdir(parents=True, exist_ok=True)
@@ -106,31 +151,78 @@ class ModelStore:
 
     # ------------------------------------------------------------------ reading
     def current(self) -> dict[str, Any] | None:
-        """The newest generation, or None before the first one."""
+        """The newest generation, or None before the first one. A `current` file that is missing, torn or
+        edited into something that is not a generation record is recovered from the newest valid generation
+        in history/ (the files a change writes first); without one it is a StoreError naming the file and
+        the field."""
         path = self.root / "current"
+        problem = None
         try:
-            text = path.read_text(encoding="utf-8")
+            return check_record(json.loads(path.read_text(encoding="utf-8")), path)
         except FileNotFoundError:
-            return None
+            pass
         except OSError as error:
             raise StoreError(f"{path}: cannot read it ({error.strerror or error})") from None
-        try:
-            record = json.loads(text)
-            Entry.of(record["live"])
-            int(record["generation"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
-            raise StoreError(f"{path}: not a generation record ({error})") from None
-        return record
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            problem = f"{path}: not a generation record (not JSON: {error})"
+        except StoreError as error:
+            problem = str(error)
+        recovered = self.newest_generation()
+        if recovered is None and problem is not None:
+            raise StoreError(
+                f"{problem}; no generation in {self.generations} to recover it from: restore the file, or "
+                "move the store folder away to start a new store from the bundle serve is given"
+            )
+        if recovered is not None and problem != self._reported:
+            self._reported = problem
+            logger.warning(
+                "%s: generation %d recovered from history/",
+                problem or f"{path}: missing",
+                recovered["generation"],
+            )
+        return recovered
+
+    def newest_generation(self) -> dict[str, Any] | None:
+        """The newest valid generation record in history/ (invalid files are skipped with a warning)."""
+        for path in sorted(self.generations.glob("*.json"), reverse=True):
+            record = self._read_generation(path)
+            if record is not None:
+                return record
+        return None
+
+    def repair(self) -> dict[str, Any] | None:
+        """`current` rewritten from history/ when it is missing, torn or invalid there (at start); the
+        current generation."""
+        with self._locked():
+            record = self.current()
+            path = self.root / "current"
+            try:
+                valid = record is not None and json.loads(path.read_text(encoding="utf-8")) == record
+            except (OSError, ValueError):
+                valid = False
+            if record is not None and not valid:
+                _atomic_write(path, json.dumps(record, indent=1).encode())
+                logger.warning("%s rewritten from generation %d", path, record["generation"])
+            return record
 
     def history(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """Generations, newest first (files that do not parse are skipped with a warning)."""
+        """Generations, newest first (files that are not valid generation records are skipped with a
+        warning)."""
         records = []
-        for path in sorted(self.generations.glob("*.json"), reverse=True)[:limit]:
-            try:
-                records.append(json.loads(path.read_text(encoding="utf-8")))
-            except (OSError, json.JSONDecodeError) as error:
-                logger.warning("%s: skipped (%s)", path, error)
+        for path in sorted(self.generations.glob("*.json"), reverse=True):
+            record = self._read_generation(path)
+            if record is not None:
+                records.append(record)
+            if limit is not None and len(records) >= limit:
+                break
         return records
+
+    def _read_generation(self, path: Path) -> dict[str, Any] | None:
+        try:
+            return check_record(json.loads(path.read_text(encoding="utf-8")), path)
+        except (OSError, ValueError, StoreError) as error:
+            logger.warning("%s: skipped (%s)", path, error)
+            return None
 
     def path(self, entry: Entry) -> Path:
         return self.bundles / entry.file
@@ -167,9 +259,10 @@ class ModelStore:
     ) -> dict[str, Any]:
         """Write generation base + 1 with `live` when `base` is still the current generation (else
         `StaleGeneration`). `action`: "start" (the first generation), "promote" (the live model goes on the
-        roll-back history) or "rollback" (`live` must be the newest model of that history, which it leaves)."""
+        roll-back history) or "rollback" (`live` must be the newest model of that history, which it leaves).
+        Once the generation is written nothing raises: the log line and the clean-up are logged on failure."""
         with self._locked():
-            current = self.current()
+            current = self._newest()
             number = current["generation"] if current is not None else 0
             if base != number:
                 assert current is not None
@@ -186,11 +279,9 @@ class ModelStore:
             self.verified(live)
             record = {
                 "generation": number + 1,
-                "time": _iso(time.time()),
                 "action": action,
-                "by": by,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
+                **_origin(by),
+                "forced": bool(details.pop("forced", False)),
                 "live": live.to_dict(),
                 "from": current["live"] if current is not None else None,
                 "stack": [entry.to_dict() for entry in stack],
@@ -199,11 +290,28 @@ class ModelStore:
             text = json.dumps(record, indent=1)
             _atomic_write(self.generations / f"{number + 1:08d}.json", text.encode())
             _atomic_write(self.root / "current", text.encode())
-            if action != "start":
-                self._log(record)
-            self.prune({live.file, *(entry.file for entry in stack)})
+            self._after_commit(record, {live.file, *(entry.file for entry in stack)})
         logger.info("store generation %d: %s %s (%s)", number + 1, action, live.name, live.version)
         return record
+
+    def _newest(self) -> dict[str, Any] | None:
+        """The current generation, or a newer one history/ holds (a change stopped between its two writes)."""
+        current, newest = self.current(), self.newest_generation()
+        if newest is not None and (current is None or newest["generation"] > current["generation"]):
+            return newest
+        return current
+
+    def _after_commit(self, record: dict[str, Any], referenced: set[str]) -> None:
+        """The log line and the clean-up of a committed generation: a failure is logged, never raised."""
+        try:
+            if record["action"] != "start":
+                self.log(_log_line(record))
+        except OSError as error:
+            logger.error("generation %d: %s not written (%s)", record["generation"], LOG_FILE, error)
+        try:
+            self.prune(referenced)
+        except Exception:  # the generation is committed: a clean-up that fails waits for the next one
+            logger.exception("generation %d: removing unused bundle copies failed", record["generation"])
 
     def prune(self, referenced: set[str]) -> list[str]:
         """Remove bundle files the current generation no longer refers to: models that fell off the
@@ -234,19 +342,76 @@ class ModelStore:
             finally:
                 fcntl.lockf(handle, fcntl.LOCK_UN)
 
-    def _log(self, record: dict[str, Any]) -> None:
-        line = {
-            key: record[key] for key in ("generation", "time", "action", "by", "from", "shadow", "compare")
-            if key in record
-        }  # fmt: skip
-        line["to"] = record["live"]
-        line["previous_file"] = (
-            f"{STORE_DIR}/bundles/{record['stack'][0]['file']}" if record["stack"] else None
-        )
+    def log(self, line: dict[str, Any]) -> None:
+        """Append one line to promotions.jsonl (fsynced): a change or a shadow started or stopped."""
         with open(self.root.parent / LOG_FILE, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(line) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+
+    def mark_shadow(self, owner: str, entry: Entry | None, by: str | None = None) -> None:
+        """Note in shadows/ the model the process `owner` runs in shadow (None: none any more), so that a
+        replica without it can say where it runs. A shadow is per process: its figures are its images."""
+        folder = self.root / SHADOWS_DIR
+        path = folder / f"{_PLAIN.sub('_', owner)}.json"
+        if entry is None:
+            path.unlink(missing_ok=True)
+            return
+        folder.mkdir(exist_ok=True)
+        _atomic_write(path, json.dumps({**entry.to_dict(), **_origin(by)}).encode())
+
+    def shadows(self) -> list[dict[str, Any]]:
+        """The shadows processes on the store run, as they noted them (a process of this host that is gone is
+        left out, its note removed; the notes of other hosts cannot be checked and show their time)."""
+        found = []
+        host = socket.gethostname()
+        for path in sorted((self.root / SHADOWS_DIR).glob("*.json")):
+            try:
+                note = json.loads(path.read_text(encoding="utf-8"))
+                alive = note["host"] != host or _alive(int(note["pid"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if alive:
+                found.append(note)
+            else:
+                path.unlink(missing_ok=True)
+        return found
+
+    def log_event(self, action: str, by: str | None, **details: Any) -> dict[str, Any]:
+        """Record a change that is no generation (a shadow started or stopped): who, when, from where."""
+        line = {"action": action, **_origin(by), "forced": False, **details}
+        self.log(line)
+        return line
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _origin(by: str | None) -> dict[str, Any]:
+    """Who (never empty), when and from where (host, pid) of a change."""
+    return {
+        "time": _iso(time.time()),
+        "by": by or "unnamed",
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+
+
+def _log_line(record: dict[str, Any]) -> dict[str, Any]:
+    """A generation as promotions.jsonl records it: who, when, from where, forced or not, from and to."""
+    keys = ("generation", "time", "action", "by", "host", "pid", "client", "from", "shadow", "compare")
+    line = {key: record[key] for key in keys if key in record}
+    line["forced"] = bool(record.get("forced"))
+    line["to"] = record["live"]
+    line["previous_file"] = f"{STORE_DIR}/bundles/{record['stack'][0]['file']}" if record["stack"] else None
+    return line
 
 
 def compare_verdict(folder: Path, old_sha: str, new_sha: str) -> dict[str, Any] | None:

@@ -218,9 +218,20 @@ async function refreshModels() {
   $("rollback").disabled = !body.previous;
 }
 
+// who changes the models, recorded in promotions.jsonl: the name typed on the review page (same browser), else asked
+function operatorName() {
+  const known = (localStorage.getItem("defectdet-operator") || "").trim();
+  if (known) return known;
+  const typed = (window.prompt("Your name (recorded with the change):") || "").trim();
+  if (typed) localStorage.setItem("defectdet-operator", typed);
+  return typed;
+}
+
 async function changeModels(route, payload, question) {
   if (question && !window.confirm(question)) return;
-  const post = (data) => getJson(route, { method: "POST", body: JSON.stringify(data),
+  const by = operatorName();
+  if (!by) { $("models-status").textContent = "type your name to change the models (it is recorded)"; return; }
+  const post = (data) => getJson(route, { method: "POST", body: JSON.stringify({ ...data, by }),
     headers: { "Content-Type": "application/json", "X-Defectdet-Request": "1" } });
   let { ok, body } = await post(payload);
   if (!ok && body && (body.error || "").includes("force: true")
