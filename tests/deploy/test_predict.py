@@ -1,5 +1,6 @@
 """`predict` over folders: one bad file never stops the batch, same-named inputs never share an output, and a
-DeepPCB folder (``ID_test.jpg`` beside ``ID_temp.jpg``) pairs its templates by itself."""
+DeepPCB folder (``ID_test.jpg`` beside ``ID_temp.jpg``) or a dataset folder (``images/`` beside ``templates/``)
+pairs its templates by itself."""
 
 from __future__ import annotations
 
@@ -156,6 +157,51 @@ def test_a_deeppcb_template_pairs_only_by_its_partners_name(tmp_path: Path) -> N
     inputs = sorted(folder.iterdir())
     assert template_inputs(inputs, None) == {folder / "1_temp.jpg", folder / "2_temp.png"}
     assert template_inputs(inputs, folder) == {folder / "1_temp.jpg", folder / "2_temp.png"}
+
+
+def test_a_dataset_folder_gives_its_templates_without_the_option(
+    bundle_path: Path, tiny_dataset: Path, tmp_path: Path
+) -> None:
+    """A template model predicting the images of a dataset folder (images/val/) finds their templates where
+    `train` found them (templates/val/), so `predict line3.onnx line3/images/val/` needs no --templates."""
+    images = tiny_dataset.parent / "images" / "val"
+    out = tmp_path / "out"
+    result = _predict(str(bundle_path), str(images), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    records = _records(out)
+    assert sorted(Path(r["file"]).name for r in records) == sorted(p.name for p in images.iterdir())
+    assert all(
+        Path(r["template"]) == tiny_dataset.parent / "templates" / "val" / Path(r["file"]).name
+        for r in records
+    )
+    loose = _copy(sorted(images.iterdir())[0], tmp_path / "loose" / "board.png")
+    result = _predict(str(bundle_path), str(loose), "--out", str(tmp_path / "loose_out"))
+    assert (
+        result.exit_code == 1 and "--templates" in result.output
+    )  # outside a dataset folder: say what to pass
+
+
+def test_a_dataset_template_is_looked_up_in_the_tree_beside_images(tmp_path: Path) -> None:
+    from defectdet.runtime.predict import dataset_template, pair_template
+
+    for name in (
+        "images/val/a.png",
+        "templates/val/a.jpg",
+        "images/b.png",
+        "templates/b.png",
+        "images/val/c.png",
+    ):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    assert dataset_template(tmp_path / "images" / "val" / "a.png") == tmp_path / "templates" / "val" / "a.jpg"
+    assert dataset_template(tmp_path / "images" / "b.png") == tmp_path / "templates" / "b.png"  # one folder
+    assert dataset_template(tmp_path / "images" / "val" / "c.png") is None
+    assert dataset_template(tmp_path / "templates" / "val" / "a.jpg") is None  # not under images/
+    golden = tmp_path / "golden"
+    golden.mkdir()
+    assert (
+        pair_template(tmp_path / "images" / "val" / "a.png", golden) is None
+    )  # --templates is taken at its word
 
 
 def test_predict_source_takes_bundles_and_resolve_bundle_exports_checkpoints(tmp_path: Path) -> None:

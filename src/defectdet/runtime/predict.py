@@ -109,8 +109,24 @@ def deeppcb_partner(image: Path, folder: Path) -> Path | None:
 
 
 def pair_template(image: Path, templates: Path | None, relative: Path | None = None) -> Path | None:
-    """The template of ``image``: from ``templates`` (`find_template`), else DeepPCB's ``ID_temp`` beside it."""
-    return find_template(image, templates, relative) or deeppcb_partner(image, image.parent)
+    """The template of ``image``: from ``templates`` (`find_template`), else DeepPCB's ``ID_temp`` beside it,
+    else, without ``templates``, the one its dataset folder holds (`dataset_template`)."""
+    found = find_template(image, templates, relative) or deeppcb_partner(image, image.parent)
+    return found or (dataset_template(image) if templates is None else None)
+
+
+def dataset_template(image: Path) -> Path | None:
+    """The template a dataset folder holds for ``image``, where `train` found it: for ``ROOT/images/SPLIT/name``
+    the same name (or stem) in ``ROOT/templates/SPLIT/``, else in ``ROOT/templates/``; None outside such a tree."""
+    for ancestor in list(image.parents)[:3]:
+        if ancestor.name == "images":
+            tree = ancestor.parent / "templates"
+            for folder in (tree / image.parent.relative_to(ancestor), tree):
+                found = find_template(image, folder) if folder.is_dir() else None
+                if found is not None:
+                    return found
+            return None
+    return None
 
 
 def parse_companions(values: Sequence[str] | None) -> dict[str, Path]:
@@ -280,7 +296,9 @@ def iterate_predictions(
             relative = names[path].with_name(path.name) if names else None
             template_path = pair_template(path, templates, relative)
             if predictor.metadata.template and template_path is None:
-                where = f"in {templates}" if templates else "(pass --templates DIR)"
+                where = (
+                    f"in {templates}" if templates else "in a dataset's templates/ (or pass --templates DIR)"
+                )
                 raise InputError(
                     f"{path}: no template of the same name {where}, and no DeepPCB ID_temp beside an ID_test"
                 )
