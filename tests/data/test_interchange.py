@@ -473,3 +473,39 @@ def test_imports_refuse_names_that_climb_out_of_the_images_folder(tmp_path: Path
     ):
         import_coco(root, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "{secret}",  # an absolute path
+        "file://{secret}",
+        "/data/upload/1/../../secret.png",
+        "http://studio:8080/data/upload/1/..%2F..%2Fsecret.png",
+        "/data/local-files/?d=line/../../secret.png",
+    ],
+)
+def test_labelstudio_import_refuses_files_outside_the_images_folder(
+    tmp_path: Path, writers, url: str
+) -> None:
+    """The importers share one rule (formats.leaves_folder): a name that is absolute, file:// or climbs with
+    '..' is refused, whatever the URL form; the path our export stored is used only below --images."""
+    secret = writers.image(tmp_path / "secret.png", 20, 20)
+    images = tmp_path / "ls" / "images"
+    writers.image(images / "a.png", 20, 20)
+    region = _region((1, 1, 5, 5), "short", 20, 20)
+    task = {"id": 3, "data": {"image": url.format(secret=secret)}, "annotations": [{"result": [region]}]}
+    export = writers.text(tmp_path / "ls" / "export.json", json.dumps([task]))
+    with pytest.raises(DatasetError, match=r"task 3: data\.image .* leads out of the images folder"):
+        import_export(export, tmp_path / "out", images=[images])
+    assert not (tmp_path / "out").exists()
+    # a task naming a plain file name, with our stored path pointing outside --images: not followed
+    task = {
+        "id": 4,
+        "data": {"image": "https://cdn/secret.png", "defectdet_image": str(secret)},
+        "annotations": [{"result": [region]}],
+    }
+    writers.text(export, json.dumps([task]))
+    with pytest.raises(DatasetError, match=r"1 task image\(s\) not found"):
+        import_export(export, tmp_path / "out", images=[images])
+    assert not (tmp_path / "out").exists()

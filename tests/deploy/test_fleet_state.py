@@ -232,3 +232,21 @@ def test_every_change_in_promotions_jsonl_says_who_when_from_where_and_forced(tm
         assert row["host"] == socket.gethostname() and row["pid"] == os.getpid()
         assert row["time"] and row["client"] == "testclient"
         assert row["forced"] is (row["action"] == "promote")
+
+
+# ---------------------------------------------------------------- links in the models folder
+
+
+def test_a_symbolic_link_in_the_models_folder_is_not_followed_into_the_store(tmp_path: Path) -> None:
+    models = _models(tmp_path / "models", "candidate.onnx")
+    secret = tmp_path / "elsewhere" / "secret.onnx"
+    secret.parent.mkdir()
+    secret.write_bytes(b"any file the service can read")
+    (models / "link.onnx").symlink_to(secret)
+    replica = _deployment(models)
+    for change in (replica.start_shadow, replica.promote):
+        with pytest.raises(UploadError, match="link.onnx is a symbolic link") as refused:
+            change("link.onnx")
+        assert refused.value.status == 422
+    assert [item["name"] for item in replica.candidates()] == ["candidate.onnx"]
+    assert not list((models / "store" / "bundles").glob("link*"))

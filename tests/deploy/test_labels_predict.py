@@ -44,6 +44,7 @@ def test_predict_output_to_label_studio_and_back(
     out = tmp_path / "dataset"
     result = runner.invoke(
         app, ["labels", "import-labelstudio", str(tasks_path), str(out), "--images", str(images),
+              "--images", str(golden),  # the templates' folder: nothing outside the --images folders is read
               "--label-config", str(tmp_path / "tasks_config.xml"), "--split", "train"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output

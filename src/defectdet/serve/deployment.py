@@ -429,7 +429,7 @@ class Deployment:
             return []
         found = []
         for path in sorted(self.models_dir.glob("*.onnx")):
-            if path.is_file() and _NAME.match(path.name):
+            if path.is_file() and not path.is_symlink() and _NAME.match(path.name):
                 stat = path.stat()
                 found.append({"name": path.name, "bytes": stat.st_size, "modified": _iso(stat.st_mtime)})
         return found
@@ -762,6 +762,10 @@ class Deployment:
                 "bundle: a file name in the models folder, like candidate.onnx (letters, digits, . _ + -)",
             )
         path = self.models_dir / name
+        if path.is_symlink():  # a link would copy whatever it points at (any file the service can read)
+            raise UploadError(
+                422, f"{name} is a symbolic link: copy the bundle itself into the models folder"
+            )
         if not path.is_file():
             there = ", ".join(item["name"] for item in self.candidates()) or "none"
             raise UploadError(404, f"no bundle {name!r} in the models folder (there: {there})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import stat
 from pathlib import Path
@@ -51,6 +52,25 @@ def load_json(text: str, where: str | Path) -> object:
         return json.loads(text)
     except RecursionError:
         raise DatasetError(f"{where}: JSON nested too deep to read") from None
+
+
+def leaves_folder(name: str) -> bool:
+    """The rule every importer applies to a file name a labelling export gives (COCO `file_name`, a Label
+    Studio image URL's path): True when it is absolute (`/x`, `C:/x`, `file:///x` once parsed) or climbs with
+    `..` (either slash), so that it is not below the images folder and must be refused, not followed."""
+    posix = name.replace("\\", "/")
+    return posix.startswith("/") or Path(name).is_absolute() or ".." in posix.split("/") or posix[1:2] == ":"
+
+
+def below(path: Path, roots: list[Path] | tuple[Path, ...]) -> bool:
+    """True when `path`, made absolute and normalised (as written: `..` removed, no link followed), lies in one
+    of `roots`: an importer reads only files below the images folders it was given."""
+    target = Path(os.path.normpath(os.path.abspath(path)))
+    for root in roots:
+        base = Path(os.path.normpath(os.path.abspath(root)))
+        if target == base or base in target.parents:
+            return True
+    return False
 
 
 def detect_format(path: str | Path) -> str:

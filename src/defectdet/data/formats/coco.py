@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from defectdet.data.companions import leave_out_companion_images
-from defectdet.data.formats import check_box, is_coco_json, load_json, order_splits
+from defectdet.data.formats import check_box, is_coco_json, leaves_folder, load_json, order_splits
 from defectdet.data.sample import DatasetSplit, Problem, Sample, check_companion_name, missing_companions
 from defectdet.errors import DatasetError
 
@@ -269,12 +269,6 @@ def _image_sample(
         height=int(height) if isinstance(height, (int, float)) and height > 0 else None,
         companion_paths=companion_paths,
     )
-
-
-def leaves_folder(name: str) -> bool:
-    """True for a file name that is absolute or climbs with `..` (either slash): not below the folder."""
-    posix = name.replace("\\", "/")
-    return posix.startswith("/") or Path(name).is_absolute() or ".." in posix.split("/") or posix[1:2] == ":"
 
 
 def resolve_image(folder: Path, file_name: str, extra: tuple[Path, ...] = ()) -> Path | None:

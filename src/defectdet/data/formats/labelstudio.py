@@ -32,8 +32,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlparse
 from xml.sax.saxutils import quoteattr
 
-from defectdet.data.formats import IMAGE_SUFFIXES, load_json
-from defectdet.data.formats.coco import leaves_folder
+from defectdet.data.formats import IMAGE_SUFFIXES, below, leaves_folder, load_json
 from defectdet.data.formats.interchange import (
     ImportReport,
     LabelledImage,
@@ -678,10 +677,19 @@ def _parse(export: Path, tasks: list[dict[str, Any]], roots: list[Path], image_k
 
 
 def _refuse_climbing(export: Path, origin: str, key: str, url: str) -> None:
+    """The importers' rule (`formats.leaves_folder`) on the path a task's URL gives: a local-files path, a
+    plain or file:// path, an upload path; an absolute one or one that climbs with `..` is refused."""
     relative, _ = _url_path(url)
-    if relative and ".." in relative.replace("\\", "/").split("/"):
+    parsed = urlparse(url)
+    paths = [relative] if relative else []
+    if "/data/upload/" in parsed.path:
+        paths.append(unquote(parsed.path).split("/data/upload/", 1)[1])
+    elif parsed.scheme in ("", "file") and not relative:
+        paths.append(unquote(parsed.path))
+    if parsed.scheme == "file" or any(leaves_folder(path) for path in paths):
         raise DatasetError(
-            f"{export}: {origin}: data.{key} {url!r} leads out of the images folder ('..'); refused"
+            f"{export}: {origin}: data.{key} {url!r} leads out of the images folder (an absolute path, "
+            "file:// or '..'); refused: name files below --images"
         )
 
 
@@ -706,7 +714,8 @@ def _task_template(
     candidates = [root / relative for root in roots] if relative and not Path(relative).is_absolute() else []
     ours = task["data"].get(our_key)
     candidates += [Path(ours)] if isinstance(ours, str) else []
-    template = next((c for c in candidates if c.is_file()), None) or resolve_task_image(url, roots)
+    found = (c for c in candidates if below(c, roots) and c.is_file())
+    template = next(found, None) or resolve_task_image(url, roots)
     if template is not None and template.resolve() == image.resolve():
         template = None
     if template is None:
@@ -802,7 +811,8 @@ def _url_path(url: str) -> tuple[str | None, str]:
 
 
 def resolve_task_image(url: str, roots: list[Path], ours: Any = None) -> Path | None:
-    """The file a task's image URL names, looked for below `roots`; `ours`: the path our export stored."""
+    """The file a task's image URL names, looked for below `roots`; `ours`: the path our export stored (used
+    when it lies below a root). A file outside every root is never returned."""
     relative, name = _url_path(url)
     candidates: list[Path] = []
     if relative:
@@ -817,7 +827,8 @@ def resolve_task_image(url: str, roots: list[Path], ours: Any = None) -> Path | 
         candidates += [root / tail for root in roots] + [root / "media" / tail for root in roots]
     if isinstance(ours, str):
         candidates.append(Path(ours))
-    return next((candidate for candidate in candidates if candidate.is_file()), None)
+    found = (path for path in candidates if below(path, roots) and path.is_file())  # never outside the roots
+    return next(found, None)
 
 
 def _looked_for(url: str, roots: list[Path]) -> str:
