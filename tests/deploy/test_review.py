@@ -422,3 +422,16 @@ def test_review_export_coco_onto_a_folder_is_one_clear_line(folder: Path, tmp_pa
     assert done.returncode == 2 and "Traceback" not in said, said
     assert "exports: a folder; the COCO export is one json file" in said
     assert list((tmp_path / "exports").iterdir()) == []
+
+
+def test_operator_names_lose_control_and_bidi_characters_before_the_log(
+    client: TestClient, folder: Path
+) -> None:
+    """U+202E (right-to-left override) would show a log line reversed, ESC would colour a terminal: both go;
+    letters of any script stay."""
+    response = _decide(client, "a.png", "clean", operator="\u202eanna\x1b[2J\u200b Žofie\t王")
+    assert response.status_code == 200, response.text
+    (entry,) = _log(folder)
+    assert entry["operator"] == "anna[2J Žofie 王"
+    only_controls = _decide(client, "b.png", "clean", operator="\u202e\x1b\u200f")
+    assert only_controls.status_code == 422 and "operator" in only_controls.json()["error"]

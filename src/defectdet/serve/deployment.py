@@ -49,7 +49,7 @@ from defectdet.serve.store import (
     StoreError,
     compare_verdict,
 )
-from defectdet.serve.upload import UploadError
+from defectdet.serve.upload import UploadError, visible_name
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,6 @@ RETRY_FIRST_S = 1.0  # a generation that failed to load here is tried again afte
 RETRY_MAX_S = 60.0  # ... up to this
 BEHIND_GRACE_S = 60.0  # serving another generation than the store's longer than this: not ready
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}\.onnx$")
-_PRINTABLE = re.compile(r"[^\x20-\x7e]")
 
 
 def predict_planes(
@@ -893,8 +892,8 @@ def _summary(evidence: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def clean_name(text: str | None) -> str | None:
-    """A name as it is recorded: printable ASCII only (no control or bidi characters), at most 80."""
-    return _PRINTABLE.sub("", text)[:80] or None if text else None
+    """A name as it is recorded (`visible_name`: no control or bidi characters, at most 80); None for none."""
+    return visible_name(text) or None if text else None
 
 
 def _iso(seconds: float) -> str:

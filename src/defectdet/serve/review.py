@@ -50,7 +50,7 @@ from defectdet.data.imageio import IMAGE_SUFFIXES, read_image, read_image_size, 
 from defectdet.errors import DefectDetError
 from defectdet.serve.capture import COMPANIONS_DIR, atomic_write, folder_lock
 from defectdet.serve.review_download import write_dataset_zip
-from defectdet.serve.upload import UploadError
+from defectdet.serve.upload import UploadError, visible_name
 
 ACTIONS = ("accept", "edit", "clean", "skip")
 LABELLED = frozenset({"accept", "edit", "clean"})
@@ -427,7 +427,7 @@ class ReviewFolder:
             raise UploadError(422, f"version must be a whole number >= 0 (the listing's), got {version!r}")
         if action not in ACTIONS:
             raise UploadError(422, f"action must be one of {', '.join(ACTIONS)}, got {str(action)[:30]!r}")
-        who = " ".join(str(operator or self.operator or "").split())[:80]
+        who = visible_name(operator or self.operator or "")  # no ESC, no U+202E in decisions.jsonl
         if not who:
             raise UploadError(422, "name the operator: the page's name field or review --operator NAME")
         parsed: list[Box] = []

@@ -7,11 +7,20 @@ counted so far exceed the limit. Every refusal is an `UploadError` with an HTTP 
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
+
+
+def visible_name(text: object, limit: int = 80) -> str:
+    """A person's name as logs record it: control, format (bidi overrides such as U+202E, zero-width) and
+    other invisible characters removed, runs of spaces made one, at most `limit` characters."""
+    spaced = (" " if char.isspace() else char for char in str(text))
+    shown = "".join(char for char in spaced if not unicodedata.category(char).startswith("C"))
+    return " ".join(shown.split())[:limit]
 
 
 class UploadError(Exception):
