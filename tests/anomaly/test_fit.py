@@ -162,3 +162,34 @@ def test_too_few_images_is_one_clear_error(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "at least 4" in done.stderr + done.stdout and "Traceback" not in done.stderr + done.stdout
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_the_coreset_keeps_the_rare_vectors_and_keeps_to_its_deadline() -> None:
+    import time
+
+    import torch
+
+    from defectdet.anomaly.memory import greedy_coreset
+
+    common = torch.randn(5000, 8) * 0.1
+    rare = torch.full((1, 8), 5.0)
+    chosen = greedy_coreset(torch.cat([common, rare]), 20, seed=1)
+    assert 5000 in chosen.tolist() and len(set(chosen.tolist())) == 20
+    started = time.monotonic()
+    paced = greedy_coreset(torch.randn(200_000, 152), 5000, deadline=time.monotonic() + 2.0)
+    assert time.monotonic() - started < 10 and len(set(paced.tolist())) == len(paced) >= 32
+
+
+def test_the_threshold_allows_the_target_share_of_held_out_good_images() -> None:
+    import math
+
+    from defectdet.anomaly.memory import calibrate
+
+    scores = np.arange(1.0, 201.0)  # 200 held-out good images
+    calibration = calibrate(scores, 0.01)
+    assert calibration.false_calls == 2 and 198 < calibration.shift < 199
+    score = 1 / (
+        1 + math.exp(-calibration.gain * (math.log(np.median(scores)) - math.log(calibration.shift)))
+    )
+    assert abs(score - 0.25) < 1e-9
+    assert calibrate(scores[:20], 0.01).false_calls == 0  # 1 % of 20 images: none may be flagged

@@ -154,7 +154,7 @@ def _extract(
         patches = patches[0]
         if keep is not None and patches.shape[0] > keep:
             patches = patches[torch.randperm(patches.shape[0], generator=generator)[:keep]]
-        found.patches.append(patches.clone())
+        found.patches.append(patches.contiguous())
         found.pooled.append(pooled[0].numpy())
         found.stats.append(image_statistics(prepared.content))
     progress.update(task, total=len(found.patches) + len(found.skipped), completed=len(found.patches))

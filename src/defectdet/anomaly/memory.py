@@ -20,6 +20,33 @@ import torch
 from defectdet.anomaly.graph import MIN_DISTANCE
 
 PROJECTED_DIMENSIONS = 64
+PACE_STEPS = 32  # steps timed before the candidates are cut to the time left
+
+
+def _project(vectors: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    projected = vectors.float()
+    if projected.shape[1] > PROJECTED_DIMENSIONS:
+        projection = torch.randn(projected.shape[1], PROJECTED_DIMENSIONS, generator=generator)
+        projected = projected @ (projection / math.sqrt(PROJECTED_DIMENSIONS))
+    return projected
+
+
+def _paced(
+    pool: tuple[torch.Tensor, ...],
+    steps_left: int,
+    step_s: float,
+    deadline: float,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, ...]:
+    """The candidate arrays `pool` (rows aligned) cut to a random share that leaves time for `steps_left` more
+    steps before `deadline`, a step taking `step_s` on all of them now (a step's time grows with the rows)."""
+    rows = pool[0].shape[0]
+    left = deadline - time.monotonic()
+    if left <= 0 or steps_left * step_s <= left:
+        return pool
+    keep = min(rows, max(2 * steps_left, int(rows * left / (steps_left * step_s))))
+    kept = torch.randperm(rows, generator=generator)[:keep]
+    return tuple(array[kept] for array in pool)
 
 
 def greedy_coreset(
@@ -30,35 +57,38 @@ def greedy_coreset(
     advance: Callable[[int], None] | None = None,
 ) -> torch.Tensor:
     """Indices of at most `size` rows of ``(M, D)`` `vectors` chosen by greedy k-center selection. `deadline`
-    (a `time.monotonic` value): stop early when it passes (at least 16 rows are chosen). `advance(n)`: called as
-    rows are chosen, for a progress bar."""
-    count = vectors.shape[0]
-    size = min(size, count)
+    (a `time.monotonic` value): after `PACE_STEPS` steps the candidates not yet chosen are cut to a random share
+    that leaves time for all `size` steps, and the selection stops when it passes anyway (at least `PACE_STEPS`
+    rows are chosen). `advance(n)`: called as rows are chosen, for a progress bar."""
+    size = min(size, vectors.shape[0])
     generator = torch.Generator().manual_seed(seed)
-    projected = vectors.float()
-    if projected.shape[1] > PROJECTED_DIMENSIONS:
-        projection = torch.randn(projected.shape[1], PROJECTED_DIMENSIONS, generator=generator)
-        projected = projected @ (projection / math.sqrt(PROJECTED_DIMENSIONS))
+    projected = _project(vectors, generator)
+    rows = torch.arange(vectors.shape[0])  # the candidates' row numbers in `vectors`
     norms = (projected * projected).sum(1)
-    chosen = torch.empty(size, dtype=torch.long)
-    chosen[0] = int(torch.randint(count, (1,), generator=generator))
-    nearest = torch.full((count,), float("inf"))
-    taken = 1
+    nearest = torch.full((vectors.shape[0],), float("inf"))
+    chosen = [int(torch.randint(vectors.shape[0], (1,), generator=generator))]
+    centre, started = projected[chosen[0]], time.monotonic()
     with torch.inference_mode():
-        while taken <= size:
-            centre = projected[chosen[taken - 1]]
-            distance = norms - 2.0 * (projected @ centre) + norms[chosen[taken - 1]]
+        while True:
+            distance = norms - 2.0 * (projected @ centre) + (centre * centre).sum()
             torch.minimum(nearest, distance, out=nearest)
-            if taken == size:
+            if len(chosen) == size:
                 break
-            chosen[taken] = int(nearest.argmax())
-            taken += 1
-            if taken % 64 == 0:
+            best = int(nearest.argmax())
+            chosen.append(int(rows[best]))
+            centre = projected[best].clone()
+            if len(chosen) % PACE_STEPS == 0:
                 if advance is not None:
-                    advance(64)
-                if deadline is not None and taken >= 16 and time.monotonic() > deadline:
+                    advance(PACE_STEPS)
+                if deadline is not None and time.monotonic() > deadline:
                     break
-    return chosen[:taken]
+                if deadline is not None and len(chosen) == PACE_STEPS:
+                    step_s = (time.monotonic() - started) / PACE_STEPS
+                    pool = (projected, rows, norms, nearest)
+                    projected, rows, norms, nearest = _paced(
+                        pool, size - PACE_STEPS, step_s, deadline, generator
+                    )
+    return torch.tensor(chosen, dtype=torch.long)
 
 
 @dataclass(frozen=True)
