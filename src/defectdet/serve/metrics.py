@@ -68,6 +68,7 @@ class ServiceMetrics:
         """Start the drift gauges from the charts of `monitor` (at start, and when another model goes live)."""
         for gauge in (self.drift_limit, self.drift_z, self.drift_chart_level, self.drift_value):
             _clear(gauge)
+        self._chart_gauges: dict[str, tuple[Any, Any, Any]] = {}  # statistic -> its value, z and level gauges
         if monitor is None:
             self.drift_level.set(-1)
             return
@@ -76,6 +77,17 @@ class ServiceMetrics:
             self.drift_limit.labels(name).set(limits["alert_limit"])
             self.drift_z.labels(name).set(0)
             self.drift_chart_level.labels(name).set(0)
+
+    def _chart(self, name: str) -> tuple[Any, Any, Any]:
+        """The value, z and level gauges of one drift statistic, looked up once (labels() per answer and
+        chart cost more than the rest of the bookkeeping of an answer)."""
+        gauges = (
+            self.drift_value.labels(name),
+            self.drift_z.labels(name),
+            self.drift_chart_level.labels(name),
+        )
+        self._chart_gauges = {**self._chart_gauges, name: gauges}
+        return gauges
 
     def _service_metrics(self, registry: CollectorRegistry) -> None:
         """Requests, latencies, detections, verdicts, places in service and readiness."""
@@ -273,9 +285,10 @@ class ServiceMetrics:
         if drift.get("level") in LEVELS:
             self.drift_level.set(LEVELS.index(drift["level"]))
             for name, chart in drift["charts"].items():
-                self.drift_value.labels(name).set(chart["value"])
-                self.drift_z.labels(name).set(chart["z"])
-                self.drift_chart_level.labels(name).set(LEVELS.index(chart["level"]))
+                value, z, level = self._chart_gauges.get(name) or self._chart(name)
+                value.set(chart["value"])
+                z.set(chart["z"])
+                level.set(LEVELS.index(chart["level"]))
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text: this app's registry, or every worker's values in multiprocess mode."""

@@ -148,7 +148,8 @@ class ServeSettings:
     max_queue: int = 8
     max_bytes: int = 20 * 2**20
     max_pixels: int = 25_000_000
-    threads: int | None = None  # onnxruntime intra-op threads when the app loads the bundle itself
+    threads: int | None = None  # onnxruntime intra-op threads of the process's one session (its concurrent
+    # inferences share that pool) when the app loads the bundle itself
     retry_after_s: int = 1
     body_timeout_s: float = 30.0  # a client that trickles its upload longer than this gets 408
     history: int = 50  # results kept for the page
@@ -229,6 +230,7 @@ class Service:
         self.readiness = "not started"
         self._warm_up_started = False
         self._lock = threading.Lock()
+        self._places = threading.Lock()  # admitted: taken on the event loop, given back on a worker thread
         self.results: deque[dict[str, Any]] = deque(maxlen=settings.history)
         self.capture: Capture | None = None
         self.review: ReviewFolder | None = None
@@ -313,19 +315,24 @@ class Service:
     def admit(self) -> None:
         """Take an inference place or refuse: 503 when max_concurrency run and max_queue already wait."""
         concurrency, queue = self.settings.max_concurrency, self.settings.max_queue
-        if self.admitted >= concurrency + queue:
+        with self._places:
+            full = self.admitted >= concurrency + queue
+            if not full:
+                self.admitted += 1
+                self.metrics.admitted.set(self.admitted)
+        if full:
             raise UploadError(
                 503,
                 f"overloaded: {concurrency} running and {queue} waiting (serve --max-concurrency "
                 f"{concurrency} --max-queue {queue}); retry after {self.settings.retry_after_s} s",
                 {"Retry-After": str(self.settings.retry_after_s)},
             )
-        self.admitted += 1
-        self.metrics.admitted.set(self.admitted)
 
-    def leave(self) -> None:
-        self.admitted -= 1
-        self.metrics.admitted.set(self.admitted)
+    def leave(self, _: Any = None) -> None:
+        """Give a place back (any thread; also a future's done callback)."""
+        with self._places:
+            self.admitted -= 1
+            self.metrics.admitted.set(self.admitted)
 
     # ---------------------------------------------------------------- one request
     def decode(self, upload: Upload, meta: Any) -> tuple[Planes, float]:
@@ -501,8 +508,9 @@ class Service:
             job = self.executor.submit(self._timed_infer, upload, conf)
             submitted = True
             # the place is given back when the work ends, not when this coroutine does: a client that
-            # hangs up cannot leave work behind that the queue limit no longer counts
-            job.add_done_callback(_release_on(asyncio.get_running_loop(), self.leave))
+            # hangs up cannot leave work behind that the queue limit no longer counts. Given back on the
+            # worker thread itself: one wake-up of the event loop per request (the answer's), not two
+            job.add_done_callback(self.leave)
             return await asyncio.wrap_future(job)
         finally:
             if not submitted:
@@ -544,18 +552,6 @@ def _recent(result: PredictionResult, drift: dict[str, Any], total_ms: float) ->
         "total_ms": round(total_ms, 1),
         "image_size": list(result.image_size),
     }
-
-
-def _release_on(loop: asyncio.AbstractEventLoop, release: Any) -> Any:
-    """A future callback (any thread) that runs `release` on the event loop's thread."""
-
-    def callback(_: Any) -> None:
-        try:
-            loop.call_soon_threadsafe(release)
-        except RuntimeError:  # the loop is closed: the app is shutting down
-            pass
-
-    return callback
 
 
 async def _stream(request: Request) -> AsyncIterator[bytes]:
@@ -1172,9 +1168,11 @@ def serve(
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     settings = settings or ServeSettings()
-    if settings.threads is None:  # share the cores between the concurrent inferences of all workers
+    if settings.threads is None:  # share the cores between the worker processes, each with one session
+        # whose intra-op pool its concurrent inferences share (cores split per inference left a lone request
+        # on one core: about 1.5x its latency on 2 cores, and less throughput at every concurrency)
         cores = min(physical_cores(), MAX_DEFAULT_THREADS)
-        settings = replace(settings, threads=max(1, cores // (settings.max_concurrency * workers)))
+        settings = replace(settings, threads=max(1, cores // workers))
     names = [host.lower().strip("[]")]
     if not _loopback(host):
         import socket
