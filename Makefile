@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 
-.PHONY: install test docs demo bench bench-pages bench-peers bench-pretrained bench-scaling pretrain lint lint-deploy lock check-lock clean
+.PHONY: install test docs demo bench bench-pages bench-serve-overhead bench-peers bench-pretrained bench-scaling pretrain lint lint-deploy lock check-lock clean
 
 install: $(STAMP)
 
@@ -101,6 +101,12 @@ bench-pretrained: $(STAMP)
 # The budget ladder (issue 19): every rung without a result file yet (about 8 hours for all), then the curves.
 bench-scaling: $(STAMP)
 	$(BIN)/python bench/scaling.py --all
+
+# The service's own cost: `defectdet serve` against the in-process Predictor on the same bundle and image pair,
+# interleaved in one run at 1, 2, 4 and 8 clients, with the defaults, keep + models folder, and 2 workers
+# (a few minutes; bench/results/serve_overhead.json).
+bench-serve-overhead: $(STAMP)
+	$(BIN)/python bench/serve_overhead.py
 
 # The benchmark pages of the documentation site (docs/benchmarks/*.md and their plots) from bench/results/*.json.
 bench-pages: $(STAMP)

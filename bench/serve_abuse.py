@@ -50,8 +50,9 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def tiny_bundle(folder: Path) -> Path:
-    """A few training steps on 8 synthetic boards, exported (what tests/deploy/conftest.py builds)."""
+def tiny_bundle(folder: Path, size: int = 192, epochs: int = 3) -> Path:
+    """A few training steps on 8 synthetic boards with templates, exported (what tests/deploy/conftest.py
+    builds). `size`: the bundle's input size; the boards are 5/6 of it to all of it."""
     bundle = folder / "model.onnx"
     if bundle.is_file():
         return bundle
@@ -60,23 +61,34 @@ def tiny_bundle(folder: Path) -> Path:
     from defectdet.engine.trainer import train
     from defectdet.export.exporter import export_bundle
 
-    data = synthesize_dataset(folder / "data", boards=8, seed=3, template=True, min_size=160, max_size=192)
+    data = synthesize_dataset(
+        folder / "data", boards=8, seed=3, template=True, min_size=size * 5 // 6, max_size=size
+    )
     config = TrainConfig(
-        data=data, imgsz=192, crop_size=None, epochs=3, batch=2, workers=0, out=folder / "run",
+        data=data, imgsz=size, crop_size=None, epochs=epochs, batch=2, workers=0, out=folder / "run",
         progress=False, warmup_steps=2, preset="nano",
     )  # fmt: skip
     result = train(config)
     return export_bundle(Path(result.best_checkpoint or result.last_checkpoint), bundle).bundle
 
 
+ABUSE_LIMITS = ("--max-concurrency", "1", "--max-queue", "2", "--threads", "1")
+
+
 @contextmanager
-def service(bundle: Path, *extra: str) -> Iterator[str]:
-    """`defectdet serve` in a child process; yields its base URL once /readyz answers 200."""
+def service(
+    bundle: Path, *extra: str, limits: tuple[str, ...] = ABUSE_LIMITS, started: list | None = None
+) -> Iterator[str]:
+    """`defectdet serve` in a child process on loopback (a free port); yields its base URL once /readyz
+    answers 200. `limits`: the serve options before `extra` (() for serve's defaults); `started`: a list the
+    child process is appended to."""
     port = free_port()
     command = [sys.executable, "-m", "defectdet.cli", "serve", str(bundle), "--port", str(port),
-               "--max-concurrency", "1", "--max-queue", "2", "--threads", "1", *extra]  # fmt: skip
+               *limits, *extra]  # fmt: skip
     log = tempfile.TemporaryFile()
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    if started is not None:
+        started.append(process)
     base = f"http://127.0.0.1:{port}"
     try:
         try:

@@ -744,7 +744,7 @@ def serve(
         None, help="Largest image in pixels, from its header: 413 (default 25,000,000)."
     ),
     threads: int | None = typer.Option(
-        None, help="onnxruntime threads per process, shared by its inferences (default: cores / workers)."
+        None, help="onnxruntime threads per inference (default: cores / (concurrency x workers))."
     ),
     workers: int = typer.Option(
         1,
@@ -804,7 +804,30 @@ def serve(
                "keep_margin": keep_margin, "keep_max_mb": keep_max_mb, "models_keep": models_keep,
                "models_dir": str(models_dir) if models_dir is not None else None, "shadow": shadow}  # fmt: skip
     settings = _serve_settings(given, keeping, _read_token(token_file, TOKEN_ENV), allowed_host, workers)
+    _check_port(host, port)
     run_service(bundle, host, port, settings, workers=workers)
+
+
+def _check_port(host: str, port: int) -> None:
+    """Exit 2 with one line when PORT is taken on HOST (another process listens there) or not allowed, before
+    the bundle loads: no half-started service, no abort."""
+    import errno
+    import socket
+
+    address = host.strip("[]")
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((address, port))
+        except OSError as error:
+            if error.errno not in (errno.EADDRINUSE, errno.EACCES):
+                return  # not a port question (an address of another machine...): the server says it
+            console.print(
+                f"[red]cannot listen on {host}:{port}: {error.strerror or error}[/red] (another process holds "
+                "the port? stop it, or choose another with --port)"
+            )
+            raise typer.Exit(2) from None
 
 
 def _serve_settings(
@@ -828,15 +851,34 @@ def _serve_settings(
     return settings
 
 
+MIN_TOKEN_CHARS = 16
+
+
 def _read_token(token_file: Path | None, env: str) -> str | None:
+    """The access token from `token_file` (else the environment variable `env`): refused when shorter than
+    MIN_TOKEN_CHARS; a file that its group or others may read is warned about."""
     token = os.environ.get(env) or None
+    where = env
     if token_file is not None:
         try:
             token = token_file.read_text().strip()
+            mode = token_file.stat().st_mode
         except OSError as error:
             raise typer.BadParameter(f"cannot read {token_file}: {error.strerror or error}") from None
         if not token:
             raise typer.BadParameter(f"{token_file} is empty: write the token into it")
+        where = str(token_file)
+        if mode & 0o077:
+            logging.getLogger(__name__).warning(
+                "%s can be read by its group or others (mode %o): chmod 600 it", token_file, mode & 0o777
+            )
+            console.print(f"[yellow]{token_file} can be read by its group or others (mode {mode & 0o777:o}): "
+                          "chmod 600 it[/yellow]")  # fmt: skip
+    if token is not None and len(token) < MIN_TOKEN_CHARS:
+        raise typer.BadParameter(
+            f"the token in {where} has {len(token)} characters; use at least {MIN_TOKEN_CHARS} (for example "
+            "python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
     return token
 
 

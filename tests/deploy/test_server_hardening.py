@@ -147,7 +147,7 @@ def test_serve_reads_the_token_warns_beyond_loopback_and_trusts_the_bind_host(
     monkeypatch.delenv("DEFECTDET_TOKEN", raising=False)
 
     def run(*args: str) -> str:
-        result = CliRunner().invoke(cli, ["serve", str(bundle_path), *args])
+        result = CliRunner().invoke(cli, ["serve", str(bundle_path), "--port", str(_free_port()), *args])
         assert result.exit_code == 0, result.output
         return " ".join(result.output.split())
 
@@ -155,19 +155,86 @@ def test_serve_reads_the_token_warns_beyond_loopback_and_trusts_the_bind_host(
     assert calls[-1].token is None and "0.0.0.0" in calls[-1].allowed_hosts
     assert "without a token" not in run()
     token_file = tmp_path / "token"
-    token_file.write_text("file-token\n")
+    token_file.write_text("file-token-of-20-chars\n")
+    token_file.chmod(0o600)
     output = run("--host", "10.0.0.5", "--token-file", str(token_file), "--allowed-host", "inspect.line3")
-    assert "without a token" not in output and "file-token" not in output
+    assert "without a token" not in output and "file-token-of-20-chars" not in output
     settings = calls[-1]
-    assert settings.token == "file-token"
+    assert settings.token == "file-token-of-20-chars"
     assert {"10.0.0.5", "inspect.line3", "localhost", "127.0.0.1"} <= set(settings.allowed_hosts)
-    assert "file-token" not in repr(settings)
-    monkeypatch.setenv("DEFECTDET_TOKEN", "env-token")
+    assert "file-token-of-20-chars" not in repr(settings)
+    monkeypatch.setenv("DEFECTDET_TOKEN", "env-token-of-20-chars")
     run()
-    assert calls[-1].token == "env-token"
+    assert calls[-1].token == "env-token-of-20-chars"
     (tmp_path / "empty").write_text("  \n")
     refused = CliRunner().invoke(cli, ["serve", str(bundle_path), "--token-file", str(tmp_path / "empty")])
     assert refused.exit_code == 2 and "empty" in refused.output
+
+
+def test_serve_warns_on_a_token_file_others_can_read_and_refuses_a_short_token(
+    bundle_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from defectdet.cli import app as cli
+
+    calls: list[ServeSettings] = []
+    monkeypatch.setattr(
+        server_module, "_run_uvicorn", lambda app, config: calls.append(app.state.service.settings)
+    )
+    monkeypatch.delenv("DEFECTDET_TOKEN", raising=False)
+    token_file = tmp_path / "token"
+    token_file.write_text("a-token-long-enough-to-keep\n")
+    token_file.chmod(0o644)
+    args = ["serve", str(bundle_path), "--port", str(_free_port()), "--token-file", str(token_file)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "can be read by its group or others (mode 644): chmod 600 it" in " ".join(result.output.split())
+    token_file.chmod(0o600)
+    assert "chmod" not in CliRunner().invoke(cli, args).output
+    assert calls[-1].token == "a-token-long-enough-to-keep"
+    token_file.write_text("short-token\n")
+    refused = CliRunner().invoke(cli, args)
+    assert refused.exit_code == 2 and "has 11 characters; use at least 16" in _text(refused.output)
+    monkeypatch.setenv("DEFECTDET_TOKEN", "tiny")
+    refused = CliRunner().invoke(cli, ["serve", str(bundle_path), "--port", str(_free_port())])
+    assert refused.exit_code == 2 and "DEFECTDET_TOKEN has 4 characters" in _text(refused.output)
+    assert len(calls) == 2  # nothing served with a short token
+
+
+def test_serve_on_a_busy_port_is_one_clear_line_and_exit_2(bundle_path: Path, tmp_path: Path) -> None:
+    """The real command in its own process: a port another process listens on ends it before the bundle
+    loads, with the reason, exit 2, no traceback and no abort."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-c", "from defectdet.cli import main; main()", "serve", str(bundle_path),
+             "--port", str(port)],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "DEFECTDET_TOKEN": ""},
+        )  # fmt: skip
+    output = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 2, output
+    assert f"cannot listen on 127.0.0.1:{port}" in output and "--port" in output
+    assert "Traceback" not in output
+
+
+def _text(output: str) -> str:
+    """The words of a CLI output, without the borders of rich's error box."""
+    return " ".join(re.sub("[│╭╮╰╯─]", " ", output).split())
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 # ------------------------------------------------------------------ item 4: JSON errors, no 500
@@ -507,6 +574,11 @@ def test_deeply_nested_or_huge_json_is_a_4xx_on_every_json_route(tmp_path: Path)
         }
         answer = client.post("/v1/review/decide", json=fine, headers={"X-Defectdet-Request": "1"})
         assert answer.status_code == 200, answer.text
+
+
+def _text(output: str) -> str:
+    """The words of a CLI output, without the borders of rich's error box."""
+    return " ".join(re.sub("[│╭╮╰╯─]", " ", output).split())
 
 
 def _free_port() -> int:
