@@ -744,7 +744,7 @@ def serve(
         None, help="Largest image in pixels, from its header: 413 (default 25,000,000)."
     ),
     threads: int | None = typer.Option(
-        None, help="onnxruntime threads per inference (default: cores / (concurrency x workers))."
+        None, help="onnxruntime threads per process, shared by its inferences (default: cores / workers)."
     ),
     workers: int = typer.Option(
         1,
