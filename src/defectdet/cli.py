@@ -804,13 +804,12 @@ def serve(
                "keep_margin": keep_margin, "keep_max_mb": keep_max_mb, "models_keep": models_keep,
                "models_dir": str(models_dir) if models_dir is not None else None, "shadow": shadow}  # fmt: skip
     settings = _serve_settings(given, keeping, _read_token(token_file, TOKEN_ENV), allowed_host, workers)
-    _check_port(host, port)
-    run_service(bundle, host, port, settings, workers=workers)
+    run_service(bundle, *_bindable(host, port), settings, workers=workers)
 
 
-def _check_port(host: str, port: int) -> None:
-    """Exit 2 with one line when PORT is taken on HOST (another process listens there) or not allowed, before
-    the bundle loads: no half-started service, no abort."""
+def _bindable(host: str, port: int) -> tuple[str, int]:
+    """(host, port), after checking the port: exit 2 with one line when PORT is taken on HOST (another process
+    listens there) or not allowed, before the bundle loads: no half-started service, no abort."""
     import errno
     import socket
 
@@ -822,12 +821,13 @@ def _check_port(host: str, port: int) -> None:
             probe.bind((address, port))
         except OSError as error:
             if error.errno not in (errno.EADDRINUSE, errno.EACCES):
-                return  # not a port question (an address of another machine...): the server says it
+                return host, port  # not a port question (another host's address): uvicorn says it
             console.print(
                 f"[red]cannot listen on {host}:{port}: {error.strerror or error}[/red] (another process holds "
                 "the port? stop it, or choose another with --port)"
             )
             raise typer.Exit(2) from None
+    return host, port
 
 
 def _serve_settings(
