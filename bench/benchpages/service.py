@@ -95,11 +95,61 @@ def page_service(results: dict[str, Result], plots: list[Callable[[], None]]) ->
         )
         + ".",
     )
+    if "serve_overhead" in page.results and not page.results["serve_overhead"].dirty:
+        section_overhead(page)
     section_abuse(page)
     if "drift" in page.results and not page.results["drift"].dirty:
         section_drift(page)
     section_loop_shift(page)
     return page
+
+
+OVERHEAD_CONFIGS = {
+    "default": "defaults",
+    "keep_and_models_dir": "`--keep flagged` + `--models-dir`",
+    "workers_2": "`--workers 2`",
+}
+
+
+def section_overhead(page: Page) -> None:
+    """The service against the in-process Predictor, side by side in one run (bench/serve_overhead.py)."""
+    page.heading(2, "Against the in-process Predictor")
+    result = page.r("serve_overhead")
+    doc = result.doc
+    targets = doc["targets"]
+    page.para(
+        "The same bundle and the same 640 x 640 JPEG pair (image and template) answered by `Predictor` in the",
+        "benchmark's process and by `defectdet serve` on loopback, in alternating blocks within each level so",
+        f"that other work on the machine slows both alike ({result.machine}, shared with other long jobs while it",
+        f"ran: load average {', '.join(str(v) for v in result.env['machine'].get('load_average', []))};",
+        f"{page.cite('serve_overhead')}). Ratio: served / in-process requests per second; overhead: served p50",
+        "minus in-process p50; CPU: milliseconds of CPU per request (server and clients, against the",
+        f"in-process side's). Targets: at least {targets['throughput_ratio_at_4']} at 4 clients and at most",
+        f"{f1(targets['p50_overhead_ms_at_1'])} ms at 1 client, with no error.",
+    )
+    rows = []
+    for name, config in doc["configurations"].items():
+        for level in config["levels"]:
+            ours, theirs = level["served"], level["in_process"]
+            rows.append([
+                OVERHEAD_CONFIGS.get(name, name), level["clients"], f1(theirs["requests_per_s"]),
+                f1(ours["requests_per_s"]), f2(level["throughput_ratio"]),
+                f"{f1(theirs['p50_ms'])} / {f1(ours['p50_ms'])}", f1(level["p50_overhead_ms"]),
+                f"{f1(theirs['cpu_ms_per_request'])} / {f1(ours['cpu_ms_per_request'])}", ours["errors"],
+            ])  # fmt: skip
+    headers = ("served with", "clients", "in-process req/s", "served req/s", "ratio",
+               "p50 ms in-process / served", "p50 overhead ms", "CPU ms/request in-process / served", "errors")  # fmt: skip
+    page.table(headers, rows)
+    verdicts = doc["verdicts"]
+    page.para(
+        "Targets met: "
+        + "; ".join(
+            f"{OVERHEAD_CONFIGS.get(name, name)} {'yes' if verdict['met'] else 'no'} (ratio at 4 clients "
+            f"{f2(verdict['throughput_ratio_at_4'])}, p50 overhead at 1 client {f1(verdict['p50_overhead_ms_at_1'])} ms)"
+            for name, verdict in verdicts.items()
+        )
+        + ".",
+    )
 
 
 def section_abuse(page: Page) -> None:
