@@ -281,14 +281,25 @@ def test_without_templates_the_time_budget_and_the_measured_step_decide_between_
     why = {choice.name: choice for choice in choices}
     assert config.preset == "tiny" and "about 600 steps" in why["preset"].reason
     assert shapes[-1] == StepShape("lite0", 1, False, 0, 320, 8, True)  # the run's crops, batch, frozen stem
-    config, choices = choose_settings(stats, TrainConfig(time_minutes=10), None, timer(0.1))  # 6000 steps
-    assert config.preset == "lite0" and "about 6000 steps" in [c for c in choices if c.name == "preset"][0].reason
+    config, choices = choose_settings(stats, TrainConfig(time_minutes=10), None, timer(0.05))  # 12000 steps
+    assert (
+        config.preset == "lite0"
+        and "about 12000 steps" in [c for c in choices if c.name == "preset"][0].reason
+    )
+
+    # no time budget: the step itself decides (a CPU's step is too slow to run epochs of lite0 by default)
+    config, choices = choose_settings(stats, TrainConfig(epochs=5), None, timer(0.8))
+    assert (
+        config.preset == "tiny" and "no time budget" in [c for c in choices if c.name == "preset"][0].reason
+    )
+    assert choose_settings(stats, TrainConfig(epochs=5), None, timer(0.05))[0].preset == "lite0"
 
     def never(shape: StepShape) -> float:
-        raise AssertionError("nothing to weigh: no time budget, a preset given, or templates")
+        raise AssertionError("nothing to weigh: a preset given, or templates")
 
-    assert choose_settings(stats, TrainConfig(epochs=5), None, never)[0].preset == "lite0"
-    assert choose_settings(stats, TrainConfig(time_minutes=1, preset="lite0"), None, never)[0].preset == "lite0"
+    assert (
+        choose_settings(stats, TrainConfig(time_minutes=1, preset="lite0"), None, never)[0].preset == "lite0"
+    )
     paired = make_stats((640, 640), [(30, 30)] * 20, with_template=50)
     assert choose_settings(paired, TrainConfig(time_minutes=1), None, never)[0].preset == "nano"
     seconds = measure_step_seconds(StepShape("lite0", 1, False, 1, 64, 2))  # a real step, companions too

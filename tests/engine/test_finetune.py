@@ -305,7 +305,7 @@ def test_lite0_trains_from_imagenet_exports_and_fine_tunes_from_its_bundle(tmp_p
     data = synthesize_dataset(
         tmp_path / "surfaces", boards=6, seed=3, kind="surface", min_size=160, max_size=224, progress=False
     )
-    quick = {**QUICK, "input_size": 160, "crop_size": 0}
+    quick = {**QUICK, "input_size": 160, "crop_size": 0, "preset": "lite0"}
     with caplog.at_level(logging.INFO):
         result = train(TrainConfig(**quick, data=data, out=tmp_path / "run", max_steps=2))
     assert "from ImageNet" in caplog.text
