@@ -27,6 +27,7 @@ RESULTS = ROOT / "bench" / "results"
 
 _DECIMAL = re.compile(r"\d+\.\d+(?!\.?\d)")
 _CODE_SPAN = re.compile(r"`[^`]*`")
+_HTML_COMMENT = re.compile(r"<!--.*?-->")  # not shown to the reader (the docs tests' rules live there)
 _LINK_TARGET = re.compile(r"\]\([^)]*\)")
 _PAGE_LINK = re.compile(r"benchmarks/([\w-]+)(?:\.md|/)")
 _NOT_A_FIGURE_AFTER = ("@", ":", "<", ">", "=", "≤", "≥", "~")
@@ -45,8 +46,9 @@ pages = _pages_module()
 
 
 def figures_in(text: str) -> list[str]:
-    """Decimal figures in `text` (code spans, link targets, metric names and comparison targets skipped)."""
-    text = _LINK_TARGET.sub("]", _CODE_SPAN.sub(" ", text))
+    """Decimal figures in `text` (code spans, HTML comments, link targets, metric names and comparison targets
+    skipped)."""
+    text = _LINK_TARGET.sub("]", _CODE_SPAN.sub(" ", _HTML_COMMENT.sub(" ", text)))
     found = []
     for match in _DECIMAL.finditer(text):
         before = text[: match.start()]
@@ -229,6 +231,8 @@ _SHOWN = {"accuracy": {0.962, 0.8861}, "inference": {8.52}}
         ),
         # code, metric names, targets and link targets hold no figures
         ("```\n| nano | 0.971 |\n```\n`0.971`, mAP@0.5:0.95, at most <= 15.0, [v](https://x.org/1.2)", []),
+        # an HTML comment is not shown; a figure beside it still is
+        ('<!-- test: "--time 20" -> "--time 0.05" -->\nReaches 0.962.', ["line 2: 0.962"]),
     ],
 )
 def test_checker_catches_unheld_figures(readme: str, expected: list[str]) -> None:
