@@ -206,6 +206,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--tag", default="", help="appended to the result's name (peers_latency_TAG)")
     parser.add_argument("--sizes", default="224,352,640")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--runs", type=int, default=100)
@@ -223,6 +224,8 @@ def main() -> int:
     ours = [preset.strip() for preset in args.ours_presets.split(",") if preset.strip()]
     if not ours:
         raise SystemExit("--ours-presets: name at least one preset")
+    if args.tag and not args.tag.replace("_", "").isalnum():
+        raise SystemExit(f"--tag {args.tag!r}: letters, digits and _ only")
     models = yolo_models(args.yolo_models)
     OUT.mkdir(parents=True, exist_ok=True)
     rows = model_only_rows(ours, models, args)
@@ -240,7 +243,7 @@ def main() -> int:
             ],
         )
     path = common.write_result(
-        "peers_latency",
+        "peers_latency" + (f"_{args.tag}" if args.tag else ""),
         {
             "command": "python bench/peers_latency.py " + " ".join(sys.argv[1:]),
             "settings": {
