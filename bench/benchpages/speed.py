@@ -108,6 +108,7 @@ def page_training_speed(results: dict[str, Result], plots: list[Callable[[], Non
         "file",
     )
     page.table(headers, rows)
+    section_step_time(page)
     section_host_memory(page)
     section_bf16(page)
     loader = page.r("loader").doc
@@ -117,6 +118,37 @@ def page_training_speed(results: dict[str, Result], plots: list[Callable[[], Non
         f"({page.results['loader'].machine}, {page.cite('loader')}).",
     )
     return page
+
+
+def section_step_time(page: Page) -> None:
+    """Seconds per training step of each preset at its default shape (bench/step_speed.py)."""
+    page.heading(2, "Step time per preset")
+    result = page.results.get("step_speed")
+    if result is None or result.dirty:
+        page.para("Not measured yet: `python bench/step_speed.py`.")
+        return
+    page.cite(result.name)
+    lite0 = [r for r in result.doc["results"] if r["preset"] == "lite0" and r.get("frozen_stem")]
+    ratios = ", ".join(f"{f2(r['images_per_second_vs_tiny'])} at {r['threads']} thread(s)" for r in lite0)
+    page.para(
+        "One training step (forward, backward, AdamW) at the shape `train` gives each preset on DeepPCB-like data",
+        "(640 px images, 320 px crops, gray), random weights and images, rounds interleaved, the median; the same",
+        f"measurement `train` makes before choosing between lite0 and tiny ({result.machine},",
+        f"{page.cite(result.name)}). lite0 from ImageNet with its stem frozen trains {ratios} of tiny's images",
+        "per second: it has to learn more from each image to lead at a time budget.",
+    )
+    rows = [
+        [
+            r["shape"],
+            r["batch"],
+            r["threads"],
+            f2(r["seconds_per_step"]),
+            f1(r["images_per_second"]),
+            f2(r["images_per_second_vs_tiny"]),
+        ]
+        for r in result.doc["results"]
+    ]
+    page.table(("preset and input", "batch", "threads", "s/step", "images/s", "images/s vs tiny"), rows)
 
 
 def section_host_memory(page: Page) -> None:
