@@ -281,10 +281,10 @@ def test_without_templates_the_time_budget_and_the_measured_step_decide_between_
     why = {choice.name: choice for choice in choices}
     assert config.preset == "tiny" and "about 600 steps" in why["preset"].reason
     assert shapes[-1] == StepShape("lite0", 1, False, 0, 320, 8, True)  # the run's crops, batch, frozen stem
-    config, choices = choose_settings(stats, TrainConfig(time_minutes=10), None, timer(0.05))  # 12000 steps
+    config, choices = choose_settings(stats, TrainConfig(time_minutes=10), None, timer(0.02))  # 30000 steps
     assert (
         config.preset == "lite0"
-        and "about 12000 steps" in [c for c in choices if c.name == "preset"][0].reason
+        and "about 30000 steps" in [c for c in choices if c.name == "preset"][0].reason
     )
 
     # no time budget: the step itself decides (a CPU's step is too slow to run epochs of lite0 by default)

@@ -98,9 +98,9 @@ BASE_BATCH = 16  # images per step at CROP_BASE x CROP_BASE
 IMAGENET_BACKBONE_LR_SCALE = 0.25
 # lite0 is chosen for a time budget only when it buys this many steps (engine.step_speed measures one). On the
 # real-data benchmark lite0 learned more per step than tiny (about twice on AGDD) but each of its steps cost
-# several of tiny's on a 2-core CPU, and tiny led at every CPU budget measured; this many steps is a GPU-class
-# budget, where tiny has long stopped gaining
-LITE0_MIN_STEPS = 5000
+# several of tiny's on a 2-core CPU (bench/results/step_speed.json), and tiny led at every CPU budget measured;
+# this many steps takes hours on such a CPU and minutes on a GPU, where tiny has long stopped gaining
+LITE0_MIN_STEPS = 20000
 LITE0_MAX_STEP_SECONDS = 0.1  # without a time budget: lite0 when its step is this fast (a GPU's, not a CPU's)
 MIN_AUTO_BATCH = 4  # BatchNorm statistics get noisy below this
 ALL_STRIDES = (8, 16, 32)
