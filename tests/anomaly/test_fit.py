@@ -14,6 +14,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from torch_blocker import BLOCK_TORCH
 from typer.testing import CliRunner
 
 from defectdet.cli import app
@@ -22,14 +23,6 @@ SIZE = 128
 MATERIAL = ("cast",)
 GOOD_IMAGES = 16
 TEST_IMAGES = 16  # each rendered defective and defect-free
-BLOCK_TORCH = """
-import sys
-class BlockTorch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError("torch is blocked in this test")
-sys.meta_path.insert(0, BlockTorch())
-"""
 
 
 def _surface(index: int):
