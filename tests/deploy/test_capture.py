@@ -194,6 +194,20 @@ def test_uncertain_keeps_a_near_miss_but_answers_only_what_passes_the_threshold(
     assert sidecar["reasons"] == ["uncertain"] and sidecar["detections"][0]["score"] == 0.2
 
 
+@pytest.mark.parametrize("keep_client", [(("uncertain",), 0.12)], indirect=True)
+def test_the_verdict_does_not_depend_on_keeping(keep_client: TestClient) -> None:
+    """A 0.12 detection asked for at threshold 0.1 is defective with or without `--keep uncertain` (whose own
+    floor, the stored 0.25 minus the 0.1 margin, lies above the request's threshold)."""
+    image = encode(board(3))
+    kept = keep_client.post("/v1/detect", files={"image": image}, data={"threshold": "0.1"}).json()
+    plain_app = create_app(FakePredictor(score=0.12), ServeSettings())
+    with TestClient(plain_app, base_url="http://localhost") as plain:
+        assert plain_app.state.service.ready.wait(30)
+        answer = plain.post("/v1/detect", files={"image": image}, data={"threshold": "0.1"}).json()
+    assert answer["verdict"] == kept["verdict"] == "defective"
+    assert [d["score"] for d in kept["detections"]] == [d["score"] for d in answer["detections"]] == [0.12]
+
+
 JUST_UNDER = 0.25 - 4e-7  # FakePredictor's stored threshold is 0.25: rounded to 5 places this would be 0.25
 
 

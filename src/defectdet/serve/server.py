@@ -363,7 +363,9 @@ class Service:
         """Predict with `live` and update its drift charts (runs in a worker thread)."""
         options: dict[str, Any] = {"threshold": conf}
         if self.capture is not None and "uncertain" in self.settings.keep:  # see near misses too
-            options["score_floor"] = max(0.0, live.metadata.thresholds.threshold - self.settings.keep_margin)
+            floor = max(0.0, live.metadata.thresholds.threshold - self.settings.keep_margin)
+            # never above the request's own threshold: keeping must not change the verdict
+            options["score_floor"] = floor if conf is None else min(floor, conf)
         result = predict_planes(live.predictor, planes.image, planes.template, planes.companions, **options)
         drift_started = time.perf_counter()
         monitor = live.monitor
