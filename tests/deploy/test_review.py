@@ -178,6 +178,7 @@ def test_a_bad_label_file_is_not_rewritten_until_the_operator_decides(
         ({"image": "a.png", "action": "burn"}, 422, "action must be one of"),
         ({"image": "../decisions.jsonl", "action": "skip"}, 404, "no image"),
         ({"image": "zz.png", "action": "skip"}, 404, "no image"),
+        ({"image": "a" * 10_000 + ".png", "action": "skip"}, 404, "no image"),  # too long for the OS
         ({"action": "skip"}, 422, "image"),
     ],
 )
@@ -311,6 +312,19 @@ def test_a_stale_version_is_refused_across_processes(folder: Path) -> None:
         here.decide("d.png", "accept", [{"class_id": 0, "box": [1, 1, 9, 9]}], "anna", version=0)
     assert refused.value.status == 409 and "clean by bob" in refused.value.reason
     assert (folder / "labels" / "d.txt").read_text() == ""
+
+
+@pytest.mark.parametrize("length", [300, 10_000])
+def test_names_too_long_for_the_file_system_are_a_404_naming_no_path(client: TestClient, length: int) -> None:
+    name = "b" * length + ".png"
+    for route in (
+        f"/v1/review/image/{name}",
+        f"/v1/review/template/{name}",
+        f"/v1/review/companion/L2/{name}",
+    ):
+        response = client.get(route)
+        assert response.status_code == 404, (route[:40], response.status_code)
+        assert "no image" in response.json()["error"] and "/" not in response.json()["error"]
 
 
 def test_a_decision_needs_an_operator(client: TestClient) -> None:

@@ -61,6 +61,7 @@ NOT_ACCEPTED = "left out: boxes drawn but never accepted (accept it, or decide c
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 MAX_DECISION_BYTES = 1 << 20
 MAX_BOXES = 1000
+MAX_FILE_NAME_BYTES = 255  # the longest file name common file systems accept
 DECISIONS = "decisions.jsonl"
 REVIEWED = "reviewed.txt"
 # data.yaml's splits: the newest share of the reviewed images (kept names sort by capture time) validates, so a
@@ -159,7 +160,8 @@ class ReviewFolder:
 
     def image_path(self, name: str) -> Path:
         """The image called `name` (a file name from the listing); 404 otherwise (no paths from the client)."""
-        if "/" in name or "\\" in name or name.startswith(".") or not fits_image_list(name):
+        too_long = len(name.encode("utf-8", "replace")) > MAX_FILE_NAME_BYTES  # the OS would refuse it
+        if too_long or "/" in name or "\\" in name or name.startswith(".") or not fits_image_list(name):
             raise UploadError(404, f"no image {name[:80]!r} in this folder")
         path = self.image_dir / name
         if path.suffix.lower() not in IMAGE_SUFFIXES or not path.is_file():
