@@ -210,6 +210,7 @@ def presets(
 
     from defectdet.engine.autoconfig import auto_preset
     from defectdet.model import PRESETS, build_model, model_info
+    from defectdet.model.detector import has_imagenet_backbone
     from defectdet.model.imagenet import weights_path as imagenet_weights_path
     from defectdet.model.pretrained import shipped_weights
 
@@ -224,8 +225,10 @@ def presets(
         info = model_info(model, input_size)
         layouts = [layout for layout in (True, False) if shipped_weights(name, layout) is not None]
         weights = ", ".join("template" if layout else "plain" for layout in layouts) or "none (random start)"
-        if PRESETS[name].get("backbone") == "efficientnet_lite0":
-            weights = "ImageNet (package)" if imagenet_weights_path() is not None else "ImageNet: not installed"
+        if has_imagenet_backbone(name):
+            weights = (
+                "ImageNet (package)" if imagenet_weights_path() is not None else "ImageNet: not installed"
+            )
         table.add_row(
             name,
             f"{info['params']:,}",

@@ -367,9 +367,9 @@ def auto_strides(stats: SplitStats, imgsz: int, preset: str) -> tuple[list[int],
 def auto_batch(input_size: int, preset: str = "tiny") -> tuple[int, str]:
     """The `BASE_BATCH` x `CROP_BASE`^2 pixel budget per step (half of it for lite0, whose step costs several of
     tiny's: a time budget still buys hundreds of steps)."""
-    from defectdet.model.detector import PRESETS
+    from defectdet.model.detector import has_imagenet_backbone
 
-    heavy = PRESETS.get(preset, {}).get("backbone") == "efficientnet_lite0"
+    heavy = has_imagenet_backbone(preset)
     base = BASE_BATCH // 2 if heavy else BASE_BATCH
     pixels = base * CROP_BASE**2
     batch = int(min(base, max(MIN_AUTO_BATCH, round(pixels / input_size**2))))
@@ -448,10 +448,10 @@ def auto_clean_templates(stats: SplitStats, template: bool) -> tuple[bool, str]:
 def auto_pretrained(preset: str, template: bool, companions: int = 0) -> tuple[bool, str]:
     """Start from the shipped weights (model.pretrained) when the package has them for this preset and
     input layout; the fine-tuning data then only has to teach its own classes and look."""
-    from defectdet.model.detector import PRESETS
+    from defectdet.model.detector import has_imagenet_backbone
     from defectdet.model.pretrained import layout_name, shipped_weights
 
-    if PRESETS[preset].get("backbone") == "efficientnet_lite0":
+    if has_imagenet_backbone(preset):
         from defectdet.model import imagenet
 
         if imagenet.weights_path() is None:
@@ -467,9 +467,9 @@ def auto_pretrained(preset: str, template: bool, companions: int = 0) -> tuple[b
 
 def auto_backbone_lr_scale(preset: str, pretrained: bool) -> tuple[float, str]:
     """A quarter of lr for a backbone that starts from ImageNet features, the full lr otherwise."""
-    from defectdet.model.detector import PRESETS
+    from defectdet.model.detector import has_imagenet_backbone
 
-    if pretrained and PRESETS[preset].get("backbone") == "efficientnet_lite0":
+    if pretrained and has_imagenet_backbone(preset):
         return IMAGENET_BACKBONE_LR_SCALE, (
             f"the backbone starts from ImageNet features: it learns at {IMAGENET_BACKBONE_LR_SCALE:g} x lr so "
             "the new neck and head adapt to it without erasing what it knows"
@@ -479,9 +479,9 @@ def auto_backbone_lr_scale(preset: str, pretrained: bool) -> tuple[float, str]:
 
 def auto_frozen_stem(preset: str, pretrained: bool, template: bool, companions: int) -> tuple[bool, str]:
     """Freeze lite0's ImageNet stem and stride-2/4 blocks when its input is an image as ImageNet's were."""
-    from defectdet.model.detector import PRESETS
+    from defectdet.model.detector import has_imagenet_backbone
 
-    if PRESETS[preset].get("backbone") != "efficientnet_lite0":
+    if not has_imagenet_backbone(preset):
         return False, f"the {preset} preset trains every layer"
     if not pretrained:
         return False, "the backbone starts from random weights: every layer trains"
@@ -615,11 +615,13 @@ def _lite0_step(
     config: TrainConfig, values: dict[str, Any], size: int, step_seconds: Callable[[StepShape], float] | None
 ) -> tuple[int | None, float] | None:
     """(steps lite0 would train in the time budget or None without one, seconds per step); None untimed."""
-    if step_seconds is None:
+    from defectdet.model.imagenet import weights_path
+
+    if step_seconds is None or weights_path() is None:  # without the weights lite0 is never chosen
         return None
     companions = len(values["companions"])
     batch = config.batch or auto_batch(size, "lite0")[0]
-    frozen = companions == 0 and config.pretrained is not False
+    frozen = auto_frozen_stem("lite0", config.pretrained is not False, False, companions)[0]
     seconds = step_seconds(StepShape("lite0", values["channels"], False, companions, size, batch, frozen))
     budget = config.time_budget_seconds
     return (None if budget is None else int(budget / max(seconds, 1e-6))), seconds

@@ -891,10 +891,10 @@ class Trainer:
 
 
 def _start_from_shipped_weights(model: nn.Module, preset: str, template: bool, log: logging.Logger) -> None:
-    from defectdet.model.detector import PRESETS
+    from defectdet.model.detector import has_imagenet_backbone
     from defectdet.model.pretrained import layout_name, shipped_weights, transfer_weights
 
-    if PRESETS[preset].get("backbone") == "efficientnet_lite0":
+    if has_imagenet_backbone(preset):
         from defectdet.model.imagenet import transfer_imagenet_weights
 
         log.info("starting weights: %s", transfer_imagenet_weights(model).summary())

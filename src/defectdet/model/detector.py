@@ -24,6 +24,7 @@ from defectdet.model.loss import DetectionLoss
 from defectdet.model.neck import FeaturePyramid
 
 STRIDES_BY_LEVEL = (8, 16, 32)
+IMAGENET_BACKBONE = "efficientnet_lite0"  # model.efficientnet_lite, weights from model.imagenet
 
 # widths: stem (stride 4) and stages at strides 8/16/32; depths: blocks per stage;
 # levels: which of strides 8/16/32 get a head.
@@ -58,7 +59,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # ImageNet features (model.efficientnet_lite, weights: model.imagenet) under the same neck and head: for
     # images without a golden template, where features learned on real images matter most
     "lite0": {
-        "backbone": "efficientnet_lite0",
+        "backbone": IMAGENET_BACKBONE,
         "frozen_stem": False,  # engine.autoconfig turns it on when the stem starts from ImageNet as it is
         "neck_width": 64,
         "levels": (0, 1),
@@ -181,10 +182,15 @@ class Detector(nn.Module):
         return logits, boxes, points, backbone_features
 
 
+def has_imagenet_backbone(preset: str) -> bool:
+    """The preset's backbone starts from ImageNet weights (model.imagenet), not from our shipped ones."""
+    return PRESETS.get(preset, {}).get("backbone") == IMAGENET_BACKBONE
+
+
 def _build_backbone(config: dict[str, Any], in_channels: int) -> nn.Module:
     """The preset's backbone: ours (widths, depths) or EfficientNet-Lite0 (``backbone: efficientnet_lite0``)."""
     kind = config.get("backbone", "defectdet")
-    if kind == "efficientnet_lite0":
+    if kind == IMAGENET_BACKBONE:
         from defectdet.model.efficientnet_lite import EfficientNetLiteBackbone
 
         return EfficientNetLiteBackbone(in_channels, bool(config.get("frozen_stem", False)))

