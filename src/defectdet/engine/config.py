@@ -66,7 +66,7 @@ class TrainConfig(BaseModel):
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
 
     # model
-    preset: str | None = None  # None: chosen from the data: nano with templates; without, lite0 or tiny by the time budget
+    preset: str | None = None  # None: from the data: nano with templates; without, lite0 or tiny (step time)
     # start from the weights shipped for the preset and input layout (model.pretrained); None: when they exist
     pretrained: bool | None = None
     # continue from a deployed model (checkpoint .pt or bundle .onnx, `train --from`): its architecture and
