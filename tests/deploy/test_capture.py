@@ -17,7 +17,8 @@ from server_fakes import FakePredictor, board, encode
 from defectdet.runtime.predictor import Detection, PredictionResult
 from defectdet.serve import capture as capture_module
 from defectdet.serve.capture import Capture, KeptItem, keep_reasons, parse_keep
-from defectdet.serve.server import ServeSettings, create_app
+from defectdet.serve.server import create_app
+from defectdet.serve.settings import ServeSettings
 
 
 def _result(scores: list[float], threshold: float = 0.5) -> PredictionResult:
@@ -292,7 +293,8 @@ def test_keep_and_review_run_on_a_real_bundle_with_torch_unimportable(
         + f"""
 import json, pathlib
 from fastapi.testclient import TestClient
-from defectdet.serve.server import ServeSettings, create_app
+from defectdet.serve.server import create_app
+from defectdet.serve.settings import ServeSettings
 settings = ServeSettings(keep=("all", "uncertain"), keep_dir={str(kept)!r}, keep_margin=1.0)
 app = create_app({str(bundle_path)!r}, settings)
 with TestClient(app, base_url="http://localhost") as client:
@@ -365,9 +367,9 @@ def test_serve_warns_at_start_when_keep_has_no_cap(
     from typer.testing import CliRunner
 
     from defectdet.cli import app
-    from defectdet.serve import server
+    from defectdet.serve import launch
 
-    monkeypatch.setattr(server, "_run_uvicorn", lambda app, config: None)
+    monkeypatch.setattr(launch, "run_uvicorn", lambda config: None)
     keep = ["serve", str(bundle_path), "--keep", "flagged", "--keep-dir", str(tmp_path / "k")]
     capped = CliRunner().invoke(app, keep)
     assert capped.exit_code == 0 and "no disk cap" not in capped.output, capped.output
@@ -415,3 +417,106 @@ def test_decisions_made_by_another_process_are_seen_and_kept_in_reviewed_txt(tmp
     reviewed = (tmp_path / "reviewed.txt").read_text().split()
     assert reviewed == [f"./images/{one}", f"./images/{two}"]  # bob's write kept ann's decision
     assert {item["name"]: item["status"] for item in first.listing()["items"]}[two] == "accept"
+
+
+# ------------------------------------------------------------------ eviction and review decisions
+def _kept_boards(folder: Path, count: int) -> tuple[Capture, list[str]]:
+    """`count` kept boards, oldest first, and a cap that one more board only fits under by evicting one."""
+    capture = Capture(folder)
+    names = [
+        capture.write(KeptItem(encode(board(1)), None, {"time": 1_700_000_000.0 + i, "reasons": ["all"]}))
+        for i in range(count)
+    ]
+    capture.max_bytes = capture.bytes + 100
+    return capture, names
+
+
+def _next_board() -> KeptItem:
+    return KeptItem(encode(board(1)), None, {"time": 1_700_000_100.0, "reasons": ["all"]})
+
+
+def test_the_cap_waits_for_a_decision_being_written_and_never_orphans_its_label(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from defectdet.serve.review import ReviewFolder
+
+    capture, (name,) = _kept_boards(tmp_path, 1)
+    folder = ReviewFolder(tmp_path, ["open", "short"], operator="ann")
+    image = next(item["name"] for item in folder.listing()["items"])
+    writing = threading.Event()
+    check_version = folder._check_version
+
+    def slow_check(*args: object) -> None:  # the decision is under way: label file and log next
+        writing.set()
+        time.sleep(0.5)
+        check_version(*args)
+
+    monkeypatch.setattr(folder, "_check_version", slow_check)
+    decided: list[dict] = []
+    thread = threading.Thread(
+        target=lambda: decided.append(
+            folder.decide(image, "accept", [{"class_id": 1, "box": [5, 5, 30, 30]}])
+        )
+    )
+    thread.start()
+    assert writing.wait(10)
+    kept = capture.write(_next_board())  # the cap needs the image's room while its decision is written
+    thread.join(10)
+    assert decided and decided[0]["status"] == "accept"
+    assert (tmp_path / "images" / image).is_file() and (tmp_path / "labels" / f"{name}.txt").is_file()
+    assert (tmp_path / "reviewed.txt").read_text().split() == [f"./images/{image}"]
+    assert kept is None and capture.counts["dropped:cap"] == 1  # only a labelled item was left to delete
+
+
+def test_a_decision_on_an_image_the_cap_just_deleted_is_a_404_and_writes_no_label(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from defectdet.serve import review as review_module
+    from defectdet.serve.review import ReviewFolder
+    from defectdet.serve.upload import UploadError
+
+    capture, (name,) = _kept_boards(tmp_path, 1)
+    folder = ReviewFolder(tmp_path, ["open", "short"], operator="ann")
+    image = next(item["name"] for item in folder.listing()["items"])
+    arrived, evicted = threading.Event(), threading.Event()
+    real_lock = review_module.folder_lock
+
+    def lock_after_eviction(path: Path):  # the decision reaches its lock only once the cap has run
+        arrived.set()
+        assert evicted.wait(10)
+        return real_lock(path)
+
+    monkeypatch.setattr(review_module, "folder_lock", lock_after_eviction)
+    errors: list[UploadError] = []
+
+    def decide() -> None:
+        try:
+            folder.decide(image, "clean")
+        except UploadError as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=decide)
+    thread.start()
+    assert arrived.wait(10)
+    assert capture.write(_next_board()) is not None and capture.counts["evicted"] == 1
+    evicted.set()
+    thread.join(10)
+    assert errors and errors[0].status == 404 and "cap deleted it" in errors[0].reason
+    assert not (tmp_path / "images" / image).exists() and not (tmp_path / "labels").exists()
+    assert not (tmp_path / "decisions.jsonl").exists()
+
+
+def test_the_cap_deletes_undecided_items_before_decided_ones(tmp_path: Path) -> None:
+    from defectdet.serve.review import ReviewFolder
+
+    capture, names = _kept_boards(tmp_path, 3)
+    folder = ReviewFolder(tmp_path, ["open", "short"], operator="ann")
+    oldest, second, newest = (item["name"] for item in folder.listing()["items"])
+    folder.decide(oldest, "skip")  # decided, no label file
+    assert capture.write(_next_board()) is not None and capture.counts["evicted"] == 1
+    left = sorted(path.name for path in (tmp_path / "images").iterdir())
+    assert oldest in left and second not in left and newest in left

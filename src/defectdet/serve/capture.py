@@ -22,10 +22,12 @@ Writing runs in one background thread fed by a bounded queue: a request never wa
 never fails a request (a disk error is logged and counted).
 
 Disk cap (`max_bytes`; `serve` keeps at most `DEFAULT_KEEP_MAX_MB` unless told otherwise): the kept images,
-templates, companion captures and sidecars never exceed it. When a new item would pass it, the oldest items not yet reviewed (no
-`labels/NAME.txt`) are deleted first, with a warning in the log (at most one a minute, with the count);
-reviewed items are training data and are never deleted, so when only they are left the new item is not kept
-(counted as `cap`).
+templates, companion captures and sidecars never exceed it. When a new item would pass it, the oldest items not
+yet reviewed are deleted first, then the oldest decided without a label file (skipped), with a warning in the log
+(at most one a minute, with the count); items with a label file are training data and are never deleted, so when
+only they are left the new item is not kept (counted as `cap`). Deleting takes the review lock
+(`FOLDER/.review.lock`) that every review decision is written under, so an image is never deleted while a
+decision on it is being written, and a decision never labels an image already deleted.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ COMPANIONS_DIR = "companions"  # companions/CAPTURE/NAME.ext: one folder per com
 EXTENSIONS = {"PNG": ".png", "JPEG": ".jpg", "BMP": ".bmp", "TIFF": ".tif", "WebP": ".webp", "PNM": ".pnm"}
 DRIFT_LEVELS = ("warn", "alert")
 LOCK_FILE = ".keep.lock"
+REVIEW_LOCK = ".review.lock"  # one review decision at a time, and no eviction meanwhile (serve.review)
+DECISIONS = "decisions.jsonl"  # the review decisions, one json line each (serve.review)
 GENERATION_FILE = ".keep.generation"  # rewritten by every writer: the others index the folder again
 RESCAN_S = 60.0
 STALE_TEMPORARY_S = 3600.0
@@ -146,6 +150,7 @@ class Capture:
         self._thread: threading.Thread | None = None
         self._sizes: dict[str, int] = {}  # path -> bytes (a kept file never changes after its os.replace)
         self._generation = ""  # the folder's change mark as this process last indexed it
+        self._decided: tuple[tuple[int, int] | None, frozenset[str]] = (None, frozenset())
         self._scanned = -math.inf
         for name in FOLDERS:
             (self.folder / name).mkdir(parents=True, exist_ok=True)
@@ -333,25 +338,52 @@ class Capture:
         return name
 
     def _make_room(self, size: int) -> bool:
-        """Delete the oldest unreviewed items until `size` more bytes fit under the cap; False if they cannot."""
+        """Delete the oldest undecided items, then the oldest decided ones without a label file, until `size`
+        more bytes fit under the cap; False if they cannot. Under the review lock: no decision is being
+        written while an image is deleted."""
         if self.max_bytes is None:
             return True
         if size > self.max_bytes:
             return False
-        for name in list(self.items):
-            if self.bytes + size <= self.max_bytes:
-                break
-            if (self.folder / "labels" / f"{name}.txt").exists():
-                continue  # reviewed: training data, never deleted
-            for path in self.items.pop(name):
-                self.bytes -= self._sizes.pop(path, 0)
-                with contextlib.suppress(FileNotFoundError):  # another process may have deleted it already
-                    os.unlink(path)
-            self._count("evicted")
-            self._evicted_unreported += 1
+        if self.bytes + size > self.max_bytes:
+            with folder_lock(self.folder / REVIEW_LOCK):
+                decided = self._decided_names()
+                order = [name for name in self.items if name not in decided]
+                order += [name for name in self.items if name in decided]
+                for name in order:
+                    if self.bytes + size <= self.max_bytes:
+                        break
+                    if (self.folder / "labels" / f"{name}.txt").exists():
+                        continue  # labelled: training data, never deleted
+                    for path in self.items.pop(name):
+                        self.bytes -= self._sizes.pop(path, 0)
+                        with contextlib.suppress(FileNotFoundError):  # another process may have deleted it
+                            os.unlink(path)
+                    self._count("evicted")
+                    self._evicted_unreported += 1
         self._set_bytes()
         self._warn_eviction()
         return self.bytes + size <= self.max_bytes
+
+    def _decided_names(self) -> frozenset[str]:
+        """The names (file stems) of the images a review decision was saved on; read again when
+        `decisions.jsonl` changed. A torn line is skipped."""
+        path = self.folder / DECISIONS
+        try:
+            stat = path.stat()
+        except OSError:
+            return frozenset()
+        mark = (stat.st_size, stat.st_mtime_ns)
+        if self._decided[0] != mark:
+            names = set()
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                for line in handle:
+                    try:
+                        names.add(Path(json.loads(line)["image"]).stem)
+                    except (ValueError, KeyError, TypeError):
+                        continue
+            self._decided = (mark, frozenset(names))
+        return self._decided[1]
 
     def _warn_eviction(self) -> None:
         """Log the unreviewed items the cap deleted: the first time at once, then at most once a minute."""

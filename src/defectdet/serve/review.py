@@ -48,7 +48,7 @@ from defectdet.data.formats.interchange import CocoImage, coco_document
 from defectdet.data.formats.yolo import fits_image_list, label_line
 from defectdet.data.imageio import IMAGE_SUFFIXES, read_image, read_image_size, read_text_file
 from defectdet.errors import DefectDetError
-from defectdet.serve.capture import COMPANIONS_DIR, atomic_write, folder_lock
+from defectdet.serve.capture import COMPANIONS_DIR, DECISIONS, REVIEW_LOCK, atomic_write, folder_lock
 from defectdet.serve.review_download import write_dataset_zip
 from defectdet.serve.upload import UploadError, visible_name
 
@@ -62,13 +62,11 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 MAX_DECISION_BYTES = 1 << 20
 MAX_BOXES = 1000
 MAX_FILE_NAME_BYTES = 255  # the longest file name common file systems accept
-DECISIONS = "decisions.jsonl"
 REVIEWED = "reviewed.txt"
 # data.yaml's splits: the newest share of the reviewed images (kept names sort by capture time) validates, so a
 # fine-tune is measured on images of the line it has not trained on.
 REVIEWED_TRAIN, REVIEWED_VAL = "reviewed_train.txt", "reviewed_val.txt"
 HELD_OUT_SHARE = 0.2
-REVIEW_LOCK = ".review.lock"  # one decision at a time across processes (workers, replicas, `review`)
 DATA_YAML = "data.yaml"
 SIDECARS_FOR_ORDER = 50  # kept answers read to learn the companion captures' order
 DATA_YAML_MARK = "# written by defectdet review: the reviewed images (reviewed.txt) as a dataset"
@@ -449,7 +447,11 @@ class ReviewFolder:
             if action in ("accept", "edit"):
                 parsed, dropped = self._parse_boxes(boxes, size)
         label = self.label_path(image)
-        with self._lock, folder_lock(self.root / REVIEW_LOCK):
+        with self._lock, folder_lock(self.root / REVIEW_LOCK):  # the keep cap deletes under it too
+            if not image.is_file():  # deleted by the keep folder's cap meanwhile: label nothing
+                raise UploadError(
+                    404, f"no image {name[:80]!r} in this folder (the keep folder's cap deleted it)"
+                )
             self.refresh_decisions()  # what the other processes decided goes into reviewed.txt too
             self._check_version(image.name, version)
             if action in LABELLED:
