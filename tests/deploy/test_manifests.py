@@ -86,6 +86,8 @@ def test_base_renders_validates_and_runs_locked_down() -> None:
         "HorizontalPodAutoscaler",
         "PersistentVolumeClaim",
         "Secret",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
     }
     pod = kinds["Deployment"]["spec"]["template"]
     serve = pod["spec"]["containers"][0]
@@ -146,8 +148,6 @@ def test_containerfile_lints_clean_and_runs_serve_as_non_root() -> None:
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     text = CONTAINERFILE.read_text()
-    bases = re.findall(r"^FROM (\S+)", text, flags=re.M)
-    assert len(bases) == 2 and all(re.fullmatch(r"python:3\.\d+-slim", base) for base in bases), bases
     assert re.search(r"^USER \d+:\d+$", text, flags=re.M)
     assert "/healthz" in re.search(r"^HEALTHCHECK .*?\]$", text, flags=re.M | re.S).group(0)
     assert json.loads(re.search(r"^ENTRYPOINT (.*)$", text, flags=re.M).group(1)) == ["defectdet", "serve"]
@@ -155,6 +155,91 @@ def test_containerfile_lints_clean_and_runs_serve_as_non_root() -> None:
     assert_serve_options(json.loads(cmd.replace("\\\n", "")))
     install = re.search(r"pip install (.*)", text).group(1)  # the serve extra only: no torch in the image
     assert "[serve]" in install and not re.search(r"\[(train|all|dev)|torch", install), install
+
+
+def test_containerfile_pins_its_base_by_digest() -> None:
+    """Both stages start from one base named by digest, given as one build argument the guide passes."""
+    text = CONTAINERFILE.read_text()
+    head = text[: text.index("\nFROM ")]
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.\d+-slim$", head, flags=re.M)
+    assert re.search(r"^ARG PYTHON_DIGEST$", head, flags=re.M)  # no default: a build must name the digest
+    bases = re.findall(r"^FROM (\S+)", text, flags=re.M)
+    assert bases == ["${PYTHON_IMAGE}@${PYTHON_DIGEST}"] * 2, bases
+    builds = [line for block in guide_blocks("bash") for line in block.splitlines() if " build " in line]
+    assert builds and all("--build-arg PYTHON_DIGEST=" in line for line in builds), builds
+
+
+def pod_spec(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    return by_kind(documents)["Deployment"]["spec"]["template"]["spec"]
+
+
+def test_a_fresh_claim_gets_folders_the_service_user_can_write(tmp_path: Path) -> None:
+    """subPath folders the node creates are root's: an init container makes them first, as the service's user,
+    before any container mounts them; run here on an empty folder as on a fresh claim."""
+    pod = pod_spec(render(K8S / "base"))
+    claim = next(v["name"] for v in pod["volumes"] if "persistentVolumeClaim" in v)
+    prepare, *later = pod["initContainers"] + pod["containers"]
+    (mount,) = [m for m in prepare["volumeMounts"] if m["name"] == claim]
+    assert "subPath" not in mount
+    subpaths = {m["subPath"] for c in later for m in c["volumeMounts"] if m["name"] == claim}
+    assert subpaths == {"models", "keep"}
+    context = pod["securityContext"]
+    assert context["runAsUser"] == 10001 and context["fsGroup"] == context["runAsGroup"] == 10001
+    assert context["fsGroupChangePolicy"] == "OnRootMismatch"
+    for container in pod["initContainers"] + pod["containers"]:  # nobody runs as root to fix ownership
+        assert container["securityContext"].get("runAsUser", 10001) != 0
+        assert container["securityContext"].get("runAsNonRoot", True) is True
+    command = prepare["command"]
+    script = command[command.index("-c") + 1].replace(mount["mountPath"], str(tmp_path / "store"))
+    (tmp_path / "store").mkdir()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    for sub in subpaths:
+        folder = tmp_path / "store" / sub
+        assert (
+            folder.is_dir()
+            and folder.stat().st_uid == os.getuid()
+            and folder.stat().st_mode & 0o2070 == 0o2070
+        )
+        assert os.listdir(folder) == []  # its write check leaves nothing behind
+    # a claim it cannot write: the pod stops with one line naming the folder and the fix
+    (tmp_path / "store" / "keep").rmdir()
+    (tmp_path / "store" / "keep").write_text("")  # in the way, as an unwritable root would be
+    failed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert failed.returncode == 1 and "store/keep: user" in failed.stderr and "chown" in failed.stderr
+
+
+def test_tmp_is_a_bounded_empty_dir_and_the_keep_folder_is_writable() -> None:
+    """/tmp holds small temporary files only (the labels download is built in the keep folder, see
+    tests/deploy/test_review_download.py), so a bounded emptyDir is enough."""
+    pod = pod_spec(render(K8S / "base"))
+    serve = pod["containers"][0]
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    mounts = {mount["mountPath"]: mount for mount in serve["volumeMounts"]}
+    assert volumes[mounts["/tmp"]["name"]]["emptyDir"]["sizeLimit"] == "256Mi"
+    assert not mounts["/keep"].get("readOnly") and "--keep-dir=/keep" in serve["args"]
+
+
+def test_disruptions_and_network_are_bounded_for_the_replicas() -> None:
+    documents = render(K8S / "base")
+    kinds = by_kind(documents)
+    labels = kinds["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    budget = kinds["PodDisruptionBudget"]["spec"]
+    assert budget["selector"]["matchLabels"].items() <= labels.items()
+    assert budget["maxUnavailable"] == 1 < kinds["HorizontalPodAutoscaler"]["spec"]["minReplicas"]
+    policy = kinds["NetworkPolicy"]["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+    assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"] and policy["egress"] == []  # nothing out
+    port = kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]["ports"][0]
+    assert [p["port"] for rule in policy["ingress"] for p in rule["ports"]] == [port["name"]]
+
+
+def test_readiness_drops_a_replica_stuck_on_an_old_generation() -> None:
+    """The probe asks /readyz, which answers 503 while a replica serves another generation than the store's
+    (tests/deploy/test_fleet_state.py), and soon enough for the Service to stop sending it requests."""
+    probe = pod_spec(render(K8S / "base"))["containers"][0]["readinessProbe"]
+    assert probe["httpGet"]["path"] == "/readyz"
+    assert probe["periodSeconds"] * probe["failureThreshold"] <= 30
 
 
 def guide_blocks(language: str) -> list[str]:

@@ -5,17 +5,23 @@ The zip is the review folder as a dataset: `data.yaml`, the image lists and logs
 decided clean) and whose label file reads: its image, its YOLO label file, its template and its companion
 captures. Every other image is named in `left_out.txt` with the reason (an edit never accepted, skipped, not
 reviewed, a label file that does not read). Unpacked, it trains with `train data.yaml --from`.
+
+The zip is built in the review folder itself (a hidden `.download-*.zip.tmp`, deleted once sent), on the volume
+that holds the images it packs: a small /tmp (a container's) never limits its size. One left by a crash is
+deleted by the next download once it is an hour old.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from defectdet.errors import DefectDetError
+from defectdet.serve.capture import STALE_TEMPORARY_S
 
 if TYPE_CHECKING:
     from defectdet.serve.review import ReviewFolder
@@ -24,6 +30,7 @@ TOP_LEVEL_SUFFIXES = (".yaml", ".txt", ".jsonl", ".json")
 
 
 LEFT_OUT = "left_out.txt"
+DOWNLOAD_PREFIX, DOWNLOAD_SUFFIX = ".download-", ".zip.tmp"
 
 
 def trained_images(folder: ReviewFolder) -> tuple[list[Path], list[str]]:
@@ -63,10 +70,11 @@ def _left_out_reason(folder: ReviewFolder, image: Path) -> str | None:
 def write_dataset_zip(folder: ReviewFolder) -> tuple[Path, int]:
     """A temporary zip of the reviewed dataset (the caller deletes it) and the number of images in it. Images
     are stored as they are (already compressed); text files are deflated."""
-    handle, name = tempfile.mkstemp(prefix="defectdet-review-", suffix=".zip")
+    root = folder.root
+    _remove_stale_downloads(root)
+    handle, name = tempfile.mkstemp(prefix=DOWNLOAD_PREFIX, suffix=DOWNLOAD_SUFFIX, dir=root)
     os.close(handle)
     path = Path(name)
-    root = folder.root
     images, left_out = trained_images(folder)
     try:
         with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
@@ -88,3 +96,13 @@ def write_dataset_zip(folder: ReviewFolder) -> tuple[Path, int]:
         path.unlink(missing_ok=True)
         raise
     return path, len(images)
+
+
+def _remove_stale_downloads(root: Path) -> None:
+    """Delete the downloads a crash left behind (an hour old: one being sent now is younger)."""
+    for path in root.glob(f"{DOWNLOAD_PREFIX}*{DOWNLOAD_SUFFIX}"):
+        try:
+            if time.time() - path.stat().st_mtime > STALE_TEMPORARY_S:
+                path.unlink()
+        except OSError:  # another process removed it meanwhile
+            continue
