@@ -318,7 +318,8 @@ def openapi_schema() -> dict[str, Any]:
     import tempfile
 
     from defectdet import __version__
-    from defectdet.serve.server import ServeSettings, create_app
+    from defectdet.serve.server import create_app
+    from defectdet.serve.settings import ServeSettings
 
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "kept").mkdir()

@@ -85,7 +85,7 @@ def test_the_bundle_format_page_names_every_metadata_field() -> None:
 
 
 PROVENANCE = re.compile(r"bench/|[Ii]ssue \d|\.\./shared|\bstop \d|\brung\b|\barms\b|EPYC|Xeon")
-API = ("train", "validate", "export", "predict", "compare", "Predictor", "serve")
+API = ("train", "validate", "export_bundle", "predict", "compare", "Predictor", "serve_bundle")
 
 
 def _user_text() -> dict[str, str]:
@@ -98,9 +98,7 @@ def _user_text() -> dict[str, str]:
         texts.update({f"{name} {gen.option_names(p)}": gen.param_help(p) for p in command.params})
     for name in defectdet.__all__[1:]:
         value = getattr(defectdet, name)
-        texts[f"defectdet.{name}"] = (
-            inspect.getdoc(value.__call__ if inspect.ismodule(value) else value) or ""
-        )
+        texts[f"defectdet.{name}"] = inspect.getdoc(value) or ""
     texts["Predictor.predict"] = inspect.getdoc(defectdet.Predictor.predict) or ""
     return texts
 
@@ -122,10 +120,7 @@ def test_every_python_entry_point_has_a_docstring_example() -> None:
     for name in API:
         assert name in defectdet.__all__
         value = getattr(defectdet, name)
-        doc = inspect.getdoc(value.__call__ if inspect.ismodule(value) else value) or ""
-        # a callable subpackage (export, serve): its function of the same name documents it
-        if inspect.ismodule(value):
-            doc = inspect.getdoc(getattr(value, name))
+        doc = inspect.getdoc(value) or ""
         assert "Example" in doc and f"from defectdet import {name}" in doc, name
 
 

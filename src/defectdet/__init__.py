@@ -1,7 +1,7 @@
 """defectdet: industrial visual defect detection on PyTorch.
 
 Every command is also a Python API:
-`from defectdet import train, validate, export, predict, compare, Predictor, serve`.
+`from defectdet import train, validate, export_bundle, predict, compare, Predictor, serve_bundle`.
 Exports are resolved lazily so that `import defectdet` stays cheap and torch-free parts stay torch-free.
 """
 
@@ -19,11 +19,11 @@ _EXPORTS = {
     "load_config": "defectdet.engine.config",
     "train": "defectdet.engine.trainer",
     "validate": "defectdet.engine.validate",
-    "export": "defectdet.export",  # the callable subpackage: export(checkpoint, out) -> ExportResult
+    "export_bundle": "defectdet.export.exporter",
     "predict": "defectdet.export.resolve",
     "compare": "defectdet.export.compare",
     "Predictor": "defectdet.runtime.predictor",
-    "serve": "defectdet.serve",  # the callable subpackage: serve(bundle, host, port, settings, workers)
+    "serve_bundle": "defectdet.serve.launch",
     "load_detector": "defectdet.engine.checkpoint",
     "build_model": "defectdet.model",
     "load_dataset": "defectdet.data.formats",

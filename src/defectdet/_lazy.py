@@ -8,14 +8,11 @@ from typing import Any
 
 
 def lazy_exports(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:
-    """A module `__getattr__` that imports `exports[name]` (a module path) on first use of `name`. A name that
-    is its own subpackage (`defectdet.export`) is the subpackage itself (Python binds the subpackage to that
-    name anyway once it is imported), which then has to be callable."""
+    """A module `__getattr__` that imports `exports[name]` (a module path) on first use of `name`."""
 
     def __getattr__(name: str) -> Any:
         if name in exports:
-            module = importlib.import_module(exports[name])
-            return module if exports[name] == f"{package}.{name}" else getattr(module, name)
+            return getattr(importlib.import_module(exports[name]), name)
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return __getattr__

@@ -798,8 +798,8 @@ def serve(
 
     Example: defectdet serve model.onnx --keep flagged,uncertain --keep-dir kept --keep-max-mb 2000 --models-dir models
     """
-    from defectdet.serve.server import TOKEN_ENV
-    from defectdet.serve.server import serve as run_service
+    from defectdet.serve.launch import serve_bundle
+    from defectdet.serve.settings import TOKEN_ENV
 
     given = {"max_concurrency": max_concurrency, "max_queue": max_queue, "max_bytes": max_bytes,
              "max_pixels": max_pixels, "threads": threads, "max_connections": max_connections}  # fmt: skip
@@ -807,7 +807,7 @@ def serve(
                "keep_margin": keep_margin, "keep_max_mb": keep_max_mb, "models_keep": models_keep,
                "models_dir": str(models_dir) if models_dir is not None else None, "shadow": shadow}  # fmt: skip
     settings = _serve_settings(given, keeping, _read_token(token_file, TOKEN_ENV), allowed_host, workers)
-    run_service(bundle, *_bindable(host, port), settings, workers=workers)
+    serve_bundle(bundle, *_bindable(host, port), settings, workers=workers)
 
 
 def _bindable(host: str, port: int) -> tuple[str, int]:
@@ -838,7 +838,7 @@ def _serve_settings(
 ):
     """`serve`'s ServeSettings: the limits given (None: the defaults), the token, the allowed hosts and the
     keep options; a bad value or combination is a BadParameter naming it."""
-    from defectdet.serve.server import LOOPBACK_HOSTS, ServeSettings
+    from defectdet.serve.settings import LOOPBACK_HOSTS, ServeSettings
 
     try:
         settings = ServeSettings(
@@ -914,7 +914,7 @@ def review(
     """
     from defectdet.serve.review import ReviewFolder
     from defectdet.serve.review_app import run_review
-    from defectdet.serve.server import LOOPBACK_HOSTS, TOKEN_ENV, ServeSettings
+    from defectdet.serve.settings import LOOPBACK_HOSTS, TOKEN_ENV, ServeSettings
 
     names = [name.strip() for name in classes.split(",") if name.strip()] if classes else None
     review_folder = ReviewFolder(folder, names, operator)

@@ -17,7 +17,8 @@ from server_fakes import FakePredictor, board, encode
 from defectdet.runtime.predictor import Detection, PredictionResult
 from defectdet.serve import capture as capture_module
 from defectdet.serve.capture import Capture, KeptItem, keep_reasons, parse_keep
-from defectdet.serve.server import ServeSettings, create_app
+from defectdet.serve.server import create_app
+from defectdet.serve.settings import ServeSettings
 
 
 def _result(scores: list[float], threshold: float = 0.5) -> PredictionResult:
@@ -292,7 +293,8 @@ def test_keep_and_review_run_on_a_real_bundle_with_torch_unimportable(
         + f"""
 import json, pathlib
 from fastapi.testclient import TestClient
-from defectdet.serve.server import ServeSettings, create_app
+from defectdet.serve.server import create_app
+from defectdet.serve.settings import ServeSettings
 settings = ServeSettings(keep=("all", "uncertain"), keep_dir={str(kept)!r}, keep_margin=1.0)
 app = create_app({str(bundle_path)!r}, settings)
 with TestClient(app, base_url="http://localhost") as client:
@@ -365,9 +367,9 @@ def test_serve_warns_at_start_when_keep_has_no_cap(
     from typer.testing import CliRunner
 
     from defectdet.cli import app
-    from defectdet.serve import server
+    from defectdet.serve import launch
 
-    monkeypatch.setattr(server, "_run_uvicorn", lambda app, config: None)
+    monkeypatch.setattr(launch, "run_uvicorn", lambda config: None)
     keep = ["serve", str(bundle_path), "--keep", "flagged", "--keep-dir", str(tmp_path / "k")]
     capped = CliRunner().invoke(app, keep)
     assert capped.exit_code == 0 and "no disk cap" not in capped.output, capped.output

@@ -22,7 +22,8 @@ def test_train_export_predict_serve_review_and_train_from_keep_the_companion(tmp
     from defectdet.engine.trainer import build_train_data, train
     from defectdet.export.exporter import export_bundle
     from defectdet.serve.review import ReviewFolder
-    from defectdet.serve.server import ServeSettings, create_app
+    from defectdet.serve.server import create_app
+    from defectdet.serve.settings import ServeSettings
 
     data = make_companion_dataset(tmp_path / "data", images=6, size=64)
     quick = {

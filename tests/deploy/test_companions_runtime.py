@@ -144,7 +144,8 @@ def test_service_takes_one_field_per_plane_and_keeps_and_exports_companions(
 
     from defectdet.data.formats import load_dataset
     from defectdet.serve.review import ReviewFolder
-    from defectdet.serve.server import ServeSettings, create_app
+    from defectdet.serve.server import create_app
+    from defectdet.serve.settings import ServeSettings
 
     kept = tmp_path / "kept"
     app = create_app(bundle, ServeSettings(keep=("all",), keep_dir=str(kept)))

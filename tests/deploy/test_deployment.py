@@ -17,7 +17,8 @@ from defectdet.runtime.predictor import Detection, PredictionResult
 from defectdet.serve import store
 from defectdet.serve.deployment import Deployment, ServedModel, disagreement, file_sha256
 from defectdet.serve.metrics import ServiceMetrics
-from defectdet.serve.server import ServeSettings, create_app
+from defectdet.serve.server import create_app
+from defectdet.serve.settings import ServeSettings
 from defectdet.serve.upload import UploadError
 
 POST = {"X-Defectdet-Request": "1"}

@@ -19,7 +19,8 @@ from server_fakes import CLASS_NAMES, FakePredictor
 from defectdet.serve import deployment as deployment_module
 from defectdet.serve.deployment import Deployment, ServedModel
 from defectdet.serve.metrics import ServiceMetrics
-from defectdet.serve.server import ServeSettings, create_app
+from defectdet.serve.server import create_app
+from defectdet.serve.settings import ServeSettings
 from defectdet.serve.store import ModelStore, StoreError
 from defectdet.serve.upload import UploadError
 

@@ -34,7 +34,8 @@ from test_review_page import _drag, _point, _saved
 from test_server_page import BROWSER_ARGS, CHROMIUM
 
 from defectdet.export.compare_score import KEEP, PROMOTE
-from defectdet.serve.server import ServeSettings, create_app
+from defectdet.serve.server import create_app
+from defectdet.serve.settings import ServeSettings
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed (pip install playwright)"

@@ -15,7 +15,8 @@ from server_fakes import FakePredictor, board, encode
 from defectdet.data.formats import load_dataset
 from defectdet.serve.review import ReviewFolder
 from defectdet.serve.review_app import create_review_app
-from defectdet.serve.server import ServeSettings, create_app
+from defectdet.serve.server import create_app
+from defectdet.serve.settings import ServeSettings
 from defectdet.serve.upload import UploadError
 
 CLASSES = ["open", "short", "mousebite"]

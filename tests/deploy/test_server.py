@@ -16,7 +16,8 @@ from fastapi.testclient import TestClient
 from server_fakes import FakePredictor, board, encode
 from torch_blocker import BLOCK_TORCH
 
-from defectdet.serve.server import ServeSettings, create_app
+from defectdet.serve.server import create_app
+from defectdet.serve.settings import ServeSettings
 
 
 def _client(predictor: FakePredictor, **settings: int) -> TestClient:
@@ -294,15 +295,16 @@ def test_serve_command_runs_uvicorn_with_the_limits(
     from typer.testing import CliRunner
 
     from defectdet.cli import app as cli
-    from defectdet.serve import server
+    from defectdet.serve import launch
 
     calls = []
-    monkeypatch.setattr(server, "_run_uvicorn", lambda app, config: calls.append((app, config)))
+    monkeypatch.setattr(launch, "run_uvicorn", calls.append)
     result = CliRunner().invoke(
         cli, ["serve", str(bundle_path), "--port", "8123", "--max-concurrency", "1", "--max-queue", "3"]
     )
     assert result.exit_code == 0, result.output
-    ((served, config),) = calls
+    (config,) = calls
+    served = config.app
     assert config.host == "127.0.0.1" and config.port == 8123 and config.workers == 1
     settings = served.state.service.settings
     assert (settings.max_concurrency, settings.max_queue, settings.threads) == (1, 3, settings.threads or 1)
@@ -313,10 +315,10 @@ def test_serve_command_runs_uvicorn_with_the_limits(
 
 
 def test_answer_json_handles_numpy_and_non_finite_values() -> None:
-    from defectdet.serve.server import _FastJSON
+    from defectdet.serve.answers import FastJSON
 
     body = json.loads(
-        _FastJSON({"a": np.float32(0.5), "b": [np.int64(3)], "c": float("nan"), "d": np.ones(2)}).body
+        FastJSON({"a": np.float32(0.5), "b": [np.int64(3)], "c": float("nan"), "d": np.ones(2)}).body
     )
     assert body == {"a": 0.5, "b": [3], "c": None, "d": [1.0, 1.0]}
 

@@ -32,8 +32,10 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from server_fakes import FakePredictor, board, encode
 
-from defectdet.serve import server as server_module
-from defectdet.serve.server import ServeSettings, create_app, uvicorn_config
+from defectdet.serve import launch
+from defectdet.serve.launch import uvicorn_config
+from defectdet.serve.server import create_app
+from defectdet.serve.settings import ServeSettings
 
 BASE = "http://127.0.0.1"
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,9 +143,7 @@ def test_serve_reads_the_token_warns_beyond_loopback_and_trusts_the_bind_host(
     from defectdet.cli import app as cli
 
     calls: list[ServeSettings] = []
-    monkeypatch.setattr(
-        server_module, "_run_uvicorn", lambda app, config: calls.append(app.state.service.settings)
-    )
+    monkeypatch.setattr(launch, "run_uvicorn", lambda config: calls.append(config.app.state.service.settings))
     monkeypatch.delenv("DEFECTDET_TOKEN", raising=False)
 
     def run(*args: str) -> str:
@@ -179,9 +179,7 @@ def test_serve_warns_on_a_token_file_others_can_read_and_refuses_a_short_token(
     from defectdet.cli import app as cli
 
     calls: list[ServeSettings] = []
-    monkeypatch.setattr(
-        server_module, "_run_uvicorn", lambda app, config: calls.append(app.state.service.settings)
-    )
+    monkeypatch.setattr(launch, "run_uvicorn", lambda config: calls.append(config.app.state.service.settings))
     monkeypatch.delenv("DEFECTDET_TOKEN", raising=False)
     token_file = tmp_path / "token"
     token_file.write_text("a-token-long-enough-to-keep\n")
@@ -258,11 +256,11 @@ def test_an_unexpected_exception_is_a_logged_json_500_without_addresses(
 
 
 def test_error_lines_drop_addresses_but_keep_sizes() -> None:
-    from defectdet.serve.server import _one_line
+    from defectdet.serve.answers import one_line
 
-    assert _one_line(f"bad {object()!r} here") == "bad <object object> here"
-    assert _one_line("ptr 0x7f3a2b1c4d5e\nnext") == "ptr next"
-    assert _one_line("image is 100000x100000 pixels") == "image is 100000x100000 pixels"
+    assert one_line(f"bad {object()!r} here") == "bad <object object> here"
+    assert one_line("ptr 0x7f3a2b1c4d5e\nnext") == "ptr next"
+    assert one_line("image is 100000x100000 pixels") == "image is 100000x100000 pixels"
 
 
 @pytest.mark.parametrize("error", [NotImplementedError("no codec"), TypeError("bad"), AttributeError("x")])
@@ -272,7 +270,7 @@ def test_any_decoder_failure_is_a_4xx(monkeypatch: pytest.MonkeyPatch, error: Ex
     def broken(*args: object, **kwargs: object) -> None:
         raise error
 
-    monkeypatch.setattr(server_module, "load_planes", broken)
+    monkeypatch.setattr("defectdet.serve.service.load_planes", broken)
     with _client(app) as client:
         _json_error(client.post("/v1/detect", files={"image": encode(board(1))}), 422, "image")
 
@@ -642,14 +640,12 @@ def test_kill_9_of_the_parent_takes_its_workers_and_the_next_start_cleans_up(
             process.kill()
         process.stdout.close()
     (left,) = [path for path in tmp_path.iterdir() if path.name.startswith("defectdet-metrics-")]
-    monkeypatch.setattr(server_module.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(launch.tempfile, "tempdir", str(tmp_path))
     seen: list[list[str]] = []
     monkeypatch.setattr(
-        server_module,
-        "_run_uvicorn",
-        lambda app, config: seen.append(sorted(p.name for p in tmp_path.iterdir())),
+        launch, "run_uvicorn", lambda config: seen.append(sorted(p.name for p in tmp_path.iterdir()))
     )
-    server_module.serve(bundle_path, port=port, workers=2)
+    launch.serve_bundle(bundle_path, port=port, workers=2)
     assert left.name not in seen[0] and not left.exists()  # removed before the new workers started
     assert not [path for path in tmp_path.iterdir() if path.name.startswith("defectdet-metrics-")]
 

@@ -19,7 +19,8 @@ import pytest
 import uvicorn
 from server_fakes import FakePredictor, board
 
-from defectdet.serve.server import ServeSettings, create_app
+from defectdet.serve.server import create_app
+from defectdet.serve.settings import ServeSettings
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
@@ -157,7 +158,7 @@ def test_a_model_with_a_near_zero_validation_map_is_flagged_everywhere(
 ) -> None:
     from fastapi.testclient import TestClient
 
-    with caplog.at_level("WARNING", logger="defectdet.serve.server"):
+    with caplog.at_level("WARNING", logger="defectdet.serve.service"):
         app = create_app(_weak_predictor(), ServeSettings(models_dir=str(tmp_path)))
     assert "validation mAP50 0.0003 on its val split is near zero" in caplog.text
     with TestClient(app, base_url="http://localhost") as client:

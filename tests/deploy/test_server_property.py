@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_fakes import FakePredictor, board, encode
 
-from defectdet.serve.server import ServeSettings, create_app
+from defectdet.serve.server import create_app
+from defectdet.serve.settings import ServeSettings
 
 PNG = encode(board(0, size=64))
 JPEG = encode(board(1, size=64), ".jpg")

@@ -234,7 +234,15 @@ def export_bundle(
     a drift reference from the same dataset's training split (the split itself when that is missing);
     without, the checkpoint's logged thresholds and no drift reference. `flip_views` (`model.flip_average`):
     test-time flips averaged inside the graph, one more forward pass per view. `repeat_check`: `runtime.repeat_check`.
-    `merge_fragments`: choose the fragment merge's classes on the measured split (False: none)."""
+    `merge_fragments`: choose the fragment merge's classes on the measured split (False: none).
+
+    Example:
+        ```python
+        from defectdet import export_bundle
+
+        bundle = export_bundle("runs/synth/best.pt", "runs/synth/model.onnx").bundle
+        ```
+    """
     from defectdet.engine.checkpoint import load_detector
 
     wanted = _checked_options(formats, flip_views)
@@ -279,19 +287,32 @@ def export_bundle(
     finally:
         partial.unlink(missing_ok=True)
     if int8:
-        from defectdet.export.quantize import quantize_bundle
-
-        result.int8 = quantize_bundle(
-            bundle,
-            data,
-            train_split=config.get("train_split") or "train",
-            val_split=split,
-            calibration_images=calibration_images,
-            max_drop=INT8_MAX_MAP50_DROP,
-            force=force,
-            console=console,
-        )
+        result.int8 = _quantize(bundle, data, config, split, calibration_images, force, console)
     return result
+
+
+def _quantize(
+    bundle: Path,
+    data: Any,
+    config: dict[str, Any],
+    split: str,
+    calibration_images: int,
+    force: bool,
+    console: Any,
+) -> Any:
+    """The int8 variant of `bundle`, calibrated on the training split and proven on `split`."""
+    from defectdet.export.quantize import quantize_bundle
+
+    return quantize_bundle(
+        bundle,
+        data,
+        train_split=config.get("train_split") or "train",
+        val_split=split,
+        calibration_images=calibration_images,
+        max_drop=INT8_MAX_MAP50_DROP,
+        force=force,
+        console=console,
+    )
 
 
 def _write_graph(

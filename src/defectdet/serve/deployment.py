@@ -37,9 +37,11 @@ from typing import Any
 import numpy as np
 
 from defectdet.errors import DefectDetError
-from defectdet.runtime.bundle import file_sha256
+from defectdet.runtime.bundle import BundleMetadata, file_sha256
 from defectdet.runtime.model_quality import validation_quality
 from defectdet.runtime.monitor import DriftMonitor
+from defectdet.runtime.predictor import PredictionResult
+from defectdet.serve.servable import ServablePredictor
 from defectdet.serve.store import (
     DEFAULT_KEEP,
     STORE_DIR,
@@ -62,12 +64,12 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}\.onnx$")
 
 
 def predict_planes(
-    predictor: Any,
+    predictor: ServablePredictor,
     image: np.ndarray,
     template: np.ndarray | None,
     companions: Mapping[str, np.ndarray] | None = None,
     **options: Any,
-) -> Any:
+) -> PredictionResult:
     """`predictor.predict` on one image's planes; `companions` passed only when there are some, so a stand-in
     predictor for a model without them needs no such keyword."""
     if companions:
@@ -75,7 +77,7 @@ def predict_planes(
     return predictor.predict(image, template=template, **options)
 
 
-def warm_up(predictor: Any) -> Any:
+def warm_up(predictor: ServablePredictor) -> PredictionResult:
     """One inference on a blank image (and blank template and companions, when the model takes them)."""
     meta = predictor.metadata
     size = meta.input_size
@@ -85,7 +87,7 @@ def warm_up(predictor: Any) -> Any:
     return predict_planes(predictor, image, image if meta.template else None, companions)
 
 
-def bundle_sha256(predictor: Any) -> str:
+def bundle_sha256(predictor: ServablePredictor) -> str:
     """sha256 (hex) of the bundle file when there is one, else of its metadata; its first 12 hex digits are
     the model version."""
     path = getattr(predictor, "path", None)
@@ -98,7 +100,7 @@ def bundle_sha256(predictor: Any) -> str:
 class ServedModel:
     """A loaded bundle and its drift charts. `source`: a file that holds its bytes (None: in memory only)."""
 
-    predictor: Any
+    predictor: ServablePredictor
     sha256: str
     name: str
     source: Path | None
@@ -107,7 +109,11 @@ class ServedModel:
 
     @classmethod
     def of(
-        cls, predictor: Any, source: Path | None = None, sha256: str | None = None, name: str | None = None
+        cls,
+        predictor: ServablePredictor,
+        source: Path | None = None,
+        sha256: str | None = None,
+        name: str | None = None,
     ) -> ServedModel:
         """`sha256`: the bundle's hash when the caller already read it (else hashed here); `name`: the name
         it was promoted as (default: its file's)."""
@@ -124,7 +130,7 @@ class ServedModel:
         )
 
     @property
-    def metadata(self) -> Any:
+    def metadata(self) -> BundleMetadata:
         return self.predictor.metadata
 
     @property
@@ -310,7 +316,7 @@ class Deployment:
         *,
         models_dir: str | Path | None = None,
         live_path: Path | None = None,
-        load: Callable[[Path], Any] | None = None,
+        load: Callable[[Path], ServablePredictor] | None = None,
         on_swap: Callable[[ServedModel], None] | None = None,
         keep: int = DEFAULT_KEEP,
     ) -> None:

@@ -16,7 +16,7 @@ no longer current is refused (409, naming the live generation). Each change (and
 stopped) is a line in promotions.jsonl: who (the name sent, else "token" or "anonymous"), when, from where
 (the host and pid of the process, the client's address), forced or not. The POST routes change state: like every
 such route they need the token (when set), the header `X-Defectdet-Request: 1` and a JSON body
-(`server._Guard`). Loading a bundle runs off the event loop, so /v1/detect keeps answering while a
+(`guards.AccessGuard`). Loading a bundle runs off the event loop, so /v1/detect keeps answering while a
 candidate loads.
 """
 

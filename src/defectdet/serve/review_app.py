@@ -16,18 +16,13 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from defectdet.errors import DefectDetError
+from defectdet.serve.answers import error_response
+from defectdet.serve.guards import AccessGuard, JSONErrors
 from defectdet.serve.json_body import JSONBodyLimit
+from defectdet.serve.launch import is_loopback, run_uvicorn, uvicorn_config
 from defectdet.serve.review import ReviewFolder, review_router
-from defectdet.serve.server import (
-    STATIC_DIR,
-    ServeSettings,
-    _error,
-    _Guard,
-    _JSONErrors,
-    _loopback,
-    _run_uvicorn,
-    uvicorn_config,
-)
+from defectdet.serve.routes import STATIC_DIR
+from defectdet.serve.settings import ServeSettings
 from defectdet.serve.upload import UploadError
 
 
@@ -40,20 +35,20 @@ def create_review_app(folder: ReviewFolder | str | Path, settings: ServeSettings
     )
     app.state.review = review
     app.add_middleware(JSONBodyLimit)
-    app.add_middleware(_Guard, settings=settings)
-    app.add_middleware(_JSONErrors)
+    app.add_middleware(AccessGuard, settings=settings)
+    app.add_middleware(JSONErrors)
 
     @app.exception_handler(UploadError)
-    async def upload_error(request: Request, error: UploadError) -> JSONResponse:
-        return _error(error.status, error.reason, error.headers)
+    async def uploaderror_response(request: Request, error: UploadError) -> JSONResponse:
+        return error_response(error.status, error.reason, error.headers)
 
     @app.exception_handler(DefectDetError)
-    async def input_error(request: Request, error: DefectDetError) -> JSONResponse:
-        return _error(422, str(error))
+    async def inputerror_response(request: Request, error: DefectDetError) -> JSONResponse:
+        return error_response(422, str(error))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        return _error(error.status_code, str(error.detail), getattr(error, "headers", None))
+    async def httperror_response(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        return error_response(error.status_code, str(error.detail), getattr(error, "headers", None))
 
     @app.get("/", include_in_schema=False)
     async def home() -> Any:
@@ -80,7 +75,7 @@ def run_review(
     logger = logging.getLogger(__name__)
     settings = settings or ServeSettings()
     names = [host.lower().strip("[]")]
-    if not _loopback(host):
+    if not is_loopback(host):
         names.append(socket.gethostname().lower())
         if settings.token is None:
             logger.warning(
@@ -91,4 +86,4 @@ def run_review(
     settings = replace(settings, allowed_hosts=tuple(dict.fromkeys([*settings.allowed_hosts, *names])))
     app = create_review_app(folder, settings)
     logger.info("review page on http://%s:%d/review", host, port)
-    _run_uvicorn(app, uvicorn_config(app, host, port, settings))
+    run_uvicorn(uvicorn_config(app, host, port, settings))
