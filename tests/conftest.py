@@ -24,3 +24,20 @@ def small_train_config() -> Callable[..., Any]:
         return TrainConfig(**{**SMALL_TRAIN, "out": out, **fields})
 
     return make
+
+
+@pytest.fixture(scope="session")
+def good_only_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A good-parts-only bundle (`defectdet fit`) fitted in seconds on 8 defect-free gray surfaces of 96 px
+    (`good/` beside it); input 96 x 96."""
+    import cv2
+
+    from defectdet.anomaly import FitSettings, fit_good_only
+    from defectdet.data.synth import generate_surface
+
+    root = tmp_path_factory.mktemp("good_only_bundle")
+    (root / "good").mkdir()
+    for index in range(8):
+        surface = generate_surface(7, index, 96, 96, materials=("cast",), clean=True)
+        cv2.imwrite(str(root / "good" / f"good_{index}.png"), surface.clean)
+    return fit_good_only(root / "good", root / "model.onnx", FitSettings(progress=False)).bundle

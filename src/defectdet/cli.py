@@ -254,7 +254,8 @@ _SYNTHETIC_BOARDS_HELP = (
 )
 _FROM_HELP = (
     "Continue from a deployed model (best.pt, or a model.onnx exported with its weights): its architecture "
-    "and weights, classes matched by name, a tenth of the default lr."
+    "and weights, classes matched by name, a tenth of the default lr. A good-parts-only model (`fit`) has no "
+    "detector weights: a new detector is trained on DATA from the standard start."
 )
 _OLD_DATA_HELP = "With --from: the old training data, mixed in and validated on too."
 _TEMPLATE_HELP = "Use the dataset's templates (default: when every image has one)."
@@ -711,7 +712,8 @@ def compare(
     (no defect-free image) keeps OLD. Equal is not worse, but a NEW whose mAP@0.5 or recall is near zero (below
     0.05) is never promoted. Exit code 0: promote, 1: keep OLD, 2: error (models
     that cannot be compared: another input layout, other channels, or other classes; NEW may reorder or add
-    classes, which are matched by name).
+    classes, which are matched by name). Against a good-parts-only model (`fit`, class "anomaly") with other
+    classes, every box counts as one class: the comparison is class-agnostic, and says so.
 
     Example: defectdet compare line.onnx runs/train/best.pt data.yaml --clean-auto --out runs/compare
     """

@@ -266,3 +266,36 @@ def start_choices(choices: list[Any], start: StartModel, config: Any) -> list[An
     else:
         rows.append(Choice("lr", config.lr, f"set by you (continuing from {name})", "user"))
     return rows
+
+
+def good_only_start(config: Any) -> tuple[Any, list[Any]]:
+    """`train DATA --from MODEL` where MODEL is a good-parts-only bundle (`defectdet fit`): it holds no detector
+    weights to continue, so the detector is trained on DATA (the reviewed boxes) from the preset's standard
+    start, and one settings row says so. `--old-data` is refused: the model was fitted on good images, not on
+    labelled data (pass them as --clean-images). Any other config is returned as it is, with no row."""
+    from defectdet.engine.autoconfig import Choice
+    from defectdet.engine.config import DEFAULT_LEARNING_RATES, FINE_TUNE_LR_FACTOR
+    from defectdet.runtime.anomaly_map import is_good_only
+    from defectdet.runtime.bundle import read_metadata
+
+    path = config.start_from
+    if path is None or Path(path).suffix.lower() != ".onnx" or not Path(path).is_file():
+        return config, []
+    if not is_good_only(read_metadata(path)):
+        return config, []
+    name = Path(path).name
+    if config.old_data is not None:
+        raise ConfigError(
+            f"field 'old_data': {name} is a good-parts-only model, fitted on defect-free images, not on labelled "
+            "data; drop --old-data (pass its good images as --clean-images GOOD_DIR to train on them as "
+            "defect-free examples)"
+        )
+    why = (
+        f"{name} is a good-parts-only model: no detector weights to continue, so a new detector is trained on "
+        f"{config.data} from the preset's standard start"
+    )
+    update: dict[str, Any] = {"start_from": None}
+    default = DEFAULT_LEARNING_RATES[config.optimizer]
+    if math.isclose(config.lr, default * FINE_TUNE_LR_FACTOR):  # the fine-tune's tenth, not the user's
+        update["lr"] = default
+    return config.model_copy(update=update), [Choice("start", "standard", why, "model")]

@@ -372,11 +372,13 @@ def _continue_from(config: TrainConfig, train_split: Any) -> tuple[TrainConfig, 
     the old training split mixed in (engine.data_mix). Returns (config, train split, the old data's
     validation split or None, the extra settings rows)."""
     from defectdet.engine.autoconfig import Choice
+    from defectdet.engine.start_model import good_only_start
 
+    config, start_rows = good_only_start(config)
     if config.start_from is None:
         if config.old_data is not None:
             raise ConfigError("field 'old_data': only with start_from (train --from MODEL --old-data OLD)")
-        return config, train_split, None, []
+        return config, train_split, None, start_rows
     from defectdet.data.formats import load_dataset
     from defectdet.engine.data_mix import mix_splits, remap_classes
     from defectdet.engine.start_model import check_classes, fit_config, read_start

@@ -24,9 +24,12 @@ from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.errors import DatasetError, InputError
 from defectdet.evaluation.types import ImageRecord
 from defectdet.export.compare_inputs import (
+    AGNOSTIC_CLASS,
     ROLES,
+    agnostic_split,
     auto_clean_boards,
     check_comparable,
+    class_agnostic,
     class_space,
     clean_folder,
     held_out_split,
@@ -166,13 +169,20 @@ def compare_models(
     out_dir.mkdir(parents=True, exist_ok=True)
     models = _models(old, new, out_dir)
     dataset, images_note = _split(data, split, format, models.metas["old"].template)
-    names = class_space(dataset, models.metas, models.given)
+    agnostic = class_agnostic(models.metas["old"], models.metas["new"])
+    if agnostic:
+        dataset = agnostic_split(dataset)
+        names = [AGNOSTIC_CLASS]
+    else:
+        names = class_space(dataset, models.metas, models.given)
     boards = _boards(dataset, models.metas["old"], clean, clean_templates, clean_auto, out_dir, seed)
 
     predictors = {role: Predictor(models.bundles[role], threads=threads) for role in ROLES}
     samples = [*dataset.samples, *boards]
     results, latency = run_interleaved(predictors, samples, progress)
     class_ids = {name: index for index, name in enumerate(names)}
+    if agnostic:  # every class of either model is the one class
+        class_ids = {name: 0 for role in ROLES for name in models.metas[role].class_names}
     records = {
         role: [to_record(s, r, class_ids) for s, r in zip(samples, results[role], strict=True)]
         for role in ROLES
@@ -195,7 +205,7 @@ def compare_models(
             "recaptured_from_templates": clean_auto,
             "count": len(boards),
         },
-        "classes": {"evaluated": names, "matching": models.class_note},
+        "classes": {"evaluated": names, "matching": models.class_note, "class_agnostic": agnostic},
         "models": {role: _model_entry(models, role, scores[role]) for role in ROLES},
         "latency": "milliseconds per image end to end through Predictor.predict (decode of the files, "
         "registration, letterbox, model, NMS, boxes to original pixels), both models in one process, "

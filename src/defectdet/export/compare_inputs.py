@@ -4,15 +4,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.errors import DatasetError, InputError
+from defectdet.runtime.anomaly_map import is_good_only
 from defectdet.runtime.bundle import BundleMetadata
 
 ROLES = ("old", "new")
+ANOMALY = "anomaly"  # the class of a good-parts-only model's boxes
+AGNOSTIC_CLASS = "defect"  # the one class of a class-agnostic comparison
 LABELS = {"old": "OLD", "new": "NEW"}
 
 
@@ -38,7 +42,8 @@ def check_comparable(old: BundleMetadata, new: BundleMetadata, old_path: Path, n
             )
     only_old = [name for name in old.class_names if name not in new.class_names]
     only_new = [name for name in new.class_names if name not in old.class_names]
-    if only_old:
+    agnostic = class_agnostic(old, new)
+    if only_old and not agnostic:
         problems.append(
             f"classes: only OLD detects {only_old}"
             + (f", only NEW detects {only_new}" if only_new else "")
@@ -48,11 +53,30 @@ def check_comparable(old: BundleMetadata, new: BundleMetadata, old_path: Path, n
         raise InputError(
             f"OLD {old_path} and NEW {new_path} cannot be compared on the same images: " + "; ".join(problems)
         )
+    if agnostic:
+        role = "OLD" if is_good_only(old) else "NEW"
+        return (
+            f"class-agnostic: {role} is a good-parts-only model (boxes of one class, {ANOMALY!r}), OLD detects "
+            f"{old.class_names} and NEW {new.class_names}; every box of either model and of the labels counts as "
+            f"one class, {AGNOSTIC_CLASS!r} (mAP, escapes and disagreements ignore the class)"
+        )
     if only_new:
         return f"NEW adds {only_new} to OLD's classes; classes are matched by name (OLD cannot detect the new ones)"
     if old.class_names != new.class_names:
         return "same classes in another order; matched by name"
     return "identical class lists"
+
+
+def class_agnostic(old: BundleMetadata, new: BundleMetadata) -> bool:
+    """Whether the comparison ignores classes: one model is good-parts-only (it knows no defect class) and the
+    two class lists differ (a detector trained from its reviewed boxes names real classes)."""
+    return (is_good_only(old) or is_good_only(new)) and old.class_names != new.class_names
+
+
+def agnostic_split(dataset: DatasetSplit) -> DatasetSplit:
+    """`dataset` with every box of one class, `AGNOSTIC_CLASS`."""
+    samples = [replace(sample, classes=np.zeros_like(sample.classes)) for sample in dataset.samples]
+    return replace(dataset, samples=samples, class_names=[AGNOSTIC_CLASS])
 
 
 def _channels(channels: int) -> str:

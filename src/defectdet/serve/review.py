@@ -234,6 +234,21 @@ class ReviewFolder:
                 return candidate
         return None
 
+    def add_folder_classes(self) -> None:
+        """Append the names of `classes.txt` that the class list lacks (after the served model's classes): how
+        an operator names real defect classes for a model that has none of them (a good-parts-only model's
+        "anomaly"). Existing class ids never move."""
+        path = self.root / "classes.txt"
+        if self.class_names is None or not path.is_file():
+            return
+        try:
+            names = [line.strip() for line in read_text_file(path).splitlines() if line.strip()]
+        except (OSError, DefectDetError):
+            return
+        self.class_names = self.class_names + [
+            name for name in dict.fromkeys(names) if name not in self.class_names
+        ]
+
     def _find_class_names(self) -> list[str]:
         classes = self.root / "classes.txt"
         if classes.is_file():
@@ -377,6 +392,7 @@ class ReviewFolder:
         return entry
 
     def listing(self) -> dict[str, Any]:
+        self.add_folder_classes()
         self.refresh_decisions()
         items = [self.item(image) for image in self.images()]
         counts: dict[str, int] = {"items": len(items), "broken": 0, "label_errors": 0}
@@ -423,6 +439,7 @@ class ReviewFolder:
         `version`: the image's version the decision was made on (the listing's `version`); when another
         decision was saved on the image since, nothing is written and the answer is 409. None skips the check."""
         image = self.image_path(name)
+        self.add_folder_classes()
         if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 0):
             raise UploadError(422, f"version must be a whole number >= 0 (the listing's), got {version!r}")
         if action not in ACTIONS:

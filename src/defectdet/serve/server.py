@@ -27,6 +27,7 @@ from defectdet.serve.guards import AccessGuard, JSONErrors, RequestMetrics
 from defectdet.serve.json_body import JSONBodyLimit
 from defectdet.serve.model_routes import models_router
 from defectdet.serve.review import review_router
+from defectdet.serve.review_map import AnomalyMaps, anomaly_map_router
 from defectdet.serve.routes import (
     STATIC_DIR,
     add_error_handlers,
@@ -94,6 +95,8 @@ def create_app(
     add_monitoring_routes(app, service)
     if service.review is not None:
         app.include_router(review_router(service.review))
+        maps = AnomalyMaps(service.review, lambda: service.predictor)
+        app.include_router(anomaly_map_router(maps))
     app.include_router(models_router(service.deployment))
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

@@ -456,6 +456,7 @@ function draw() {
   context.imageSmoothingEnabled = state.view.s < 1; // enlarged pixels stay sharp: a thin scratch is not blurred
   const [ox, oy] = toScreen(0, 0);
   context.drawImage(state.image, ox, oy, state.image.width * state.view.s, state.image.height * state.view.s);
+  drawAnomalyMap(context, ox, oy);  // under the boxes
   context.font = "12px system-ui, sans-serif";
   let visible = 0, hidden = 0;
   // near misses first, operator labels last (on top)
@@ -813,5 +814,60 @@ $("export").addEventListener("click", async () => {
     setStatus(`wrote ${body.path}, but the download failed: ${error.message}`, true);
   }
 });
+
+// ------------------------------------------------------------------ anomaly map (good-parts-only models)
+// The served model's map of the image shown, under the boxes: transparent where the image looks like the good
+// parts, yellow to red up to and above the threshold. Offered only when the live model is good-parts-only;
+// fetched once per image while the layer is on (checkbox or m).
+const anomalyMap = { available: false, on: true, name: null, image: null };
+
+function drawAnomalyMap(context, ox, oy) {
+  const item = state.items[state.index];
+  if (!anomalyMap.available || !anomalyMap.on || !item || !state.image) return;
+  if (anomalyMap.name !== item.name) { loadAnomalyMap(item.name); return; }
+  if (!anomalyMap.image) return;
+  context.save();
+  context.imageSmoothingEnabled = true;  // the map is coarser than the image: smooth it
+  context.drawImage(anomalyMap.image, ox, oy, state.image.width * state.view.s, state.image.height * state.view.s);
+  context.restore();
+}
+
+async function loadAnomalyMap(name) {
+  anomalyMap.name = name;
+  anomalyMap.image = null;
+  $("canvas").dataset.anomalyMap = "loading";
+  const loaded = await fetchImage("/v1/review/map/" + encodeURIComponent(name));
+  if (anomalyMap.name !== name) return;  // the operator moved on meanwhile
+  anomalyMap.image = loaded.image;
+  $("canvas").dataset.anomalyMap = loaded.image ? "shown" : "failed";
+  if (!loaded.image) setStatus("anomaly map: " + loaded.error, true);
+  draw();
+}
+
+function toggleAnomalyMap(on) {
+  anomalyMap.on = on;
+  $("show-map").checked = on;
+  if (!on) $("canvas").dataset.anomalyMap = "off";
+  else if (anomalyMap.image) $("canvas").dataset.anomalyMap = "shown";
+  draw();
+}
+
+async function offerAnomalyMap() {
+  const { ok, body } = await getJson("/v1/review/map");
+  anomalyMap.available = ok && body.available === true;
+  $("map-toggle").hidden = !anomalyMap.available;
+  if (anomalyMap.available) draw();
+}
+
+$("show-map").addEventListener("change", (event) => toggleAnomalyMap(event.target.checked));
+document.addEventListener("keydown", (event) => {
+  const tag = (event.target && event.target.tagName) || "";
+  if (tag === "INPUT" && event.target.type !== "range" && event.target.type !== "checkbox" || tag === "TEXTAREA" || tag === "SELECT") return;
+  if (event.key === "m" && anomalyMap.available && !event.ctrlKey && !event.metaKey && !event.altKey) {
+    toggleAnomalyMap(!anomalyMap.on);
+    event.preventDefault();
+  }
+});
+offerAnomalyMap();
 
 loadFolder();
