@@ -4,7 +4,8 @@ by command, and a command that fails (non-zero exit) fails the test.
 The blocks of one page run in order, in one temporary folder that holds, before the first block, what the pages
 call the reader's files (`PREPARED`): `line3/` (`defectdet synth line3` with 8 small boards and their templates),
 `board.jpg` and `golden.jpg` (a board and its template), `incoming/*.jpg` and `golden/` (boards and their
-templates by file name). `defectdet` is the one of this environment. Each command runs in bash with `pipefail`,
+templates by file name); for the good-parts-only guide `good_parts/` (defect-free surfaces), `new_parts/` (two of
+them with a defect) and `reviewed/` (the review page's download after an operator accepted boxes as "scratch"). `defectdet` is the one of this environment. Each command runs in bash with `pipefail`,
 `$CHECKOUT` (the repository root) and `$PORT` (a free port on 127.0.0.1) set.
 
 The text of a command is never changed silently. What makes it short or safe here is written in the page, in
@@ -16,6 +17,8 @@ HTML comments (invisible on the rendered page) right above the block, one rule p
 - `<!-- test: background -->`: the block's first command runs in the background (a service); the others run
   once it accepts connections on `$PORT`, then it is stopped.
 - `<!-- test: output has "TEXT" -->`: the block's commands together print TEXT.
+- `<!-- test: may exit N -->`: a command of the block may also exit with N (a verdict such as compare's "keep
+  OLD", not a failure).
 - `<!-- test: skip: REASON -->`: the block does not run (REASON is required).
 
 Pages whose commands train, serve or run the demo are marked `slow` (`pytest -m "not slow"` leaves them out).
@@ -37,11 +40,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs" / "getting-started").glob("*.md"))]
+PAGES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs" / "getting-started").glob("*.md")),
+    ROOT / "docs" / "guides" / "good-parts-only.md",
+]
 _BLOCK = re.compile(r"^```(?:bash|sh)[ \t]*\n(.*?)^```", re.S | re.M)
 _MARKER = re.compile(r"^<!--\s*test:\s*(.*?)\s*-->[ \t]*$")
 _REPLACE = re.compile(r'^"(.+?)"\s*->\s*"(.*?)"$')
 _OUTPUT = re.compile(r'^output has "(.+)"$')
+_EXIT = re.compile(r"^may exit (\d+)$")
 SLOW_COMMANDS = re.compile(r"^defectdet (train|demo|serve)\b", re.M)
 COMMAND_TIMEOUT_S = 300
 SERVICE_START_S = 90
@@ -58,6 +66,7 @@ class Block:
     replacements: list[tuple[str, str]] = field(default_factory=list)
     expected: list[str] = field(default_factory=list)
     in_checkout: bool = False
+    exit_codes: set[int] = field(default_factory=lambda: {0})
     background: bool = False
     skip: str | None = None
 
@@ -80,6 +89,8 @@ def _apply_rule(block: Block, rule: str) -> None:
         block.replacements.append((replace.group(1), replace.group(2)))
     elif output := _OUTPUT.match(rule):
         block.expected.append(output.group(1))
+    elif code := _EXIT.match(rule):
+        block.exit_codes.add(int(code.group(1)))
     elif rule == "in the checkout":
         block.in_checkout = True
     elif rule == "background":
@@ -114,8 +125,10 @@ def test_the_rules_above_a_block_are_read() -> None:
         'x\n<!-- test: "--time 20" -> "--time 0.05" -->\n<!-- test: background -->\n\n```bash\n'
         "# a comment\ndefectdet train a \\\n  --time 20 --out r   # trains\n\n```\n\ntext\n```bash\nls\n```\n"
         "<!-- test: skip: needs the line's camera -->\n```sh\ncapture\n```\n"
+        "<!-- test: may exit 1 -->\n```bash\ndefectdet compare a b c\n```\n"
     )
-    first, second, third = shell_blocks(text)
+    first, second, third, fourth = shell_blocks(text)
+    assert first.exit_codes == {0} and fourth.exit_codes == {0, 1}
     assert first.rules == ['"--time 20" -> "--time 0.05"', "background"] and first.background
     assert first.commands() == ["defectdet train a --time 0.05 --out r   # trains"]
     assert second.rules == [] and second.commands() == ["ls"]
@@ -172,7 +185,39 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
             assert cv2.imwrite(str(target), cv2.imread(str(source), cv2.IMREAD_UNCHANGED))
     shutil.copy(folder / "incoming" / name, folder / "board.jpg")
     shutil.copy(folder / "golden" / name, folder / "golden.jpg")
+    _good_parts(folder)
     return folder
+
+
+def _good_parts(folder: Path) -> None:
+    """good_parts/ (8 defect-free surfaces), new_parts/ (2 defect-free, 2 with a bright patch) and reviewed/:
+    6 parts with a patch, each accepted on the review page as "scratch" (what its download unpacks to)."""
+    import cv2
+
+    from defectdet.data.synth import generate_surface
+    from defectdet.serve.review import ReviewFolder
+
+    def part(index: int, shift: int | None):
+        """A surface; with `shift`, a bright 24 x 20 patch `shift` pixels right of (24, 24)."""
+        image = generate_surface(7, index, 96, 96, materials=("cast",), clean=True).clean.copy()
+        if shift is not None:
+            image[24:44, 24 + shift : 48 + shift] = 255
+        return image
+
+    for sub in ("good_parts", "new_parts", "reviewed/images"):
+        (folder / sub).mkdir(parents=True)
+    for index in range(8):
+        cv2.imwrite(str(folder / "good_parts" / f"good_{index}.png"), part(index, None))
+    for index in range(4):
+        cv2.imwrite(
+            str(folder / "new_parts" / f"part_{index}.png"), part(20 + index, 8 if index >= 2 else None)
+        )
+    review = ReviewFolder(folder / "reviewed", ["anomaly", "scratch"], "olga")
+    for index in range(6):
+        shift = index % 3 * 8
+        cv2.imwrite(str(folder / "reviewed" / "images" / f"kept_{index}.png"), part(40 + index, shift))
+        box = [24 + shift, 24, 48 + shift, 44]
+        review.decide(f"kept_{index}.png", "accept", [{"class_id": 1, "box": box}])
 
 
 def _free_port() -> int:
@@ -188,7 +233,7 @@ def _environment(port: int) -> dict[str, str]:
     return env
 
 
-def _run(command: str, cwd: Path, env: dict[str, str], where: str) -> str:
+def _run(command: str, cwd: Path, env: dict[str, str], where: str, exit_codes: set[int] | None = None) -> str:
     done = subprocess.run(
         ["bash", "-o", "pipefail", "-c", command],
         cwd=cwd,
@@ -198,7 +243,7 @@ def _run(command: str, cwd: Path, env: dict[str, str], where: str) -> str:
         timeout=COMMAND_TIMEOUT_S,
         check=False,
     )
-    assert done.returncode == 0, (
+    assert done.returncode in (exit_codes or {0}), (
         f"{where}: `{command}` exited with {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     )
     return done.stdout
@@ -247,7 +292,7 @@ def _run_block(block: Block, folder: Path) -> None:
     commands = block.commands()
     service = _start_service(commands.pop(0), cwd, env, where) if block.background else None
     try:
-        printed = "".join(_run(command, cwd, env, where) for command in commands)
+        printed = "".join(_run(command, cwd, env, where, block.exit_codes) for command in commands)
     finally:
         if service is not None:
             _stop(service)
