@@ -520,3 +520,47 @@ def test_the_cap_deletes_undecided_items_before_decided_ones(tmp_path: Path) -> 
     assert capture.write(_next_board()) is not None and capture.counts["evicted"] == 1
     left = sorted(path.name for path in (tmp_path / "images").iterdir())
     assert oldest in left and second not in left and newest in left
+
+
+# ------------------------------------------------------------------ the uploaded file name
+def test_the_uploaded_file_name_is_kept_sanitised_and_listed_for_review(
+    keep_client: TestClient, tmp_path: Path
+) -> None:
+    sent = {
+        "C:\\line3\\part-0042.png": "part-0042.png",  # a whole Windows path: its last part
+        "../../etc/part\x1b-7\u202e\u200b.png": "part-7.png",  # no path, no control or invisible characters
+        "p" * 1000 + ".png": "p" * 156 + ".png",  # bounded, the end kept
+    }
+    for name in sent:
+        response = keep_client.post("/v1/detect", files={"image": (name, encode(board(3)), "image/png")})
+        assert response.status_code == 200 and response.json()["kept"] is True, response.text
+    keep_client.app.state.service.capture.drain()
+    sidecars = [json.loads(path.read_text()) for path in (tmp_path / "kept" / "predictions").iterdir()]
+    assert sorted(sidecar["upload_name"] for sidecar in sidecars) == sorted(sent.values())
+    items = keep_client.get("/v1/review/items").json()["items"]
+    assert sorted(item["upload_name"] for item in items) == sorted(sent.values())
+    assert all(
+        item["captured"].endswith("Z") and item["name"].startswith(item["captured"][:4]) for item in items
+    )
+
+
+def test_the_review_listing_is_sorted_by_capture_time_then_uploaded_name(tmp_path: Path) -> None:
+    from defectdet.serve.review import ReviewFolder
+
+    uploads = {  # file name -> (capture time, uploaded name): the file names sort otherwise
+        "a.png": (1_700_000_200.0, "part-3.png"),
+        "b.png": (1_700_000_100.0, "part-9.png"),
+        "c.png": (1_700_000_300.0, "part-2.png"),
+        "d.png": (1_700_000_300.4, "part-1.png"),  # the same second as c.png: by the uploaded name
+    }
+    for sub in ("images", "predictions"):
+        (tmp_path / sub).mkdir()
+    for name, (when, uploaded) in uploads.items():
+        (tmp_path / "images" / name).write_bytes(encode(board(1)))
+        sidecar = {"time": when, "upload_name": uploaded, "reasons": ["all"]}
+        (tmp_path / "predictions" / f"{Path(name).stem}.json").write_text(json.dumps(sidecar))
+    (tmp_path / "images" / "e.png").write_bytes(encode(board(2)))  # no sidecar: no capture time, first
+    items = ReviewFolder(tmp_path, ["open", "short"]).listing()["items"]
+    assert [item["name"] for item in items] == ["e.png", "b.png", "a.png", "d.png", "c.png"]
+    assert [item["captured"] for item in items[:2]] == [None, "2023-11-14T22:15:00Z"]
+    assert items[0]["upload_name"] is None and items[1]["upload_name"] == "part-9.png"

@@ -50,7 +50,7 @@ from defectdet.data.imageio import IMAGE_SUFFIXES, read_image, read_image_size, 
 from defectdet.errors import DefectDetError
 from defectdet.serve.capture import COMPANIONS_DIR, DECISIONS, REVIEW_LOCK, atomic_write, folder_lock
 from defectdet.serve.review_download import write_dataset_zip
-from defectdet.serve.upload import UploadError, visible_name
+from defectdet.serve.upload import UploadError, upload_name, visible_name
 
 ACTIONS = ("accept", "edit", "clean", "skip")
 LABELLED = frozenset({"accept", "edit", "clean"})
@@ -356,6 +356,8 @@ class ReviewFolder:
             entry.update(status=decision.action, operator=decision.operator, decided=decision.time)
         sidecar = self.sidecar(image) or {}
         entry["reasons"] = sidecar.get("reasons", [])
+        entry["upload_name"] = upload_name(sidecar.get("upload_name"))  # the client's file name: the part
+        entry["captured"] = _capture_time(sidecar.get("time"))
         entry["verdict"] = sidecar.get("verdict")
         entry["threshold"] = sidecar.get("threshold", sidecar.get("stored_threshold"))
         entry["template"] = self.template_path(image) is not None
@@ -395,6 +397,9 @@ class ReviewFolder:
         self.add_folder_classes()
         self.refresh_decisions()
         items = [self.item(image) for image in self.images()]
+        # by capture time, then the name the part was uploaded as (the ones kept in one second in the line's
+        # order), then the file name; images without a capture time first, by file name
+        items.sort(key=lambda entry: (entry["captured"] or "", entry["upload_name"] or "", entry["name"]))
         counts: dict[str, int] = {"items": len(items), "broken": 0, "label_errors": 0}
         for entry in items:
             counts[entry["status"]] = counts.get(entry["status"], 0) + 1
@@ -644,6 +649,13 @@ class ReviewFolder:
             "annotations": len(annotations),
             "problems": problems,
         }
+
+
+def _capture_time(value: Any) -> str | None:
+    """A sidecar's capture time (seconds since the epoch) as `2026-12-07T21:15:07Z`; None when it is none."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 253402300800:
+        return None  # not a time, or past the year 9999
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
 
 
 def held_out_count(reviewed: int) -> int:

@@ -33,7 +33,7 @@ from defectdet.serve.metrics import ServiceMetrics
 from defectdet.serve.review import ReviewFolder
 from defectdet.serve.servable import ServablePredictor
 from defectdet.serve.settings import ServeSettings
-from defectdet.serve.upload import Part, UploadError, read_form
+from defectdet.serve.upload import Part, UploadError, read_form, upload_name
 from defectdet.serve.workers import DriftBroadcast
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class Upload:
     image: bytes
     template: bytes | None = None
     companions: Mapping[str, bytes] = field(default_factory=dict)
+    filename: str | None = None  # the image's file name as the client sent it (kept, sanitised, in the sidecar)
 
 
 class Service:
@@ -258,6 +259,7 @@ class Service:
                     "class_names": list(live.metadata.class_names),
                     "stored_threshold": stored,
                     "keep_margin": self.settings.keep_margin,
+                    "upload_name": upload_name(upload.filename),
                     **result.to_dict(),
                     "drift": drift,
                 }
@@ -350,7 +352,8 @@ class Service:
                     f"this bundle also takes the aligned capture {name!r}: send it as the form field {name!r}",
                 )
         companions = {name: bytes(form[name].data) for name in self.metadata.companions}
-        return Upload(bytes(form["image"].data), template, companions), conf
+        image = form["image"]
+        return Upload(bytes(image.data), template, companions, image.filename), conf
 
     async def _run(
         self, upload: Upload, conf: float | None

@@ -23,6 +23,20 @@ def visible_name(text: object, limit: int = 80) -> str:
     return " ".join(shown.split())[:limit]
 
 
+MAX_UPLOAD_NAME = 160  # characters of a client's file name kept beside a kept image
+
+
+def upload_name(filename: object) -> str | None:
+    """A client's file name for an upload as it is kept and shown: its last path part (some clients send a
+    whole path), no control or invisible characters, at most `MAX_UPLOAD_NAME` characters (the end, with the
+    extension, kept); None when nothing is left."""
+    if not isinstance(filename, str):
+        return None
+    last = filename.replace("\\", "/").rsplit("/", 1)[-1]
+    shown = visible_name(last, limit=len(last))[-MAX_UPLOAD_NAME:].strip()
+    return shown if shown.strip(".") else None
+
+
 class UploadError(Exception):
     """A request the service refuses: `status` is the HTTP status, the message one line."""
 

@@ -176,7 +176,7 @@ function renderList() {
     const label = broken ? "error" : STATUS_NAMES[item.status] || item.status;
     const reasons = (item.reasons || []).join(", ");
     return `<li data-index="${i}" data-status="${escapeHtml(statusOf(item))}" class="${i === state.index ? "current" : ""} ${broken ? "error" : ""}" ` +
-      `title="${escapeHtml(item.error || item.label_error || item.name)}"><span class="name">${escapeHtml(item.name)}</span>` +
+      `title="${escapeHtml(item.error || item.label_error || [item.name, item.upload_name].filter(Boolean).join(" · uploaded as "))}"><span class="name">${escapeHtml(item.name)}</span>` +
       `<span class="state">${escapeHtml(label)}${reasons ? " · kept: " + escapeHtml(reasons) : ""}</span></li>`;
   }).join("");
   $("list-count").textContent = `${listed} of ${state.items.length} listed`;
@@ -226,6 +226,8 @@ function renderItemHead(item) {
   $("item-status").textContent = STATUS_NAMES[item.status] || item.status;
   $("item-status").className = "badge " + item.status;
   const info = [];
+  if (item.upload_name) info.push("uploaded as " + item.upload_name);
+  if (item.captured) info.push("captured " + item.captured);
   if (item.verdict) info.push("model: " + item.verdict);
   if (item.reasons && item.reasons.length) info.push("kept: " + item.reasons.join(", "));
   if (item.operator) info.push(`decided by ${item.operator} ${item.decided || ""}`);
