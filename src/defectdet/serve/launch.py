@@ -45,6 +45,7 @@ def uvicorn_config(
         header_timeout_s=settings.header_timeout_s,
         max_connections=settings.connection_limit,
         retry_after_s=settings.retry_after_s,
+        body_timeout_s=settings.body_timeout_s,
     )
     return uvicorn.Config(
         app,

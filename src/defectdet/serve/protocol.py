@@ -1,5 +1,9 @@
-"""The service's HTTP protocol: uvicorn's h11 protocol with a request-head timeout, a connection limit that
-leaves the health probes answering, and JSON bodies on its own refusals. No torch import.
+"""The service's HTTP protocol: uvicorn's h11 protocol with a request-head timeout, a request-body time limit,
+a connection limit that leaves the health probes answering, and JSON bodies on its own refusals.
+
+The body limit is here, below every route and middleware, because a slow body holds a connection whatever the
+route does with it: a route that answers without reading the body (a 401, a 405) leaves the connection open, and
+each trickled byte restarts uvicorn's keep-alive timer. No torch import.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from defectdet.serve.answers import error_body, send_error
 from defectdet.serve.guards import HEALTH_ROUTES
 
 logger = logging.getLogger(__name__)
+
+BODY_GRACE_S = 5.0  # a request body's first seconds, before its pace is checked
+MIN_BODY_RATE = 1024  # bytes per second a body must average after BODY_GRACE_S
 
 
 class ConnectionLimit:
@@ -47,8 +54,10 @@ class ConnectionLimit:
 
 class ServiceProtocol(H11Protocol):
     """uvicorn's h11 protocol with: a request-head timeout (h11 has none: a socket that sends nothing, or
-    trickles its headers, is closed after `header_timeout_s`), the connection limit of `ConnectionLimit`
-    (health probes exempt) and a JSON body on its own 400 for malformed HTTP."""
+    trickles its headers, is closed after `header_timeout_s`), a request-body time limit (a body slower than
+    `MIN_BODY_RATE` on average after `BODY_GRACE_S`, or not whole after `body_timeout_s`, gets a JSON 408 and
+    the connection is closed), the connection limit of `ConnectionLimit` (health probes exempt) and a JSON
+    body on its own 400 for malformed HTTP."""
 
     def __init__(
         self,
@@ -60,12 +69,19 @@ class ServiceProtocol(H11Protocol):
         header_timeout_s: float = 10.0,
         max_connections: int = 74,
         retry_after_s: int = 1,
+        body_timeout_s: float = 30.0,
     ) -> None:
         super().__init__(config, server_state, app_state if app_state is not None else {}, _loop)
         self.limit_concurrency = None  # ours below: JSON, health probes exempt
         self.app = ConnectionLimit(self.app, self, max_connections, retry_after_s)
         self.header_timeout_s = header_timeout_s
         self.head_timer: asyncio.TimerHandle | None = None
+        self.body_timeout_s = body_timeout_s
+        self.body_timer: asyncio.TimerHandle | None = None
+        self.body_started: float | None = (
+            None  # loop time the current request's body began, None: no body due
+        )
+        self.body_bytes = 0  # bytes received since
 
     def _arm_head_timer(self) -> None:
         self._cancel_head_timer()
@@ -88,26 +104,77 @@ class ServiceProtocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._end_body_watch()
         super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.body_started is not None:
+            self.body_bytes += len(data)
+        super().data_received(data)
 
     def handle_events(self) -> None:
         super().handle_events()
         if self.conn.their_state is not h11.IDLE:  # a request head arrived
             self._cancel_head_timer()
+        if self.conn.their_state is h11.SEND_BODY:
+            if self.body_started is None:
+                self.body_started, self.body_bytes = self.loop.time(), 0
+                self.body_timer = self.loop.call_later(
+                    min(BODY_GRACE_S, self.body_timeout_s), self._check_body
+                )
+        elif self.body_started is not None:  # the body is complete (or the connection is gone)
+            self._end_body_watch()
+
+    def _end_body_watch(self) -> None:
+        if self.body_timer is not None:
+            self.body_timer.cancel()
+            self.body_timer = None
+        self.body_started = None
+
+    def _check_body(self) -> None:
+        """Refuse a body behind its pace; else look again when the bytes received so far run out of time."""
+        self.body_timer = None
+        if self.body_started is None or self.transport.is_closing():
+            return
+        elapsed = self.loop.time() - self.body_started
+        allowed = min(self.body_timeout_s, BODY_GRACE_S + self.body_bytes / MIN_BODY_RATE)
+        if elapsed < allowed or (self.flow.read_paused and elapsed < self.body_timeout_s):
+            # on time, or uvicorn stopped reading (the app has not taken the bytes yet): not the client's fault
+            self.body_timer = self.loop.call_later(max(allowed - elapsed, 0.25), self._check_body)
+            return
+        reason = (
+            f"the request body arrives too slowly: {self.body_bytes:,} bytes in {elapsed:.1f} s (a body must "
+            f"arrive at {MIN_BODY_RATE:,} bytes/s or more after its first {BODY_GRACE_S:g} s, and whole within "
+            f"{self.body_timeout_s:g} s)"
+        )
+        logger.info("408: %s", reason)
+        self._end_body_watch()
+        cycle = self.cycle
+        if cycle is not None:  # the app's receive() sees a disconnect, its answer goes nowhere
+            cycle.disconnected = True
+            cycle.message_event.set()
+        if self.conn.our_state is h11.SEND_RESPONSE:
+            self._answer_and_close(408, b"Request Timeout", reason)
+        else:  # the app answered already
+            self.transport.close()
 
     def on_response_complete(self) -> None:
         self._arm_head_timer()  # the next request's head must come in time too (keep-alive)
         super().on_response_complete()
 
     def send_400_response(self, msg: str) -> None:
-        body = error_body(400, f"malformed HTTP request: {msg}")
+        self._answer_and_close(400, b"Bad Request", f"malformed HTTP request: {msg}")
+
+    def _answer_and_close(self, status: int, phrase: bytes, reason: str) -> None:
+        """A JSON error written straight on the connection (no app involved), which is then closed."""
+        body = error_body(status, reason)
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
             (b"connection", b"close"),
         ]
         for event in (
-            h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+            h11.Response(status_code=status, headers=headers, reason=phrase),
             h11.Data(data=body),
         ):
             self.transport.write(self.conn.send(event))

@@ -29,7 +29,8 @@ class ServeSettings:
     threads: int | None = None  # onnxruntime intra-op threads of the process's one session (its concurrent
     # inferences share that pool) when the app loads the bundle itself
     retry_after_s: int = 1
-    body_timeout_s: float = 30.0  # a client that trickles its upload longer than this gets 408
+    body_timeout_s: float = 30.0  # a request body (any route) not whole by then gets 408, as does one that
+    # arrives slower than serve.protocol.MIN_BODY_RATE after its first seconds
     history: int = 50  # results kept for the page
     token: str | None = field(default=None, repr=False)
     allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
@@ -65,8 +66,8 @@ class ServeSettings:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
-        if self.header_timeout_s <= 0 or self.keep_alive_s <= 0:
-            raise ValueError("header_timeout_s and keep_alive_s must be > 0")
+        if self.header_timeout_s <= 0 or self.keep_alive_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError("header_timeout_s, body_timeout_s and keep_alive_s must be > 0")
         if self.token is not None and not self.token.strip():
             raise ValueError("the token is empty")
         object.__setattr__(self, "allowed_hosts", tuple(host.lower() for host in self.allowed_hosts))
