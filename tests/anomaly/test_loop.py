@@ -123,6 +123,32 @@ def test_the_review_page_gets_the_map_and_named_classes(good_only_bundle: Path, 
     assert '2: "blob"' in (kept / "data.yaml").read_text()
 
 
+def test_an_image_that_cannot_be_drawn_is_a_clear_4xx(good_only_bundle: Path, tmp_path: Path) -> None:
+    """An undecodable kept image is a 422 naming it; one the keep cap deletes while the map is asked for is a
+    404, never a 500."""
+    from defectdet.runtime.predictor import Predictor
+    from defectdet.serve.review import ReviewFolder
+    from defectdet.serve.review_map import AnomalyMaps
+    from defectdet.serve.upload import UploadError
+
+    class CapDeletes(ReviewFolder):
+        def image_path(self, name: str) -> Path:
+            path = super().image_path(name)
+            path.unlink()  # the cap runs between the name check and the read
+            return path
+
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "torn.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
+    cv2.imwrite(str(tmp_path / "images" / "part.png"), _defective(53))
+    predictor = Predictor(good_only_bundle)
+    with pytest.raises(UploadError) as torn:
+        AnomalyMaps(ReviewFolder(tmp_path, ["anomaly"]), lambda: predictor).overlay("torn.png")
+    assert torn.value.status == 422 and "torn.png" in torn.value.reason
+    with pytest.raises(UploadError) as gone:
+        AnomalyMaps(CapDeletes(tmp_path, ["anomaly"]), lambda: predictor).overlay("part.png")
+    assert gone.value.status == 404 and "part.png" in gone.value.reason
+
+
 def test_no_map_is_offered_for_a_detector(detector_like: Path, tmp_path: Path) -> None:
     from defectdet.serve.server import create_app
     from defectdet.serve.settings import ServeSettings

@@ -44,7 +44,10 @@ class AnomalyMaps:
         if not is_good_only(predictor.metadata):
             raise UploadError(404, "the served model is not a good-parts-only model: it has no anomaly map")
         image = self.folder.image_path(name)
-        stat = image.stat()
+        try:
+            stat = image.stat()
+        except OSError:  # the keep folder's cap deleted it just now
+            raise UploadError(404, f"no image {name[:80]!r} in this folder") from None
         key = (id(predictor), image.name, stat.st_size, stat.st_mtime_ns)
         with self._lock:
             if key in self._cache:
