@@ -137,10 +137,24 @@ def _saved_one_more(page, action) -> None:
     _saved(page, count + 1)
 
 
+def _proposals(page) -> int:
+    """The model's proposals on the image shown, under the score slider or not."""
+    count = {
+        key: int(page.get_attribute("#canvas", f"data-{key}") or 0) for key in ("boxes", "hidden", "labels")
+    }
+    return count["boxes"] + count["hidden"] - count["labels"]
+
+
+def _clear_proposals(page) -> None:
+    """Clear the model's proposals (saved when there are any)."""
+    if _proposals(page):
+        _saved_one_more(page, lambda: page.click("#clear-proposals"))
+
+
 def _label_truly(page, truth: list[list[float]]) -> None:
     """Clear the model's proposals, then draw each true box after pressing its class key."""
     width, height = json.loads(page.get_attribute("#canvas", "data-size"))
-    page.click("#clear-proposals")
+    _clear_proposals(page)
     for class_id, cx, cy, w, h in truth:
         start = ((cx - w / 2) * width, (cy - h / 2) * height)
         end = ((cx + w / 2) * width, (cy + h / 2) * height)
@@ -159,25 +173,57 @@ def _shown_item(page, kept: Path, previous: str | None) -> tuple[str, str]:
     return name, hashlib.sha256((kept / "images" / name).read_bytes()).hexdigest()
 
 
+def _tab(browser, url: str):  # noqa: ANN001, ANN202
+    """The review page in a new tab, the operator's name typed."""
+    page = browser.new_page(viewport={"width": 1366, "height": 768})
+    page.on("dialog", lambda dialog: dialog.accept(TOKEN))
+    page.goto(url + "/review")
+    page.fill("#operator", "olga")
+    page.keyboard.press("Enter")
+    return page
+
+
 def _review(url: str, kept: Path, truth: dict[str, list[list[float]]]) -> list[str]:
     """As an operator: the first image gets its true boxes (class key, then draw), one box is clicked, dragged
-    away and the move undone (Ctrl+Z), then 'a' accepts; the second is left for later with 'n'; the next two get
-    their true boxes and 'a'. Returns the accepted images' names."""
+    away and the move undone (Ctrl+Z), then 'a' accepts; a second tab opened on that image before tries to decide
+    it clean: refused, the tab says so and shows the accept. The second image gets a stray 'a', taken back with
+    Ctrl+Z, and is left for later with 'n'. On the third the proposals are cleared and the page reloaded: they
+    stay cleared. The third and fourth get their true boxes and 'a'. Returns the accepted images' names."""
     accepted: list[str] = []
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1366, "height": 768})
-            page.on("dialog", lambda dialog: dialog.accept(TOKEN))
-            page.goto(url + "/review")
-            page.fill("#operator", "olga")
-            page.keyboard.press("Enter")
+            page = _tab(browser, url)
             name = None
             for step in range(4):
                 name, digest = _shown_item(page, kept, name)
+                if step == 0:
+                    stale = _tab(browser, url)  # the same image in another tab
+                    assert _shown_item(stale, kept, None)[0] == name
                 if step == 1:
-                    page.keyboard.press("n")
+                    _saved_one_more(page, lambda: page.keyboard.press("a"))  # a stray accept
+                    _shown_item(page, kept, name)
+                    _saved_one_more(page, lambda: page.keyboard.press("Control+z"))
+                    page.wait_for_function(
+                        f"() => document.getElementById('item-name').textContent === {json.dumps(name)}"
+                        " && document.getElementById('item-status').textContent === 'unreviewed'"
+                    )
+                    assert not (kept / "labels" / f"{Path(name).stem}.txt").exists()
+                    page.keyboard.press("n")  # left for later
                     continue
+                if step == 2:
+                    cleared = _proposals(page)
+                    _clear_proposals(page)
+                    page.reload()
+                    page.wait_for_function(
+                        "() => document.getElementById('canvas').dataset.size !== undefined"
+                    )
+                    page.locator("#items li", has_text=name).click()
+                    page.wait_for_function(
+                        f"() => document.getElementById('item-name').textContent === {json.dumps(name)}"
+                        " && document.getElementById('canvas').dataset.size !== undefined"
+                    )
+                    assert (_proposals(page), cleared > 0) == (0, True), "the cleared proposals came back"
                 _label_truly(page, truth[digest])
                 if step == 0:
                     width, height = json.loads(page.get_attribute("#canvas", "data-size"))
@@ -189,6 +235,14 @@ def _review(url: str, kept: Path, truth: dict[str, list[list[float]]]) -> list[s
                     _saved_one_more(page, lambda: page.keyboard.press("Control+z"))
                 _saved_one_more(page, lambda: page.keyboard.press("a"))
                 accepted.append(name)
+                if step == 0:  # the other tab read the image before the accept: its decision is refused
+                    stale.keyboard.press("c")
+                    stale.wait_for_function(f"() => document.body.dataset.stale === {json.dumps(name)}")
+                    assert "changed since you opened it" in stale.text_content("#status")
+                    stale.wait_for_function(
+                        "() => document.getElementById('item-status').textContent === 'accepted'"
+                    )
+                    stale.close()
             assert page.evaluate("document.scrollingElement.scrollWidth") <= 1366
         finally:
             browser.close()

@@ -3,6 +3,7 @@ input, the guards, and COCO export."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import zipfile
 from collections.abc import Iterator
@@ -450,3 +451,156 @@ def test_operator_names_lose_control_and_bidi_characters_before_the_log(
     assert entry["operator"] == "anna[2J Žofie 王"
     only_controls = _decide(client, "b.png", "clean", operator="\u202e\x1b\u200f")
     assert only_controls.status_code == 422 and "operator" in only_controls.json()["error"]
+
+
+def _item(client: TestClient, image: str) -> dict:
+    return next(i for i in client.get("/v1/review/items").json()["items"] if i["name"] == image)
+
+
+def test_a_stray_accept_is_undone_with_its_labels_and_status_and_stays_undone_after_a_reload(
+    client: TestClient, folder: Path
+) -> None:
+    """a.png: a box drawn (an edit), then a stray accept of 300 boxes. Undo restores the edit's label file and
+    status, and takes a.png out of reviewed.txt; a second undo takes back the edit (no label file, unreviewed,
+    the model's proposal shown again). A fresh ReviewFolder (a reload, another replica) reads the same; with
+    nothing left, undo is a 409."""
+    label = folder / "labels" / "a.txt"
+    drawn = _decide(client, "a.png", "edit", [{"class_id": 0, "box": [10, 10, 60, 50]}], version=0).json()
+    edited = label.read_bytes()
+    stray = [{"class_id": 1, "box": [x, 20, x + 5, 30]} for x in range(0, 180, 6)] * 10
+    accepted = _decide(client, "a.png", "accept", stray, version=drawn["version"]).json()
+    assert accepted["status"] == "accept" and accepted["undoable"] == "accept"
+    assert len(label.read_text().splitlines()) == 300 and "a.png" in (folder / "reviewed.txt").read_text()
+    undone = _decide(client, "a.png", "undo", version=accepted["version"])
+    assert undone.status_code == 200, undone.text
+    assert undone.json()["status"] == "edit" and undone.json()["undoable"] == "edit"
+    assert label.read_bytes() == edited and "a.png" not in (folder / "reviewed.txt").read_text()
+    again = ReviewFolder(folder).item(folder / "images" / "a.png")  # what a reload reads from the log
+    assert again["status"] == "edit" and again["version"] == 3 and again["undoable"] == "edit"
+    assert [box["box"] for box in again["boxes"]] == [[10, 10, 60, 50]]
+    stale = _decide(client, "a.png", "undo", version=accepted["version"])
+    assert stale.status_code == 409 and label.read_bytes() == edited  # the version check holds for undo too
+    first = _decide(client, "a.png", "undo", version=3).json()
+    assert first["status"] == "pending" and first["undoable"] is None and not label.exists()
+    assert first["boxes"] == first["predictions"] != []  # unreviewed: the model's proposal is shown again
+    nothing = _decide(client, "a.png", "undo", version=4)
+    assert nothing.status_code == 409 and "nothing to undo" in nothing.json()["error"]
+    log = _log(folder)
+    assert [entry["action"] for entry in log] == ["edit", "accept", "undo", "undo"]
+    assert log[2]["undid"] == {"action": "accept", "operator": "anna", "time": log[1]["time"]}
+
+
+def test_reset_brings_an_image_back_to_unreviewed_and_undo_restores_its_file_byte_for_byte(
+    client: TestClient, folder: Path
+) -> None:
+    """b.png has a hand-made label file with a bad line (and a byte that is not UTF-8): reset removes it, the
+    image is unreviewed again; undo puts the very bytes back."""
+    label = folder / "labels" / "b.txt"
+    label.write_bytes(BAD_LABEL.encode() + b"# \xff\n")
+    original = label.read_bytes()
+    reset = _decide(client, "b.png", "reset", version=0)
+    assert reset.status_code == 200, reset.text
+    assert reset.json()["status"] == "pending" and reset.json()["undoable"] == "reset" and not label.exists()
+    assert reset.json()["label_error"] is None and reset.json()["has_labels"] is False
+    undone = _decide(client, "b.png", "undo", version=1).json()
+    assert label.read_bytes() == original and undone["status"] == "pending"  # no decision, as before
+    assert undone["label_error"].startswith("labels/b.txt line 2")
+    accepted = _decide(client, "a.png", "accept", [{"class_id": 0, "box": [1, 1, 9, 9]}]).json()
+    assert accepted["boxes"] != accepted["predictions"]
+    assert _decide(client, "a.png", "reset").json()["boxes"] == accepted["predictions"]  # proposals again
+    assert not (folder / "labels" / "a.txt").exists() and (folder / "reviewed.txt").read_text() == ""
+    assert _decide(client, "notes.png", "reset").status_code == 200  # a broken image can be reset too
+
+
+def test_cleared_proposals_stay_cleared_after_a_reload_until_undone_or_reset(
+    client: TestClient, folder: Path
+) -> None:
+    cleared = _decide(client, "a.png", "edit", [], version=0, proposals_cleared=True).json()
+    assert cleared["proposals_cleared"] is True and cleared["boxes"] == [] and cleared["has_labels"] is True
+    assert (folder / "labels" / "a.txt").read_text() == ""
+    reopened = ReviewFolder(folder).item(folder / "images" / "a.png")  # the page opened again
+    assert reopened["proposals_cleared"] is True
+    drawn = _decide(client, "a.png", "edit", [{"class_id": 0, "box": [10, 10, 60, 50]}], version=1).json()
+    assert drawn["proposals_cleared"] is True  # still cleared after the next box
+    assert _decide(client, "a.png", "undo", version=2).json()["proposals_cleared"] is True
+    back = _decide(client, "a.png", "undo", version=3).json()  # the clear taken back
+    assert back["proposals_cleared"] is False and back["status"] == "pending"
+    assert not (folder / "labels" / "a.txt").exists()
+    _decide(client, "a.png", "edit", [], proposals_cleared=True)
+    assert _decide(client, "a.png", "reset").json()["proposals_cleared"] is False
+    bad = _decide(client, "a.png", "reset", proposals_cleared=True)
+    assert bad.status_code == 422 and "proposals_cleared" in bad.json()["error"]
+    assert _decide(client, "a.png", "edit", proposals_cleared="yes").status_code == 422
+
+
+def test_a_decision_logged_without_the_labels_before_it_is_not_undone_blindly(
+    client: TestClient, folder: Path
+) -> None:
+    line = {"time": "2026-01-01T00:00:00Z", "operator": "old", "image": "images/d.png", "action": "clean"}
+    (folder / "decisions.jsonl").write_text(json.dumps(line) + "\n")
+    (folder / "labels" / "d.txt").write_text("")
+    assert _item(client, "d.png")["undoable"] is None
+    refused = _decide(client, "d.png", "undo", version=1)
+    assert refused.status_code == 409 and "cannot be undone" in refused.json()["error"]
+    assert (folder / "labels" / "d.txt").read_text() == "" and len(_log(folder)) == 1
+
+
+def test_a_decision_waiting_for_the_folder_lock_does_not_stall_the_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process holds the review folder's lock: a decision waits for it in a worker thread while
+    /healthz and the review listing answer; once the lock is released the decision is saved."""
+    import socket
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+
+    from defectdet.serve import review
+    from defectdet.serve.capture import folder_lock
+
+    kept = make_folder(tmp_path / "kept")
+    waiting = threading.Event()
+
+    @contextlib.contextmanager
+    def observed_lock(path: Path) -> Iterator[None]:
+        waiting.set()  # the decision is about to wait for the lock
+        with folder_lock(path):
+            yield
+
+    monkeypatch.setattr(review, "folder_lock", observed_lock)
+    app = create_app(FakePredictor(), ServeSettings(keep=("flagged",), keep_dir=str(kept)))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
+    url = f"http://127.0.0.1:{port}"
+    answers: list[httpx.Response] = []
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert time.monotonic() < deadline, "the service did not start"
+            time.sleep(0.02)
+        payload = {"image": "d.png", "action": "clean", "operator": "anna", "version": 0}
+        decide = threading.Thread(
+            target=lambda: answers.append(
+                httpx.post(url + "/v1/review/decide", json=payload, headers=POST_HEADERS, timeout=60)
+            )
+        )
+        with folder_lock(kept / review.REVIEW_LOCK):  # another process deciding
+            decide.start()
+            assert waiting.wait(20), "the decision never reached the lock"
+            health = httpx.get(url + "/healthz", timeout=10)
+            listing = httpx.get(url + "/v1/review/items", timeout=10)
+            assert decide.is_alive() and not answers  # still waiting for the lock
+        assert health.status_code == 200 and listing.status_code == 200
+        assert next(i for i in listing.json()["items"] if i["name"] == "d.png")["status"] == "pending"
+        decide.join(30)
+        assert answers and answers[0].status_code == 200, answers
+        assert answers[0].json()["status"] == "clean" and (kept / "labels" / "d.txt").read_text() == ""
+    finally:
+        server.should_exit = True
+        serving.join(10)

@@ -356,3 +356,124 @@ def test_v_switches_the_view_between_the_image_and_its_companion_capture(tmp_pat
                 assert page.evaluate(centre) == 30
             finally:
                 browser.close()
+
+
+def _showing(page, name: str, status: str | None = None) -> None:
+    """Wait until the page shows image `name` loaded (and with the status badge `status`)."""
+    condition = (
+        f"document.getElementById('item-name').textContent === {name!r}"
+        " && document.getElementById('canvas').dataset.size !== undefined"
+    )
+    if status is not None:
+        condition += f" && document.getElementById('item-status').textContent === {status!r}"
+    try:
+        page.wait_for_function(f"() => {condition}", timeout=15_000)
+    except sync_api.TimeoutError:
+        raise AssertionError(
+            f"not showing {name} ({status}): {page.text_content('#item-name')} "
+            f"({page.text_content('#item-status')}); the page says: {page.text_content('#status')}"
+        ) from None
+
+
+def test_a_key_pressed_again_while_saving_is_ignored_and_the_filters_never_take_the_keys(
+    served: tuple[str, Path],
+) -> None:
+    """`a` pressed twice while the first accept waits for the folder's lock (another process deciding): one
+    accept, and the next image is shown, not passed over. A filter dropdown with the focus never takes a
+    decision key as a choice; once a filter is picked the keys decide again."""
+    from defectdet.serve.capture import folder_lock
+    from defectdet.serve.review import REVIEW_LOCK
+
+    url, folder = served
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        try:
+            page = _open(browser, url, "a.png")
+            keys = {"#do-accept": "a", "#do-clean": "c", "#do-skip": "s", "#do-next": "n"}
+            for button, key in keys.items():
+                assert page.is_visible(button) and page.text_content(f"{button} kbd") == key
+            assert "Ctrl" in page.text_content("#undo") and page.is_visible("#reset")
+            page.fill("#operator", "anna")
+            page.keyboard.press("Enter")
+            with folder_lock(folder / REVIEW_LOCK):  # the accept waits in the service
+                with page.expect_request("**/v1/review/decide"):
+                    page.keyboard.press("a")
+                page.keyboard.press("a")  # again, while the first is being saved
+                page.click("#do-accept")  # and once more with the button
+            _saved(page, 1)
+            _showing(page, "b.png")
+            page.keyboard.press("c")  # b.png is decided, not passed over
+            _saved(page, 2)
+            page.wait_for_function("() => document.getElementById('item-name').textContent === 'c.png'")
+            page.focus("#filter-status")
+            page.keyboard.press("ArrowDown")  # the filter: unreviewed
+            assert page.input_value("#filter-status") == "pending"
+            page.keyboard.press("n")  # the keys work again: the next unreviewed image that can be shown
+            _showing(page, "d.png")
+            page.focus("#filter-status")
+            page.keyboard.press("c")  # a decision, not the option starting with 'c' ("clean")
+            _saved(page, 3)
+            assert page.input_value("#filter-status") == "pending"
+            assert page.evaluate("document.activeElement === document.body")
+        finally:
+            browser.close()
+    log = [json.loads(line) for line in (folder / "decisions.jsonl").read_text().splitlines()]
+    assert [(entry["image"], entry["action"]) for entry in log] == [
+        ("images/a.png", "accept"),
+        ("images/b.png", "clean"),
+        ("images/d.png", "clean"),
+    ]
+
+
+def test_a_stray_accept_is_undone_cleared_proposals_stay_cleared_and_reset_brings_them_back(
+    proposals: tuple[str, Path],
+) -> None:
+    """A stray `a` saves the shown proposal; Ctrl+Z takes it back (the page returns to the image, unreviewed,
+    the proposal shown again, no label file). Clear proposals is saved: after a reload they stay cleared; Ctrl+Z
+    after the reload takes the clear back. Reset this image undoes an accept; Undo restores it."""
+    url, folder = proposals
+    label = folder / "labels" / "a.txt"
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        try:
+            page = _open(browser, url, "a.png")
+            page.fill("#operator", "anna")
+            page.keyboard.press("Enter")
+            page.keyboard.press("a")  # stray
+            _saved(page, 1)
+            _showing(page, "b.png")
+            assert len(_labels(label)) == 1
+            page.keyboard.press("Control+z")
+            _saved(page, 2)
+            _showing(page, "a.png", "unreviewed")
+            assert _canvas(page, "boxes") == "1" and not label.exists()
+            page.click("#clear-proposals")
+            _saved(page, 3)
+            assert _canvas(page, "boxes") == "0" and label.read_text() == ""
+            page.reload()
+            page.wait_for_function("() => document.getElementById('item-name').textContent === 'b.png'")
+            page.click("#items li[data-index='0']")
+            _showing(page, "a.png", "edited")
+            assert (_canvas(page, "boxes"), _canvas(page, "hidden")) == ("0", "0")  # still cleared
+            page.keyboard.press("Control+z")  # after a reload: the image's last decision, the clear
+            page.wait_for_function("() => Number(document.body.dataset.saved || 0) >= 1")
+            _showing(page, "a.png", "unreviewed")
+            assert _canvas(page, "boxes") == "1" and not label.exists()
+            page.click("#do-accept")
+            page.wait_for_function("() => Number(document.body.dataset.saved || 0) >= 2")
+            _showing(page, "b.png")
+            page.click("#do-previous")
+            _showing(page, "a.png", "accepted")
+            page.click("#reset")
+            page.wait_for_function("() => Number(document.body.dataset.saved || 0) >= 3")
+            _showing(page, "a.png", "unreviewed")
+            assert _canvas(page, "boxes") == "1" and _canvas(page, "labels") == "0" and not label.exists()
+            page.click("#undo")
+            page.wait_for_function("() => Number(document.body.dataset.saved || 0) >= 4")
+            _showing(page, "a.png", "accepted")
+            assert _canvas(page, "labels") == "1" and len(_labels(label)) == 1
+        finally:
+            browser.close()
+    log = [json.loads(line) for line in (folder / "decisions.jsonl").read_text().splitlines()]
+    assert [entry["action"] for entry in log] == ["accept", "undo", "edit", "undo", "accept", "reset", "undo"]
+    assert log[2]["proposals_cleared"] is True

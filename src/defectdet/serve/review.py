@@ -8,7 +8,15 @@ model's predictions in `FOLDER/predictions/NAME.json` (what `serve --keep` write
 - `accept` / `edit`: the operator's boxes become `labels/NAME.txt` (accept after reviewing; edit is saved as
   each box is re-classed, deleted or drawn);
 - `clean`: an empty label file (a defect-free example);
-- `skip`: the image is dropped from the dataset; its label file, if any, is left as it is.
+- `skip`: the image is dropped from the dataset; its label file, if any, is left as it is;
+- `reset`: back to unreviewed: the label file is removed and the model's proposals are shown again;
+- `undo`: takes back the image's last decision still in force (an accept made by a stray key, a reset, a clear):
+  its label file is restored as it was before that decision (every decision logs it as `labels_before`) and the
+  image's status is the one before. Several undos go back further; undo itself is not undone.
+
+A decision can say `proposals_cleared`: the operator removed the model's proposals from the image; the listing
+says so (`proposals_cleared`) until the image is reset or that decision undone, so reopening the page does not
+bring them back.
 
 Every image has a version, the number of decisions saved on it; a decision that names the version it was made
 on is refused (409, nothing written) when another decision was saved on that image since (a second tab or
@@ -43,17 +51,19 @@ from fastapi import APIRouter, Request
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, Response
 from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
 
 from defectdet.data.formats.interchange import CocoImage, coco_document
 from defectdet.data.formats.yolo import fits_image_list, label_line
-from defectdet.data.imageio import IMAGE_SUFFIXES, read_image, read_image_size, read_text_file
+from defectdet.data.imageio import IMAGE_SUFFIXES, open_regular, read_image, read_image_size, read_text_file
 from defectdet.errors import DefectDetError
 from defectdet.serve.capture import COMPANIONS_DIR, DECISIONS, REVIEW_LOCK, atomic_write, folder_lock
 from defectdet.serve.review_download import write_dataset_zip
 from defectdet.serve.upload import UploadError, upload_name, visible_name
 
-ACTIONS = ("accept", "edit", "clean", "skip")
+ACTIONS = ("accept", "edit", "clean", "skip", "reset", "undo")
 LABELLED = frozenset({"accept", "edit", "clean"})
+BOXED = frozenset({"accept", "edit"})  # the decisions that carry boxes
 # the decisions that train: an edit has boxes drawn but was never accepted, so the defects it does not box yet
 # would become background; it stays out of reviewed.txt, the download and the COCO export until accepted
 TRAINED = frozenset({"accept", "clean"})
@@ -120,13 +130,18 @@ class ReviewFolder:
     operator: str = ""
     decisions: dict[str, Decision] = field(default_factory=dict)
     versions: dict[str, int] = field(default_factory=dict)  # image name -> decisions saved on it so far
+    undoable: dict[str, str] = field(default_factory=dict)  # image name -> the decision an undo takes back
+    cleared: set[str] = field(default_factory=set)  # images whose proposals the operator cleared
     broken: dict[str, str] = field(default_factory=dict)  # image name -> why it cannot be shown
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
         if not self.root.is_dir():
             raise DefectDetError(f"{self.root}: not a folder (review takes a folder of images)")
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one decision at a time in this process (with REVIEW_LOCK across them)
+        # the decisions in memory and their mark: held while they are read or changed, never while waiting for
+        # REVIEW_LOCK, so the listing answers while a decision waits for another process
+        self._state = threading.RLock()
         self._sizes: dict[str, tuple[int, int]] = {}
         self._decisions_mark: tuple[int, int] | None = None
         self._companions: tuple[int, list[str]] | None = None  # (folder mark, names): read once per change
@@ -269,28 +284,31 @@ class ReviewFolder:
     def refresh_decisions(self) -> None:
         """Read decisions.jsonl again when it changed: another process (a `serve` worker or replica, or
         `defectdet review`) may have decided on images of this folder."""
-        mark = _file_mark(self.root / DECISIONS)
-        if mark == self._decisions_mark:
-            return
-        self._decisions_mark = mark
-        self.decisions = {}
-        self.versions = {}
-        self._read_decisions()
+        with self._state:
+            mark = _file_mark(self.root / DECISIONS)
+            if mark == self._decisions_mark:
+                return
+            stacks, versions = _replay(self._log_lines())
+            decisions, undoable, cleared = {}, {}, set()
+            for name, stack in stacks.items():
+                decision, undo, proposals_cleared = _state_of(stack)
+                if decision is not None:
+                    decisions[name] = decision
+                if undo is not None:
+                    undoable[name] = undo
+                if proposals_cleared:
+                    cleared.add(name)
+            self.decisions, self.undoable, self.cleared, self.versions = (
+                decisions,
+                undoable,
+                cleared,
+                versions,
+            )
+            self._decisions_mark = mark
 
-    def _read_decisions(self) -> None:
+    def _log_lines(self) -> list[str]:
         path = self.root / DECISIONS
-        if not path.is_file():
-            return
-        for line in read_text_file(path).splitlines():
-            try:
-                entry = json.loads(line)
-                name = Path(entry["image"]).name
-                self.decisions[name] = Decision(
-                    entry["action"], entry.get("operator", ""), entry.get("time", "")
-                )
-                self.versions[name] = self.versions.get(name, 0) + 1
-            except (ValueError, KeyError, TypeError):
-                continue  # a torn last line after a crash: the label files are the truth
+        return read_text_file(path).splitlines() if path.is_file() else []
 
     # ---------------------------------------------------------------- reading
     def image_size(self, image: Path) -> tuple[int, int]:
@@ -351,6 +369,8 @@ class ReviewFolder:
         names = self.class_names or []
         entry: dict[str, Any] = {"name": image.name, "status": "pending", "error": None, "label_error": None}
         entry["version"] = self.versions.get(image.name, 0)
+        entry["undoable"] = self.undoable.get(image.name)  # the decision an undo takes back
+        entry["proposals_cleared"] = image.name in self.cleared
         decision = self.decisions.get(image.name)
         if decision is not None:
             entry.update(status=decision.action, operator=decision.operator, decided=decision.time)
@@ -439,23 +459,31 @@ class ReviewFolder:
         boxes: Any = None,
         operator: str | None = None,
         version: Any = None,
+        proposals_cleared: Any = False,
     ) -> dict[str, Any]:
         """Save one decision on image `name` (label file and log); the updated item. UploadError on bad input.
         `version`: the image's version the decision was made on (the listing's `version`); when another
-        decision was saved on the image since, nothing is written and the answer is 409. None skips the check."""
+        decision was saved on the image since, nothing is written and the answer is 409. None skips the check.
+        `proposals_cleared`: the operator removed the model's proposals (not with reset or undo)."""
         image = self.image_path(name)
         self.add_folder_classes()
         if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 0):
             raise UploadError(422, f"version must be a whole number >= 0 (the listing's), got {version!r}")
         if action not in ACTIONS:
             raise UploadError(422, f"action must be one of {', '.join(ACTIONS)}, got {str(action)[:30]!r}")
+        if proposals_cleared not in (None, False, True) or (
+            proposals_cleared and action in ("reset", "undo")
+        ):
+            raise UploadError(
+                422, "proposals_cleared is true or false, and goes with accept, edit, clean or skip"
+            )
         who = visible_name(operator or self.operator or "")  # no ESC, no U+202E in decisions.jsonl
         if not who:
             raise UploadError(422, "name the operator: the page's name field or review --operator NAME")
         parsed: list[Box] = []
         dropped: list[str] = []
         if image.name in self.broken:
-            if action != "skip":
+            if action in LABELLED:
                 raise UploadError(
                     422, f"{image.name} cannot be decoded ({self.broken[image.name]}): only skip"
                 )
@@ -463,47 +491,89 @@ class ReviewFolder:
             try:
                 size = self.image_size(image)
             except (DefectDetError, OSError) as error:
-                if action != "skip":
+                if action in LABELLED:
                     raise UploadError(422, f"{image.name}: {error}") from None
                 size = (1, 1)
-            if action in ("accept", "edit"):
+            if action in BOXED:
                 parsed, dropped = self._parse_boxes(boxes, size)
-        label = self.label_path(image)
         with self._lock, folder_lock(self.root / REVIEW_LOCK):  # the keep cap deletes under it too
             if not image.is_file():  # deleted by the keep folder's cap meanwhile: label nothing
                 raise UploadError(
                     404, f"no image {name[:80]!r} in this folder (the keep folder's cap deleted it)"
                 )
-            self.refresh_decisions()  # what the other processes decided goes into reviewed.txt too
-            self._check_version(image.name, version)
-            if action in LABELLED:
-                label.parent.mkdir(parents=True, exist_ok=True)
-                width, height = self.image_size(image)
-                atomic_write(
-                    label,
-                    "".join(
-                        label_line(box.class_id, box.box, width, height) + "\n" for box in parsed
-                    ).encode(),
-                )
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            entry = {
-                "time": stamp,
-                "operator": who,
-                "image": str(image.relative_to(self.root)),
-                "action": action,
-                "boxes": [box.to_dict(self.class_names or []) for box in parsed],
-                "labels": str(label.relative_to(self.root)) if action in LABELLED else None,
-            }
-            if dropped:
-                entry["dropped"] = dropped
-            _append_line(self.root / DECISIONS, json.dumps(entry))
-            self.decisions[image.name] = Decision(action, who, stamp)
-            self.versions[image.name] = self.versions.get(image.name, 0) + 1
-            self._decisions_mark = _file_mark(self.root / DECISIONS)  # our own line: nothing to read again
-            self._write_reviewed()
-        answer = self.item(image)
+            with self._state:
+                self.refresh_decisions()  # what the other processes decided goes into reviewed.txt too
+                self._check_version(image.name, version)
+                answer = self._save(image, action, (parsed, dropped), who, bool(proposals_cleared))
         answer["dropped"] = dropped
         return answer
+
+    def _save(
+        self, image: Path, action: str, boxes: tuple[list[Box], list[str]], who: str, cleared: bool
+    ) -> dict[str, Any]:
+        """Write one checked decision (label file, then its log line) and update the state in memory; under
+        both locks. `boxes`: the boxes and the notes on those dropped. Every decision but undo logs the label
+        file as it was (`labels_before`) for undo."""
+        parsed, dropped = boxes
+        label = self.label_path(image)
+        shown = label.relative_to(self.root).as_posix()
+        before = _label_text(label, shown)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        entry: dict[str, Any] = {"time": stamp, "operator": who, "image": str(image.relative_to(self.root))}
+        entry["action"] = action
+        if action == "undo":
+            stack = self._in_force(image.name)
+            undone = stack.pop()
+            _put_labels(label, undone["labels_before"])
+            entry["undid"] = {key: undone.get(key) for key in ("action", "operator", "time")}
+            entry["labels"] = shown if undone["labels_before"] is not None else None
+            state = _state_of(stack)
+        else:
+            if action == "reset":
+                label.unlink(missing_ok=True)
+            elif action in LABELLED:
+                width, height = self.image_size(image)
+                lines = "".join(label_line(box.class_id, box.box, width, height) + "\n" for box in parsed)
+                _put_labels(label, lines)
+            entry["boxes"] = [box.to_dict(self.class_names or []) for box in parsed]
+            entry["labels"] = shown if action in LABELLED else None
+            entry["labels_before"] = before
+            if dropped:
+                entry["dropped"] = dropped
+            if cleared:
+                entry["proposals_cleared"] = True
+            kept_clear = action != "reset" and (cleared or image.name in self.cleared)
+            state = (None if action == "reset" else Decision(action, who, stamp), action, kept_clear)
+        _append_line(self.root / DECISIONS, json.dumps(entry))
+        decision, undo, kept_clear = state
+        self.decisions.pop(image.name, None)
+        self.undoable.pop(image.name, None)
+        self.cleared.discard(image.name)
+        if decision is not None:
+            self.decisions[image.name] = decision
+        if undo is not None:
+            self.undoable[image.name] = undo
+        if kept_clear:
+            self.cleared.add(image.name)
+        self.versions[image.name] = self.versions.get(image.name, 0) + 1
+        self._decisions_mark = _file_mark(self.root / DECISIONS)  # our own line: nothing to read again
+        self._write_reviewed()
+        return self.item(image)
+
+    def _in_force(self, name: str) -> list[dict[str, Any]]:
+        """The decisions on `name` still in force (oldest first), read from the log; 409 when the last one
+        cannot be undone (there is none, or it was logged without the labels before it)."""
+        stack = _replay(self._log_lines())[0].get(name, [])
+        if not stack:
+            raise UploadError(409, f"{name}: nothing to undo, no decision on it is in force")
+        before = stack[-1].get("labels_before", False)
+        if before is not None and not isinstance(before, str):
+            raise UploadError(
+                409,
+                f"{name}: its last decision ({stack[-1].get('action')}) cannot be undone: it was saved "
+                "without the labels before it; decide again instead",
+            )
+        return stack
 
     def _check_version(self, name: str, version: int | None) -> None:
         """409 when `version` is not the image's current version: another decision (another tab, another
@@ -664,6 +734,72 @@ def held_out_count(reviewed: int) -> int:
     return max(1, round(reviewed * HELD_OUT_SHARE)) if reviewed >= 2 else 0
 
 
+def _replay(lines: list[str]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
+    """From the log's lines: each image's decisions in force, oldest first (a decision is added, an `undo` takes
+    the last one off), and each image's version (its number of lines). Lines that do not read are passed over (a
+    torn last line after a crash: the label files are the truth)."""
+    stacks: dict[str, list[dict[str, Any]]] = {}
+    versions: dict[str, int] = {}
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            name, action = Path(entry["image"]).name, entry["action"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if not isinstance(action, str):
+            continue
+        versions[name] = versions.get(name, 0) + 1
+        stack = stacks.setdefault(name, [])
+        if action != "undo":
+            stack.append(entry)
+        elif stack:
+            stack.pop()
+    return stacks, versions
+
+
+def _state_of(stack: list[dict[str, Any]]) -> tuple[Decision | None, str | None, bool]:
+    """An image's decision (None: unreviewed), the decision an undo takes back (None: nothing) and whether its
+    proposals are cleared, from its decisions in force."""
+    if not stack:
+        return None, None, False
+    top = stack[-1]
+    before = top.get("labels_before", False)
+    undo = str(top["action"]) if before is None or isinstance(before, str) else None
+    decision = None
+    if top["action"] != "reset":
+        decision = Decision(str(top["action"]), str(top.get("operator", "")), str(top.get("time", "")))
+    cleared = False
+    for entry in reversed(stack):  # cleared until a reset
+        if entry["action"] == "reset":
+            break
+        if entry.get("proposals_cleared") is True:
+            cleared = True
+            break
+    return decision, undo, cleared
+
+
+def _label_text(path: Path, shown: str) -> str | None:
+    """The label file's exact content (bytes that are not UTF-8 kept as surrogate escapes), None without one."""
+    try:
+        with open_regular(path) as handle:
+            return handle.read().decode("utf-8", "surrogateescape")
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise UploadError(
+            422, f"{shown} cannot be read ({error.strerror or error}); nothing was written"
+        ) from None
+
+
+def _put_labels(path: Path, text: str | None) -> None:
+    """Write the label file atomically (None removes it)."""
+    if text is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, text.encode("utf-8", "surrogateescape"))
+
+
 def _file_mark(path: Path) -> tuple[int, int] | None:
     """(size, mtime) of `path`, None when it cannot be read: how a change by another process is noticed."""
     try:
@@ -701,7 +837,9 @@ async def _json_body(request: Request) -> dict[str, Any]:
 
 
 def review_router(folder: ReviewFolder, export_name: str = "annotations.coco.json") -> APIRouter:
-    """The page at /review and its API under /v1/review/ (POSTs go through the service's guard)."""
+    """The page at /review and its API under /v1/review/ (POSTs go through the service's guard). The file work
+    (and the wait for another process's decision) runs in worker threads, never on the event loop: a held
+    folder lock never stalls /healthz or the other requests."""
     router = APIRouter()
 
     @router.get("/review", include_in_schema=False)
@@ -709,17 +847,17 @@ def review_router(folder: ReviewFolder, export_name: str = "annotations.coco.jso
         return FileResponse(STATIC_DIR / "review.html", media_type="text/html", headers=PAGE_HEADERS)
 
     @router.get("/v1/review/items", summary="The review folder: items, their boxes and status")
-    async def items() -> dict[str, Any]:
+    def items() -> dict[str, Any]:
         return folder.listing()
 
     @router.get("/v1/review/image/{name}", summary="One image as PNG")
-    async def image(
+    def image(
         name: str = PathParam(description="the image's file name, as /v1/review/items lists it"),
     ) -> Response:
         return Response(folder.render(folder.image_path(name)), media_type="image/png")
 
     @router.get("/v1/review/template/{name}", summary="The template of one image as PNG")
-    async def template(
+    def template(
         name: str = PathParam(description="the image's file name, as /v1/review/items lists it"),
     ) -> Response:
         path = folder.template_path(folder.image_path(name))
@@ -728,7 +866,7 @@ def review_router(folder: ReviewFolder, export_name: str = "annotations.coco.jso
         return Response(folder.render(path, plane=True), media_type="image/png")
 
     @router.get("/v1/review/companion/{capture}/{name}", summary="A companion capture of one image as PNG")
-    async def companion(
+    def companion(
         capture: str = PathParam(description="the companion capture, as /v1/review/items lists it (e.g. L2)"),
         name: str = PathParam(description="the image's file name, as /v1/review/items lists it"),
     ) -> Response:
@@ -737,20 +875,26 @@ def review_router(folder: ReviewFolder, export_name: str = "annotations.coco.jso
             raise UploadError(404, f"{name[:80]} has no companion capture {capture[:40]!r}")
         return Response(folder.render(path, plane=True), media_type="image/png")
 
-    @router.post("/v1/review/decide", summary="Save a decision: accept, edit, clean or skip")
+    @router.post("/v1/review/decide", summary="Save a decision: accept, edit, clean, skip, reset or undo")
     async def decide(request: Request) -> dict[str, Any]:
         body = await _json_body(request)
         name = body.get("image")
         if not isinstance(name, str):
             raise UploadError(422, "image: the image's file name (from /v1/review/items)")
-        return folder.decide(
-            name, str(body.get("action")), body.get("boxes"), body.get("operator"), body.get("version")
+        return await run_in_threadpool(
+            folder.decide,
+            name,
+            str(body.get("action")),
+            body.get("boxes"),
+            body.get("operator"),
+            body.get("version"),
+            body.get("proposals_cleared", False),
         )
 
     @router.post("/v1/review/export", summary="Write the labels as COCO json in the folder")
     async def export(request: Request) -> dict[str, Any]:
         await _json_body(request)
-        summary = folder.export_coco(folder.root / export_name)
+        summary = await run_in_threadpool(folder.export_coco, folder.root / export_name)
         summary["path"] = export_name
         summary["download"] = "/v1/review/download"
         return summary

@@ -5,6 +5,11 @@
 // "model" (a proposal of the model, with its score). Proposals scoring under the slider are hidden; the slider
 // starts at the model's threshold on every image. Saving an edit writes the operator's labels only; accept
 // writes them plus the proposals shown at that moment, never hidden ones.
+//
+// Undo is saved too: a change of the labels is undone on the server (the label file as it was before it), and
+// with nothing left to undo on the image, Ctrl+Z takes back this page's last accept, clean, skip or reset (or,
+// after a reload, the shown image's last decision). While such a decision is being saved, the decision and
+// navigation keys are ignored: a repeated key never decides the next image unseen.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -24,7 +29,10 @@ const state = {
   threshold: null, minScore: 0, image: null, view: { s: 1, tx: 0, ty: 0 }, fitted: 1,
   plane: "image", planes: {},  // the plane shown (the image or a companion capture) and the loaded ones
   drag: null, space: false, undo: [], memory: new Map(), saved: 0, broken: new Set(), saving: Promise.resolve(),
+  busy: false,   // a decision that moves on (or an undo or reset) is being saved
+  history: [],   // the images this page accepted, cleaned, skipped or reset, oldest first: Ctrl+Z takes them back
 };
+const TAKEN_BACK = new Set(["accept", "clean", "skip", "reset"]);  // decisions the page-wide undo takes back
 
 function escapeHtml(text) {
   return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
@@ -106,7 +114,7 @@ function imageSize() {
 function boxesOf(item) {
   const labels = item.has_labels ? item.boxes : [];
   const boxes = labels.map((b) => ({ class_id: b.class_id, box: b.box.slice(), score: null, source: "label" }));
-  if (!FINAL.has(item.status)) {
+  if (!FINAL.has(item.status) && !item.proposals_cleared) {
     for (const p of item.predictions || []) {
       if (p.box[2] - p.box[0] < 1 || p.box[3] - p.box[1] < 1) continue;
       if (labels.some((l) => l.class_id === p.class_id && iou(l.box, p.box) >= 0.9)) continue;
@@ -504,16 +512,17 @@ function payloadBoxes(action) {
   return chosen.map((b) => ({ class_id: b.class_id, box: b.box.map((v) => Math.round(v * 100) / 100) }));
 }
 
-// what a decision sends is taken when it is made; decisions are sent one after the other, in that order
-function decide(action) {
-  const item = state.items[state.index];
+// what a decision sends is taken when it is made; decisions are sent one after the other, in that order.
+// `extra`: more fields of the decision (proposals_cleared); `name`: another image than the one shown
+function decide(action, extra, name) {
+  const item = name ? state.items.find((i) => i.name === name) : state.items[state.index];
   if (!item) return Promise.resolve(false);
-  if (state.broken.has(item.name) && action !== "skip") { setStatus("an image that cannot be shown can only be skipped", true); return Promise.resolve(false); }
+  if (state.broken.has(item.name) && !["skip", "reset", "undo"].includes(action)) { setStatus("an image that cannot be shown can only be skipped", true); return Promise.resolve(false); }
   const operator = $("operator").value.trim();
   if (!operator) { setStatus("type your name in the Operator field first", true); $("operator").focus(); return Promise.resolve(false); }
   localStorage.setItem(OPERATOR_KEY, operator);
-  const boxes = FINAL.has(action) && action !== "accept" ? [] : payloadBoxes(action);
-  const run = state.saving.then(() => send({ image: item.name, action, boxes, operator }));
+  const boxes = action === "accept" || action === "edit" ? payloadBoxes(action) : [];
+  const run = state.saving.then(() => send({ image: item.name, action, boxes, operator, ...(extra || {}) }));
   state.saving = run.catch(() => false);
   return run;
 }
@@ -532,9 +541,11 @@ async function send(decision) {
   document.body.dataset.saved = String(state.saved);
   const count = decision.boxes.length;
   const dropped = (body.dropped || []).length ? ` · ${body.dropped.length} empty box(es) dropped` : "";
-  setStatus(`saved: ${decision.image} ${decision.action} (${count} box${count === 1 ? "" : "es"})${dropped}`);
+  if (decision.action === "undo") setStatus(`undone on ${decision.image}: now ${STATUS_NAMES[body.status] || body.status}`);
+  else setStatus(`saved: ${decision.image} ${decision.action} (${count} box${count === 1 ? "" : "es"})${dropped}`);
   if (index === state.index) renderItemHead(body);
-  if (FINAL.has(decision.action)) state.memory.delete(decision.image);
+  if (decision.action !== "edit") state.memory.delete(decision.image);
+  if (TAKEN_BACK.has(decision.action)) state.history.push(decision.image);
   renderList();
   return true;
 }
@@ -552,17 +563,47 @@ async function reloadStale(name, reason) {
   setStatus(`not saved: ${reason || name + " was changed elsewhere"} (reloaded ${name})`, true);
 }
 
-async function decideAndNext(action) {
-  if (await decide(action)) {
-    const next = nextUsable(state.index, 1);
-    if (next >= 0) await show(next); else { renderList(); setStatus("saved; that was the last image in the list", false); }
-  }
+// one decision that moves on (or reloads) at a time: a key pressed again meanwhile is ignored
+async function once(work) {
+  if (state.busy) return;
+  state.busy = true;
+  document.body.dataset.busy = "1";
+  try { await work(); } finally { state.busy = false; delete document.body.dataset.busy; }
 }
 
-// a change of the operator's labels: saved as an edit
-function changed() {
+function decideAndNext(action) {
+  return once(async () => {
+    if (await decide(action)) {
+      const next = nextUsable(state.index, 1);
+      if (next >= 0) await show(next); else { renderList(); setStatus("saved; that was the last image in the list", false); }
+    }
+  });
+}
+
+// show the image `name` again as the server has it now (after an undo or a reset)
+async function reshow(name) {
+  const index = state.items.findIndex((item) => item.name === name);
+  if (index < 0) return;
+  state.memory.delete(name);
+  if (index === state.index) state.image = null;  // nothing of the old boxes is remembered
+  await show(index);
+}
+
+function resetImage() {
+  const item = state.items[state.index];
+  if (!item) return Promise.resolve();
+  return once(async () => {
+    if (await decide("reset")) { await reshow(item.name); setStatus(`${item.name} is unreviewed again (Undo brings its labels back)`); }
+  });
+}
+
+// a change of the operator's labels: saved as an edit; the undo step taken just before it (snapshot) learns
+// whether it was saved, so undoing it takes it back on the server too
+function changed(extra) {
   render();
-  decide("edit");
+  const step = state.undo[state.undo.length - 1];
+  const run = decide("edit", extra);
+  if (step && !step.saved) step.saved = run;
 }
 
 function setClass(classId) {
@@ -589,23 +630,32 @@ function deleteSelected() {
   if (wasLabel) changed(); else render();
 }
 
-function undo() {
+// Ctrl+Z: the last change on this image (taken back on the server when it was saved); with none left, this
+// page's last accept, clean, skip or reset; after a reload, the shown image's last decision
+async function undo() {
+  if (state.busy) return;
   const last = state.undo.pop();
-  if (!last) { setStatus("nothing to undo on this image"); return; }
-  const labelsBefore = JSON.stringify(labelBoxes());
-  state.boxes = last.boxes;
-  state.selected = -1;
-  if (JSON.stringify(labelBoxes()) !== labelsBefore) changed(); else render();
-  setStatus("undone");
+  if (last) {
+    state.boxes = last.boxes;
+    state.selected = -1;
+    render();
+    if (last.saved && await last.saved) await decide("undo");
+    else setStatus("undone");
+    return;
+  }
+  const item = state.items[state.index];
+  const name = state.history.pop() || (item && item.undoable ? item.name : null);
+  if (!name) { setStatus("nothing to undo"); return; }
+  await once(async () => { if (await decide("undo", null, name)) await reshow(name); });
 }
 
+// saved: reopening the page does not bring them back (Undo does)
 function clearProposals() {
   if (!state.boxes.some((b) => b.source !== "label")) return;
   snapshot();
   state.boxes = state.boxes.filter((b) => b.source === "label");
   state.selected = -1;
-  render();
-  setStatus("proposals cleared on this image (Undo brings them back)");
+  changed({ proposals_cleared: true });
 }
 
 // ------------------------------------------------------------------ mouse
@@ -729,8 +779,8 @@ function onKey(event) {
   if (key === "a") decideAndNext("accept");
   else if (key === "c") decideAndNext("clean");
   else if (key === "s") decideAndNext("skip");
-  else if (key === "n") { const i = nextUsable(state.index, 1); if (i >= 0) show(i); }
-  else if (key === "p") { const i = nextUsable(state.index, -1); if (i >= 0) show(i); }
+  else if (key === "n") step(1);
+  else if (key === "p") step(-1);
   else if (/^[1-9]$/.test(key)) setClass(Number(key) - 1);
   else if (key === "Delete" || key === "Backspace") deleteSelected();
   else if (key === "Escape") { state.selected = -1; render(); }
@@ -741,9 +791,24 @@ function onKey(event) {
   return true;
 }
 
+// next or previous image; not while a decision that moves on is being saved
+function step(direction) {
+  if (state.busy) return;
+  const i = nextUsable(state.index, direction);
+  if (i >= 0) show(i);
+}
+
+// the keys decide everywhere but in the text fields: on a filter dropdown a letter or digit is a shortcut (it
+// never picks an option by its first letter; the arrow keys still change the filter)
 document.addEventListener("keydown", (event) => {
-  const tag = (event.target && event.target.tagName) || "";
-  if (tag === "INPUT" && event.target.type !== "range" || tag === "TEXTAREA" || tag === "SELECT") return;
+  const target = event.target || {};
+  const tag = target.tagName || "";
+  if (tag === "INPUT" && !["range", "checkbox"].includes(target.type) || tag === "TEXTAREA") return;
+  if (tag === "SELECT") {
+    if (event.key.length !== 1 || event.key === " " || event.altKey) return;
+    event.preventDefault();
+    target.blur();
+  }
   if (onKey(event)) event.preventDefault();
 });
 
@@ -778,8 +843,17 @@ $("min-score").addEventListener("input", () => {
   render();
 });
 
-for (const id of ["filter-status", "filter-reason"]) $(id).addEventListener("change", () => renderList());
-$("undo").addEventListener("click", undo);
+// a filter picked: the keys decide again (the dropdown lets go of them)
+for (const id of ["filter-status", "filter-reason"]) $(id).addEventListener("change", () => { $(id).blur(); renderList(); });
+// the decision buttons do what their keys do; a clicked button lets go of the focus (Enter never repeats it)
+const BUTTONS = {
+  "do-accept": () => decideAndNext("accept"), "do-clean": () => decideAndNext("clean"),
+  "do-skip": () => decideAndNext("skip"), "do-next": () => step(1), "do-previous": () => step(-1),
+  undo: undo, reset: resetImage,
+};
+for (const [id, action] of Object.entries(BUTTONS)) {
+  $(id).addEventListener("click", (event) => { event.currentTarget.blur(); action(); });
+}
 $("zoom-reset").addEventListener("click", () => { fitView(); draw(); });
 $("clear-proposals").addEventListener("click", clearProposals);
 $("operator").addEventListener("change", () => localStorage.setItem(OPERATOR_KEY, $("operator").value.trim()));
@@ -816,6 +890,7 @@ $("export").addEventListener("click", async () => {
     setStatus(`wrote ${body.path}, but the download failed: ${error.message}`, true);
   }
 });
+
 
 // ------------------------------------------------------------------ anomaly map (good-parts-only models)
 // The served model's map of the image shown, under the boxes: transparent where the image looks like the good
