@@ -121,6 +121,24 @@ def test_the_review_page_gets_the_map_and_named_classes(good_only_bundle: Path, 
         assert decided.status_code == 200, decided.text
     assert (kept / "labels" / "part.txt").read_text().startswith("2 ")
     assert '2: "blob"' in (kept / "data.yaml").read_text()
+    assert (kept / "classes.txt").read_text() == "anomaly\nscratch\nblob\n"  # the ids every reader sees
+
+
+def test_reviewing_a_kept_folder_offline_keeps_the_model_classes_first(tmp_path: Path) -> None:
+    """`defectdet review KEPT` on what a good-parts-only model kept, with classes.txt naming real classes: the
+    sidecars' proposals keep their class ("anomaly", id 0) and the named classes follow it."""
+    from defectdet.serve.review import ReviewFolder
+
+    for sub in ("images", "predictions"):
+        (tmp_path / sub).mkdir()
+    cv2.imwrite(str(tmp_path / "images" / "part.png"), _defective(54))
+    sidecar = {"class_names": ["anomaly"], "threshold": 0.5,
+               "detections": [{"class_id": 0, "score": 0.9, "box": list(DEFECT)}]}  # fmt: skip
+    (tmp_path / "predictions" / "part.json").write_text(json.dumps(sidecar))
+    (tmp_path / "classes.txt").write_text("scratch\n")
+    listing = ReviewFolder(tmp_path).listing()
+    assert listing["class_names"] == ["anomaly", "scratch"]
+    assert listing["items"][0]["predictions"][0]["class_name"] == "anomaly"
 
 
 def test_an_image_that_cannot_be_drawn_is_a_clear_4xx(good_only_bundle: Path, tmp_path: Path) -> None:

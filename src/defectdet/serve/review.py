@@ -78,6 +78,7 @@ REVIEWED = "reviewed.txt"
 REVIEWED_TRAIN, REVIEWED_VAL = "reviewed_train.txt", "reviewed_val.txt"
 HELD_OUT_SHARE = 0.2
 DATA_YAML = "data.yaml"
+CLASSES_FILE = "classes.txt"  # the class names, one per line, in id order
 SIDECARS_FOR_ORDER = 50  # kept answers read to learn the companion captures' order
 DATA_YAML_MARK = "# written by defectdet review: the reviewed images (reviewed.txt) as a dataset"
 PAGE_HEADERS = {
@@ -250,26 +251,24 @@ class ReviewFolder:
         return None
 
     def add_folder_classes(self) -> None:
-        """Append the names of `classes.txt` that the class list lacks (after the served model's classes): how
-        an operator names real defect classes for a model that has none of them (a good-parts-only model's
+        """Append the names of `classes.txt` that the class list lacks, after the model's classes, and then write
+        the whole list to `classes.txt` (every later reader of the folder sees the same class ids): how an
+        operator names real defect classes for a model that has none of them (a good-parts-only model's
         "anomaly"). Existing class ids never move."""
-        path = self.root / "classes.txt"
+        path = self.root / CLASSES_FILE
         if self.class_names is None or not path.is_file():
             return
         try:
             names = [line.strip() for line in read_text_file(path).splitlines() if line.strip()]
         except (OSError, DefectDetError):
             return
-        self.class_names = self.class_names + [
-            name for name in dict.fromkeys(names) if name not in self.class_names
-        ]
+        added = [name for name in dict.fromkeys(names) if name not in self.class_names]
+        if added:
+            self.class_names = self.class_names + added
+            atomic_write(path, "".join(f"{name}\n" for name in self.class_names).encode())
 
     def _find_class_names(self) -> list[str]:
-        classes = self.root / "classes.txt"
-        if classes.is_file():
-            names = [line.strip() for line in read_text_file(classes).splitlines() if line.strip()]
-            if names:
-                return names
+        """The kept answers' model classes (their ids are the sidecars'), else `classes.txt`, else "defect"."""
         predictions = self.root / "predictions"
         if predictions.is_dir():
             for path in sorted(predictions.glob("*.json")):
@@ -279,6 +278,11 @@ class ReviewFolder:
                     continue
                 if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
                     return names
+        classes = self.root / CLASSES_FILE
+        if classes.is_file():
+            names = [line.strip() for line in read_text_file(classes).splitlines() if line.strip()]
+            if names:
+                return names
         return ["defect"]
 
     def refresh_decisions(self) -> None:
