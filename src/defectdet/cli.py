@@ -903,7 +903,8 @@ def review(
     ),
     classes: str | None = typer.Option(
         None,
-        help="Class names, comma-separated (default: classes.txt, else the kept sidecars' bundle classes).",
+        help="Class names, comma-separated (default: the kept sidecars' bundle classes, then those classes.txt adds; "
+        "else classes.txt).",
     ),
     allowed_host: list[str] = typer.Option([], help="A Host name clients use (repeatable)."),
     export_coco: Path | None = typer.Option(
