@@ -4,17 +4,21 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
+# PyTorch's CPU-only index: the build without CUDA (about 200 MB instead of several GB). Wheels already on the
+# machine (pip's find-links) still serve an offline install. For a CUDA build:
+# `make install TORCH_INDEX=https://pypi.org/simple`.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: install test docs demo bench bench-pages bench-serve-overhead bench-peers bench-pretrained bench-scaling pretrain lint lint-deploy lock check-lock clean
 
 install: $(STAMP)
 
-# The pinned CPU torch goes in first: an unpinned torch would pull a multi-GB CUDA build. Every other package
+# The pinned CPU torch goes in first, from the CPU-only index: an unpinned torch from PyPI is a multi-GB CUDA build. Every other package
 # gets the version in constraints.txt, the set the test suite passed with (`make lock` rewrites it).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==$(TORCH_VERSION)
+	$(BIN)/pip install --quiet --retries 1 --index-url $(TORCH_INDEX) torch==$(TORCH_VERSION)
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
