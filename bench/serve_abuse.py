@@ -9,11 +9,15 @@ Starts the service on loopback in a child process (`python -m defectdet.cli serv
 3. oversize by format: PNG, JPEG, Radiance HDR and TIFF headers claiming huge sizes in a few kB;
 4. cross-site POSTs: a text/plain form post to /v1/drift/reset, a detect with a foreign Origin;
 5. malformed HTTP (uvicorn's own 400), an unknown route, /docs;
-6. a second service started with --token-file: routes without, with a wrong and with the right token.
-Each probe records the status and body of the answer and the /healthz status seen during it.
+6. a second service started with --token-file: routes without, with a wrong and with the right token;
+7. the line's probes (`serve_abuse_line.py`): the review under load with the keep cap deleting, two tabs and a
+   held review lock, long names; two processes on one models store promoting and rolling back; slow bodies
+   against a connection limit; a huge thin image; a busy port.
+Each probe records the status and body of the answer and the /healthz status seen during it; `summary` counts
+the 500s of every probe, the labels lost and whether the fleet converged.
 
-Run: python bench/serve_abuse.py [--bundle model.onnx] (without: a tiny bundle is trained and exported
-once into runs/serve_abuse/, about a minute).
+Run: python bench/serve_abuse.py [--bundle model.onnx] [--line-only] (without a bundle: a tiny one is trained
+and exported once into runs/serve_abuse/, about a minute). Loopback only; about three minutes.
 """
 
 from __future__ import annotations
@@ -328,13 +332,15 @@ def probe_requests(base: str, image: bytes, template: bytes) -> dict[str, dict[s
 
 def probe_token(bundle: Path, folder: Path) -> dict[str, Any]:
     token_file = folder / "token"
-    token_file.write_text("abuse-probe-token\n")
+    token_file.write_text("abuse-probe-token-0123456789abcdef\n")
+    token_file.chmod(0o600)
     with service(bundle, "--token-file", str(token_file)) as base:
         return {
             "what": "serve --token-file: GET /v1/model without, with a wrong and with the right token",
             "answer": answer(httpx.get(base + "/v1/model", timeout=10)),
             "wrong_token": httpx.get(base + "/v1/model", headers={"Authorization": "Bearer nope"}, timeout=10).status_code,
-            "right_token": httpx.get(base + "/v1/model", headers={"Authorization": "Bearer abuse-probe-token"},
+            "right_token": httpx.get(base + "/v1/model",
+                                     headers={"Authorization": "Bearer abuse-probe-token-0123456789abcdef"},
                                      timeout=10).status_code,
             "healthz_during": [healthz(base)],
         }  # fmt: skip
@@ -347,16 +353,57 @@ def main() -> None:
     parser.add_argument("--bundle", type=Path, default=None, help="default: a tiny one in runs/serve_abuse/")
     parser.add_argument("--idle", type=int, default=200, help="idle sockets (default connection limit: 67)")
     parser.add_argument("--stalled", type=int, default=20, help="stalled uploads")
+    parser.add_argument(
+        "--review-seconds", type=float, default=20.0, help="the review-under-load probe's time"
+    )
+    parser.add_argument(
+        "--line-only", action="store_true", help="only the line's probes (serve_abuse_line.py)"
+    )
     args = parser.parse_args()
+    from serve_abuse_line import run_line_probes, summary  # it imports this module's helpers
+
     folder = ROOT / "runs" / "serve_abuse"
     folder.mkdir(parents=True, exist_ok=True)
-    bundle = args.bundle or tiny_bundle(folder)
+    bundle = (args.bundle or tiny_bundle(folder)).resolve()
+    probes = {} if args.line_only else service_probes(bundle, folder, args.idle, args.stalled)
+    probes["line"] = run_line_probes(bundle, folder, args.review_seconds)
+    outcome = summary(probes)
+    rows = []
+    for name, probe in probes.items():
+        if name == "line":
+            continue
+        result = probe.get("answer", {})
+        status = result.get("status", result.get("status_line", ""))
+        body = result.get("body", "")
+        reason = body.get("error", "") if isinstance(body, dict) else str(body)
+        health = probe.get("healthz_during", "")
+        rows.append(
+            [name, str(status), reason[:70], ",".join(str(value) for value in health) if health else ""]
+        )
+    for name, probe in probes["line"].items():
+        rows.append(
+            [f"line/{name}", ",".join(f"{k}x{v}" for k, v in probe.get("statuses", {}).items()), "", ""]
+        )
+    print_table("serve abuse probes", ["probe", "answer", "reason", "/healthz during"], rows)
+    print(f"500 answers: {outcome['status_500']}; labels lost: {outcome['labels_lost']}; "
+          f"fleet converged: {outcome['fleet_converged']}")  # fmt: skip
+    path = write_result(
+        "serve_abuse",
+        {"bundle": bundle.name, "settings": {"max_concurrency": 1, "max_queue": 2, "connection_limit": 67,
+                                             "header_timeout_s": 10, "body_timeout_s": 30},
+         "summary": outcome, "probes": probes},
+    )  # fmt: skip
+    print(f"-> {path}")
+
+
+def service_probes(bundle: Path, folder: Path, idle: int, stalled: int) -> dict[str, Any]:
+    """Probes 1-6: one service with small limits, then one with a token."""
     image, template = board_pair()
     with service(bundle) as base:
         port = int(base.rsplit(":", 1)[1])
         probes: dict[str, Any] = {
-            "idle_sockets": probe_idle_sockets(base, port, args.idle, image, template),
-            "stalled_uploads": probe_stalled_uploads(base, port, args.stalled, image, template),
+            "idle_sockets": probe_idle_sockets(base, port, idle, image, template),
+            "stalled_uploads": probe_stalled_uploads(base, port, stalled, image, template),
         }
         for row in probe_oversize(base):
             probes[f"oversize_{row['what'].split()[0]}"] = row
@@ -366,24 +413,7 @@ def main() -> None:
             "answer": {"status": healthz(base)},
         }
     probes["missing_token"] = probe_token(bundle, folder)
-    rows = []
-    for name, probe in probes.items():
-        result = probe.get("answer", {})
-        status = result.get("status", result.get("status_line", ""))
-        body = result.get("body", "")
-        reason = body.get("error", "") if isinstance(body, dict) else str(body)
-        health = probe.get("healthz_during", "")
-        rows.append(
-            [name, str(status), reason[:70], ",".join(str(value) for value in health) if health else ""]
-        )
-    print_table("serve abuse probes", ["probe", "answer", "reason", "/healthz during"], rows)
-    path = write_result(
-        "serve_abuse",
-        {"bundle": bundle.name, "settings": {"max_concurrency": 1, "max_queue": 2, "connection_limit": 67,
-                                             "header_timeout_s": 10, "body_timeout_s": 30},
-         "probes": probes},
-    )  # fmt: skip
-    print(f"-> {path}")
+    return probes
 
 
 if __name__ == "__main__":

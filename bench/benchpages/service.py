@@ -175,6 +175,24 @@ def section_abuse(page: Page) -> None:
             ]
         )
     page.table(("probe", "status", "answer"), rows)
+    outcome = abuse.get("summary")
+    if outcome is not None:
+        line = abuse["probes"]["line"]
+        review, fleet = line["review_under_load"], line["fleet"]
+        page.para(
+            f"The line's probes (`bench/serve_abuse_line.py`): for {review['what'].split(':')[0]} the service kept",
+            "answering while the keep cap deleted images under an operator deciding, a second tab resending",
+            f"each decision ({_counts(review['second_tab'])}) and long names ({_counts(review['statuses'])} in",
+            f"all); {review['folder']['decided']} decisions saved, labels lost: {outcome['labels_lost']}. Two",
+            f"processes on one models store converged after a promotion in {fleet['steps']['promote']['seconds']} s",
+            f"and a roll-back in {fleet['steps']['rollback']['seconds']} s. Answers with status 500 in every probe:",
+            f"{outcome['status_500']}.",
+        )
+
+
+def _counts(statuses: dict[str, int]) -> str:
+    """`{"200": 3, "409": 1}` -> `3 x 200, 1 x 409`."""
+    return ", ".join(f"{count} x {status}" for status, count in sorted(statuses.items()))
 
 
 def section_loop_shift(page: Page) -> None:
