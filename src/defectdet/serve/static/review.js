@@ -545,7 +545,10 @@ async function send(decision) {
   else setStatus(`saved: ${decision.image} ${decision.action} (${count} box${count === 1 ? "" : "es"})${dropped}`);
   if (index === state.index) renderItemHead(body);
   if (decision.action !== "edit") state.memory.delete(decision.image);
-  if (TAKEN_BACK.has(decision.action)) state.history.push(decision.image);
+  if (TAKEN_BACK.has(decision.action)) {
+    state.history.push(decision.image);
+    if (state.history.length > 200) state.history.shift();
+  }
   renderList();
   return true;
 }
