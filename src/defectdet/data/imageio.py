@@ -2,8 +2,9 @@
 
 Only the formats in `ACCEPTED_FORMATS` are decoded, recognised by their magic bytes (never by the file
 name). Their width and height are read from the header by the parsers here, and an image over
-`max_pixels` is refused before OpenCV or Pillow sees a byte; OpenCV's own cap
-(`OPENCV_IO_MAX_IMAGE_PIXELS`, set on package import) is the backstop. The common case goes straight
+`max_pixels`, or longer than `MAX_ASPECT_RATIO` times its width (or the reverse), is refused before OpenCV or
+Pillow sees a byte; OpenCV's own cap (`OPENCV_IO_MAX_IMAGE_PIXELS`, set on package import) is the backstop,
+and the Pillow fallback refuses a buffer larger than OpenCV's for `max_pixels` RGB pixels. The common case goes straight
 through `cv2.imdecode`, which also applies the EXIF orientation for the non-UNCHANGED flags used here;
 Pillow, restricted to the same format, is the fallback. Files are opened only when they are regular
 files (a FIFO would block forever). Every failure, including any exception a decoder raises on a
@@ -53,6 +54,11 @@ IMAGE_SUFFIXES = frozenset(
 _HEAD_BYTES = 1 << 16  # read_image_size reads this much first, more only if the header needs it
 _MAX_HEAD_BYTES = 1 << 24
 _TIFF_TILE_ALLOWANCE = 4096 * 4096  # a tile may exceed a small max_pixels, never this
+# The longer side over the shorter: beyond this an image is a strip no model here sees anything in, and OpenCV's
+# PNG decoder refuses rows over a million pixels, which leaves such a file to Pillow at four bytes a pixel
+MAX_ASPECT_RATIO = 100
+# Bytes a pixel takes in Pillow's buffer, by mode (RGB is stored as RGBX); other modes count 4
+_PILLOW_PIXEL_BYTES = {"1": 1, "L": 1, "P": 1, "I;16": 2, "I;16B": 2, "I;16L": 2, "I;16N": 2}
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _JPEG_SIGNATURE = b"\xff\xd8\xff"
@@ -299,7 +305,7 @@ def _decode_raw(data: bytes, path: Path, channels: int, max_pixels: int) -> np.n
     name = _accepted_format(data, path)
     _check_size(path, data, name, max_pixels)
     try:
-        image = _decode_accepted(data, path, name, channels)
+        image = _decode_accepted(data, path, name, channels, max_pixels)
     except ImageReadError:
         raise
     except Exception as error:  # noqa: BLE001 - any decoder failure on a malformed file is the file's fault
@@ -309,14 +315,14 @@ def _decode_raw(data: bytes, path: Path, channels: int, max_pixels: int) -> np.n
     return image
 
 
-def _decode_accepted(data: bytes, path: Path, name: str, channels: int) -> np.ndarray:
+def _decode_accepted(data: bytes, path: Path, name: str, channels: int, max_pixels: int) -> np.ndarray:
     flags = cv2.IMREAD_ANYDEPTH | (cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR)
     try:
         image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)
     except cv2.error:
         image = None
     if image is None:
-        return _decode_with_pillow(path, data, name, channels)
+        return _decode_with_pillow(path, data, name, channels, max_pixels)
     if name == "JPEG" and _jpeg_ends_early(data, image, flags):
         raise ImageReadError(
             f"{path}: JPEG is truncated (its image data stops early and the rest would decode as flat "
@@ -408,6 +414,12 @@ def _check_size(path: Path, data: bytes, name: str, max_pixels: int) -> None:
     width, height = size
     if width <= 0 or height <= 0:
         raise ImageReadError(f"{path}: {name} header declares an empty image ({width}x{height})")
+    if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+        raise ImageReadError(
+            f"{path}: image is {width}x{height} pixels, an aspect ratio of "
+            f"{max(width, height) / min(width, height):,.0f}:1; at most {MAX_ASPECT_RATIO}:1 is accepted "
+            "(crop it, or cut it into tiles)"
+        )
     pixels = width * height
     if pixels > max_pixels:
         raise ImageTooLargeError(
@@ -558,24 +570,40 @@ def _exif_orientation(image: Image.Image) -> int:
         return 1
 
 
-def _decode_with_pillow(path: Path, data: bytes, name: str, channels: int) -> np.ndarray:
-    """Pillow, restricted to the format already recognised (never a guess over all its plugins)."""
+def _decode_with_pillow(path: Path, data: bytes, name: str, channels: int, max_pixels: int) -> np.ndarray:
+    """Pillow, restricted to the format already recognised (never a guess over all its plugins), and only
+    when its buffer fits what OpenCV would allocate for `max_pixels` RGB pixels."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data), formats=[ACCEPTED_FORMATS[name]]) as opened:
+                _check_pillow_buffer(path, opened, max_pixels)
                 opened.load()
                 image = ImageOps.exif_transpose(opened) or opened
                 if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
                     array = np.asarray(image)  # (H, W) deep gray
                     return array if channels == 1 else np.repeat(array[:, :, None], 3, axis=2)
                 return np.asarray(image.convert("L" if channels == 1 else "RGB"))
+    except ImageTooLargeError:
+        raise
     except Image.DecompressionBombError as error:
         raise ImageTooLargeError(f"{path}: image is too large for Pillow to decode ({error})") from error
     except Exception as error:  # noqa: BLE001 - Pillow's plugins raise many types on malformed files
         raise ImageReadError(
             f"{path}: cannot decode image (corrupt, truncated or not an image: {_describe(error)})"
         ) from None
+
+
+def _check_pillow_buffer(path: Path, opened: Image.Image, max_pixels: int) -> None:
+    """Refuse, from the header Pillow has read, a decode whose buffer is over 3 bytes x `max_pixels`."""
+    width, height = opened.size
+    allocated = width * height * _PILLOW_PIXEL_BYTES.get(opened.mode, 4)
+    if allocated > 3 * max_pixels:
+        raise ImageTooLargeError(
+            f"{path}: decoding this {width}x{height} {opened.mode} image takes {allocated / 2**20:,.0f} MiB, "
+            f"over the {3 * max_pixels / 2**20:,.0f} MiB that {max_pixels:,} RGB pixels take (max_pixels); "
+            "pass a larger max_pixels to read_image to allow it"
+        )
 
 
 def _float_peak(image: np.ndarray) -> float:
