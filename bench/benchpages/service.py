@@ -180,10 +180,12 @@ def section_abuse(page: Page) -> None:
         line = abuse["probes"]["line"]
         review, fleet = line["review_under_load"], line["fleet"]
         page.para(
-            f"The line's probes (`bench/serve_abuse_line.py`): for {review['what'].split(':')[0]} the service kept",
-            "answering while the keep cap deleted images under an operator deciding, a second tab resending",
-            f"each decision ({_counts(review['second_tab'])}) and long names ({_counts(review['statuses'])} in",
-            f"all); {review['folder']['decided']} decisions saved, labels lost: {outcome['labels_lost']}. Two",
+            f"The line's probes (`bench/serve_abuse_line.py`): for {review['what'].split(':')[0]} an operator",
+            "decided the listed images while the keep cap deleted others and a client kept posting; a second tab",
+            f"resending each decision on its old version got {_counts(review['second_tab'])}, decisions on images",
+            "the cap had just deleted and names of 300 and 10,000 characters got 404 (all answers:",
+            f"{_counts(review['statuses'])}). {review['folder']['decided']} decisions saved, labels lost:",
+            f"{outcome['labels_lost']}. Two",
             f"processes on one models store converged after a promotion in {fleet['steps']['promote']['seconds']} s",
             f"and a roll-back in {fleet['steps']['rollback']['seconds']} s. Answers with status 500 in every probe:",
             f"{outcome['status_500']}.",
