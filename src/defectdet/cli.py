@@ -910,6 +910,9 @@ def review(
     export_coco: Path | None = typer.Option(
         None, help="Write the reviewed labels as COCO json to this file and exit (no server)."
     ),
+    model: Path | None = typer.Option(
+        None, help="A good-parts-only bundle (defectdet fit): the page draws its anomaly map under the boxes."
+    ),
 ) -> None:
     """Review kept images in the browser: accept, clean, skip, re-class, delete or draw boxes -> YOLO labels.
 
@@ -936,7 +939,7 @@ def review(
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
-    run_review(review_folder, host, port, settings)
+    run_review(review_folder, host, port, settings, model)
 
 
 @app.command()

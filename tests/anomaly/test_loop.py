@@ -167,6 +167,27 @@ def test_an_image_that_cannot_be_drawn_is_a_clear_4xx(good_only_bundle: Path, tm
     assert gone.value.status == 404 and "part.png" in gone.value.reason
 
 
+def test_offline_review_draws_the_map_with_the_model_given(
+    good_only_bundle: Path, detector_like: Path, tmp_path: Path
+) -> None:
+    """`defectdet review KEPT --model BUNDLE`: the map of a good-parts-only bundle; without a model no map is
+    offered (404, the page hides the layer); a detector as --model is refused, naming it."""
+    from defectdet.errors import DefectDetError
+    from defectdet.serve.review_app import create_review_app
+
+    (tmp_path / "images").mkdir()
+    cv2.imwrite(str(tmp_path / "images" / "part.png"), _defective(55))
+    with TestClient(
+        create_review_app(tmp_path, model=good_only_bundle), base_url="http://localhost"
+    ) as client:
+        assert client.get("/v1/review/map").json() == {"available": True}
+        assert client.get("/v1/review/map/part.png").status_code == 200
+    with TestClient(create_review_app(tmp_path), base_url="http://localhost") as client:
+        assert client.get("/v1/review/map").status_code == 404
+    with pytest.raises(DefectDetError, match="not a good-parts-only model"):
+        create_review_app(tmp_path, model=detector_like)
+
+
 def test_no_map_is_offered_for_a_detector(detector_like: Path, tmp_path: Path) -> None:
     from defectdet.serve.server import create_app
     from defectdet.serve.settings import ServeSettings
