@@ -19,12 +19,13 @@ def test_a_twenty_million_by_one_png_is_refused_from_its_header() -> None:
     with pytest.raises(ImageReadError, match=r"upload\.png: image is 20000000x1 pixels, an aspect ratio of"):
         decode_image(data, "upload.png", 1, max_pixels=25_000_000)
     with pytest.raises(ImageReadError, match=f"at most {MAX_ASPECT_RATIO}:1"):
-        decode_image(png(1, 5_000), "tall.png", 3)
+        decode_image(png(1, 5_000), "tall.png", 3)  # 5000:1
 
 
 def test_long_strips_up_to_the_ratio_decode() -> None:
-    assert decode_image(png(100 * 20, 20), "strip.png", 1).shape == (20, 2000)
-    assert decode_image(png(20, 100 * 20, color=True), "strip.png", 3).shape == (2000, 20, 3)
+    assert decode_image(png(1000 * 2, 2), "strip.png", 1).shape == (2, 2000)
+    assert decode_image(png(2, 1000 * 2, color=True), "strip.png", 3).shape == (2000, 2, 3)
+    assert decode_image(png(700, 1), "line.png", 1).shape == (1, 700)
 
 
 def test_the_pillow_fallback_is_held_to_the_bytes_opencv_would_take(monkeypatch: pytest.MonkeyPatch) -> None:
