@@ -1,7 +1,8 @@
 """The inspection service's FastAPI app: `create_app(bundle_or_predictor, settings)` puts the rooms together.
 
 - `serve.settings`: `ServeSettings`, the limits and access settings.
-- `serve.service`: `Service`, the live model, readiness, admission control and one /v1/detect request.
+- `serve.service`: `Service`, the live model, readiness, admission control and one /v1/detect request, whose
+  form `serve.detect_form` reads and checks.
 - `serve.routes`: the service's routes and the JSON error handlers; `serve.review` and `serve.model_routes`
   add the review and models routes.
 - `serve.guards`: the middlewares (JSON 500s, request metrics, Host/token/cross-site access control);

@@ -1,24 +1,22 @@
 """The service's state and one /v1/detect request: `Service` holds the live model (through `Deployment`),
 readiness, admission control (at most `max_concurrency` inferences run on a thread pool, off the event loop,
 and `max_queue` more wait; beyond that 503 with Retry-After at once), capture, the drift charts and the last
-results. An upload is read as a stream before it takes an inference place. No torch import.
+results. An upload is read as a stream (`serve.detect_form`) before it takes an inference place. No torch
+import.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 
 from defectdet.errors import DefectDetError, ImageReadError
 from defectdet.runtime.bundle import BundleMetadata
@@ -29,27 +27,15 @@ from defectdet.runtime.predictor import PredictionResult, Predictor
 from defectdet.serve.answers import one_line
 from defectdet.serve.capture import Capture, KeptItem, keep_reasons
 from defectdet.serve.deployment import Deployment, ServedModel, predict_planes, warm_up
+from defectdet.serve.detect_form import Upload, read_detect_form, upload_of
 from defectdet.serve.metrics import ServiceMetrics
 from defectdet.serve.review import ReviewFolder
 from defectdet.serve.servable import ServablePredictor
 from defectdet.serve.settings import ServeSettings
-from defectdet.serve.upload import Part, UploadError, read_form, upload_name
+from defectdet.serve.upload import Part, UploadError, upload_name
 from defectdet.serve.workers import DriftBroadcast
 
 logger = logging.getLogger(__name__)
-
-RENAMED_FORM_FIELDS = {"conf": "threshold"}  # still read, logged as deprecated
-CONF_FIELD_BYTES = 64
-
-
-@dataclass(frozen=True)
-class Upload:
-    """One /v1/detect request's planes as received: the image, its template and its companion captures."""
-
-    image: bytes
-    template: bytes | None = None
-    companions: Mapping[str, bytes] = field(default_factory=dict)
-    filename: str | None = None  # the image's file name as the client sent it (kept, sanitised, in the sidecar)
 
 
 class Service:
@@ -277,7 +263,7 @@ class Service:
         self.check_ready()
         arrived = time.perf_counter()
         form = await self._read_upload(request)
-        upload, conf = self._fields(form)
+        upload, conf = upload_of(form, self.metadata)
         received = time.perf_counter()
         result, drift, queued, kept, version = await self._run(upload, conf)
         finished = time.perf_counter()
@@ -303,57 +289,14 @@ class Service:
         return answer
 
     async def _read_upload(self, request: Request) -> dict[str, Part]:
-        """The multipart form, read as a stream within `body_timeout_s` (408 beyond)."""
+        """The multipart form (`read_detect_form`), counted as an upload being read."""
         self.reading += 1
         self.metrics.reading.set(self.reading)
         try:
-            fields = {
-                "image": self.settings.max_bytes,
-                "template": self.settings.max_bytes,
-                **{name: self.settings.max_bytes for name in self.metadata.companions},
-                "threshold": CONF_FIELD_BYTES,
-                "conf": CONF_FIELD_BYTES,
-            }
-            reading = read_form(
-                {key.lower(): value for key, value in request.headers.items()},
-                _stream(request),
-                self.settings.max_bytes,
-                fields,
-            )
-            try:
-                return await asyncio.wait_for(reading, self.settings.body_timeout_s)
-            except asyncio.TimeoutError:
-                raise UploadError(
-                    408, f"the upload took longer than {self.settings.body_timeout_s:g} s"
-                ) from None
+            return await read_detect_form(request, self.metadata, self.settings)
         finally:
             self.reading -= 1
             self.metrics.reading.set(self.reading)
-
-    def _fields(self, form: dict[str, Part]) -> tuple[Upload, float | None]:
-        """(planes, threshold) from the form; 422 for a missing image, template or companion capture, or a
-        template the bundle does not take. The field `conf` (the threshold's name before one name per concept)
-        is read as `threshold`."""
-        if "image" not in form:
-            raise UploadError(422, "missing form field 'image' (the image file to inspect)")
-        conf = _threshold_field(form)
-        template = bytes(form["template"].data) if "template" in form else None
-        if self.metadata.template and template is None:
-            raise UploadError(
-                422,
-                "this bundle compares each image to its defect-free template: send the 'template' field",
-            )
-        if not self.metadata.template and template is not None:
-            raise UploadError(422, "this bundle takes no template: drop the 'template' field")
-        for name in self.metadata.companions:
-            if name not in form:
-                raise UploadError(
-                    422,
-                    f"this bundle also takes the aligned capture {name!r}: send it as the form field {name!r}",
-                )
-        companions = {name: bytes(form[name].data) for name in self.metadata.companions}
-        image = form["image"]
-        return Upload(bytes(image.data), template, companions, image.filename), conf
 
     async def _run(
         self, upload: Upload, conf: float | None
@@ -409,37 +352,6 @@ def _recent(result: PredictionResult, drift: dict[str, Any], total_ms: float) ->
         "total_ms": round(total_ms, 1),
         "image_size": list(result.image_size),
     }
-
-
-async def _stream(request: Request) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in request.stream():
-            yield chunk
-    except ClientDisconnect:
-        raise UploadError(400, "client disconnected during the upload") from None
-
-
-def _threshold_field(form: dict[str, Part]) -> float | None:
-    """The form's `threshold` (or its deprecated name `conf`), None when absent; 422 for both or a bad value."""
-    given = [name for name in ("threshold", *RENAMED_FORM_FIELDS) if name in form]
-    if not given:
-        return None
-    if len(given) > 1:
-        raise UploadError(422, "send 'threshold' only ('conf' is its deprecated name)")
-    if given[0] in RENAMED_FORM_FIELDS:
-        logger.warning("form field 'conf' is deprecated: send 'threshold'")
-    return _parse_threshold(form[given[0]].data, given[0])
-
-
-def _parse_threshold(data: bytes, name: str = "threshold") -> float:
-    text = data.decode("utf-8", "replace").strip()
-    try:
-        value = float(text)
-    except ValueError:
-        raise UploadError(422, f"{name} must be a number in [0, 1], got {text[:30]!r}") from None
-    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-        raise UploadError(422, f"{name} must be a number in [0, 1], got {text[:30]!r}")
-    return value
 
 
 def warn_quality(name: str, metadata: BundleMetadata) -> None:

@@ -1,0 +1,113 @@
+"""One /v1/detect request's form: read as a stream within the byte and time limits, then checked against the
+bundle (the image, its template and companion captures as the bundle takes them, and the threshold). No torch
+import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+
+from starlette.requests import ClientDisconnect, Request
+
+from defectdet.runtime.bundle import BundleMetadata
+from defectdet.serve.settings import ServeSettings
+from defectdet.serve.upload import Part, UploadError, read_form
+
+logger = logging.getLogger(__name__)
+
+RENAMED_FORM_FIELDS = {"conf": "threshold"}  # still read, logged as deprecated
+CONF_FIELD_BYTES = 64
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One /v1/detect request's planes as received: the image, its template and its companion captures."""
+
+    image: bytes
+    template: bytes | None = None
+    companions: Mapping[str, bytes] = field(default_factory=dict)
+    filename: str | None = None  # the image's file name as the client sent it (kept, sanitised)
+
+
+async def read_detect_form(
+    request: Request, metadata: BundleMetadata, settings: ServeSettings
+) -> dict[str, Part]:
+    """The multipart form, read as a stream within `max_bytes` (413 beyond) and `body_timeout_s` (408)."""
+    fields = {
+        "image": settings.max_bytes,
+        "template": settings.max_bytes,
+        **{name: settings.max_bytes for name in metadata.companions},
+        "threshold": CONF_FIELD_BYTES,
+        "conf": CONF_FIELD_BYTES,
+    }
+    reading = read_form(
+        {key.lower(): value for key, value in request.headers.items()},
+        _stream(request),
+        settings.max_bytes,
+        fields,
+    )
+    try:
+        return await asyncio.wait_for(reading, settings.body_timeout_s)
+    except asyncio.TimeoutError:
+        raise UploadError(408, f"the upload took longer than {settings.body_timeout_s:g} s") from None
+
+
+def upload_of(form: dict[str, Part], metadata: BundleMetadata) -> tuple[Upload, float | None]:
+    """(planes, threshold) from the form; 422 for a missing image, template or companion capture, or a
+    template the bundle does not take. The field `conf` (the threshold's name before one name per concept)
+    is read as `threshold`."""
+    if "image" not in form:
+        raise UploadError(422, "missing form field 'image' (the image file to inspect)")
+    conf = _threshold_field(form)
+    template = bytes(form["template"].data) if "template" in form else None
+    if metadata.template and template is None:
+        raise UploadError(
+            422,
+            "this bundle compares each image to its defect-free template: send the 'template' field",
+        )
+    if not metadata.template and template is not None:
+        raise UploadError(422, "this bundle takes no template: drop the 'template' field")
+    for name in metadata.companions:
+        if name not in form:
+            raise UploadError(
+                422,
+                f"this bundle also takes the aligned capture {name!r}: send it as the form field {name!r}",
+            )
+    companions = {name: bytes(form[name].data) for name in metadata.companions}
+    image = form["image"]
+    return Upload(bytes(image.data), template, companions, image.filename), conf
+
+
+async def _stream(request: Request) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in request.stream():
+            yield chunk
+    except ClientDisconnect:
+        raise UploadError(400, "client disconnected during the upload") from None
+
+
+def _threshold_field(form: dict[str, Part]) -> float | None:
+    """The form's `threshold` (or its deprecated name `conf`), None when absent; 422 for both or a bad value."""
+    given = [name for name in ("threshold", *RENAMED_FORM_FIELDS) if name in form]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise UploadError(422, "send 'threshold' only ('conf' is its deprecated name)")
+    if given[0] in RENAMED_FORM_FIELDS:
+        logger.warning("form field 'conf' is deprecated: send 'threshold'")
+    return _parse_threshold(form[given[0]].data, given[0])
+
+
+def _parse_threshold(data: bytes, name: str = "threshold") -> float:
+    text = data.decode("utf-8", "replace").strip()
+    try:
+        value = float(text)
+    except ValueError:
+        raise UploadError(422, f"{name} must be a number in [0, 1], got {text[:30]!r}") from None
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise UploadError(422, f"{name} must be a number in [0, 1], got {text[:30]!r}")
+    return value
