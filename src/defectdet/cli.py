@@ -58,7 +58,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
 )
-console = Console(stderr=False)
+# soft_wrap: a message is never folded at the terminal's width, so a long path stays one line a user can copy
+# (tables still fit the width)
+console = Console(stderr=False, soft_wrap=True)
 
 
 def _setup_logging(verbose: bool) -> None:
