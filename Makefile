@@ -42,18 +42,18 @@ demo: $(STAMP)
 	$(BIN)/defectdet demo --out runs/demo
 
 bench: $(STAMP)
-	$(BIN)/python bench/loader.py
-	$(BIN)/python bench/latency.py
-	$(BIN)/python bench/train_deeppcb.py
+	$(BIN)/python -m bench.loader
+	$(BIN)/python -m bench.latency
+	$(BIN)/python -m bench.train_deeppcb
 	$(BIN)/defectdet export runs/bench_deeppcb/best.pt --out runs/bench_deeppcb/model.onnx
-	$(BIN)/python bench/int8.py --checkpoint runs/bench_deeppcb/best.pt
-	$(BIN)/python bench/drift.py --bundle runs/bench_deeppcb/model.onnx
-	$(BIN)/python bench/serve_load.py --bundle runs/bench_deeppcb/model.onnx
-	$(BIN)/python bench/serve_abuse.py
-	$(BIN)/python bench/train_surface.py
-	$(BIN)/python bench/tiles.py
-	$(BIN)/python bench/demo.py --out runs/demo_check
-	$(BIN)/python bench/synth_to_deeppcb.py --checkpoint runs/demo_check/run/best.pt
+	$(BIN)/python -m bench.int8 --checkpoint runs/bench_deeppcb/best.pt
+	$(BIN)/python -m bench.drift --bundle runs/bench_deeppcb/model.onnx
+	$(BIN)/python -m bench.serve_load --bundle runs/bench_deeppcb/model.onnx
+	$(BIN)/python -m bench.serve_abuse
+	$(BIN)/python -m bench.train_surface
+	$(BIN)/python -m bench.tiles
+	$(BIN)/python -m bench.demo --out runs/demo_check
+	$(BIN)/python -m bench.synth_to_deeppcb --checkpoint runs/demo_check/run/best.pt
 
 # Side by side with Ultralytics YOLO (issue 13; about 1.5 hours, not part of `make test`). Ultralytics is AGPL-3.0:
 # it lives only in .venv-peers, never in .venv. torch/torchvision are pinned in every pip call so that pip takes
@@ -77,16 +77,16 @@ PEERS_RUNGS ?= surface:yolo11n:352:10 surface:yolov8n:352:10 surface:yolo11n:640
 	deeppcb_plain:yolo11n:320:10 deeppcb_template:yolo11n:320:10 surface:yolo11n:352:30 deeppcb_plain:yolo11n:640:30 surface:yolo11n:352:60 \
 	deeppcb_plain:yolo11n:640:60
 bench-peers: $(STAMP) $(PEERS_STAMP)
-	for rung in $(PEERS_RUNGS); do OMP_NUM_THREADS=1 $(BIN)/python bench/peers_ladder.py --rung $$rung --threads 1; done
-	$(BIN)/python bench/peers_ladder.py --summary
-	$(BIN)/python bench/peers_latency.py --threads 1
+	for rung in $(PEERS_RUNGS); do OMP_NUM_THREADS=1 $(BIN)/python -m bench.peers_ladder --rung $$rung --threads 1; done
+	$(BIN)/python -m bench.peers_ladder --summary
+	$(BIN)/python -m bench.peers_latency --threads 1
 
 # The starting weights shipped in src/defectdet/model/weights (bench/pretrain.py; budget in the README). Only the
 # plain layout ships: template weights (bench/pretrain.py --layout template --epochs 30) lost to random ones on
 # DeepPCB with templates (bench/results/pretrained_deeppcb_template_*_10min.json).
 pretrain: $(STAMP)
 	for preset in nano tiny; do \
-	  OMP_NUM_THREADS=1 $(BIN)/python bench/pretrain.py --preset $$preset --layout plain --epochs 24 --boards 800 --surfaces 1200 || exit 1; \
+	  OMP_NUM_THREADS=1 $(BIN)/python -m bench.pretrain --preset $$preset --layout plain --epochs 24 --boards 800 --surfaces 1200 || exit 1; \
 	done
 
 # Shipped weights against random ones (issue 19): per dataset the two inits side by side at 1 thread each,
@@ -97,24 +97,24 @@ pretrain: $(STAMP)
 # beside --init scratch.
 bench-pretrained: $(STAMP)
 	for dataset in deeppcb_plain surface; do \
-	  $(BIN)/python bench/pretrained.py --dataset $$dataset --init scratch --threads 1 & \
-	  $(BIN)/python bench/scaling.py --rung $$dataset:nano:10 --threads 1; wait; \
+	  $(BIN)/python -m bench.pretrained --dataset $$dataset --init scratch --threads 1 & \
+	  $(BIN)/python -m bench.scaling --rung $$dataset:nano:10 --threads 1; wait; \
 	done
-	$(BIN)/python bench/pretrained.py --summary
+	$(BIN)/python -m bench.pretrained --summary
 
 # The budget ladder (issue 19): every rung without a result file yet (about 8 hours for all), then the curves.
 bench-scaling: $(STAMP)
-	$(BIN)/python bench/scaling.py --all
+	$(BIN)/python -m bench.scaling --all
 
 # The service's own cost: `defectdet serve` against the in-process Predictor on the same bundle and image pair,
 # interleaved in one run at 1, 2, 4 and 8 clients, with the defaults, keep + models folder, and 2 workers
 # (a few minutes; bench/results/serve_overhead.json).
 bench-serve-overhead: $(STAMP)
-	$(BIN)/python bench/serve_overhead.py
+	$(BIN)/python -m bench.serve_overhead
 
 # The benchmark pages of the documentation site (docs/benchmarks/*.md and their plots) from bench/results/*.json.
 bench-pages: $(STAMP)
-	$(BIN)/python bench/pages.py
+	$(BIN)/python -m bench.pages
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -1,11 +1,11 @@
 """One default switched: the budget ladder's run with a setting changed, against the ladder's rung.
 
-    python bench/ablate.py --rung deeppcb_plain:nano:10 --set clean_templates=false [--threads 1]
-    python bench/ablate.py --rung surface:nano:10 --set seed=1      # the rung again, another seed
-    python bench/ablate.py --rung deeppcb_plain:tiny:20 --set synthetic_boards=400 --threads 2   # both cores: *_threads-2.json
-    python bench/ablate.py --rung deeppcb_plain:tiny:20 --set synthetic_boards=0 --tag stop38   # a same-commit control
-    python bench/ablate.py --rung deeppcb_plain:tiny:20 --set val_every=null   # the product's validation cadence
-    python bench/ablate.py --rung surface:tiny:30 --set epochs=40 --set "augment={mosaic_prob: 0.5}"  # a nested field
+    python -m bench.ablate --rung deeppcb_plain:nano:10 --set clean_templates=false [--threads 1]
+    python -m bench.ablate --rung surface:nano:10 --set seed=1      # the rung again, another seed
+    python -m bench.ablate --rung deeppcb_plain:tiny:20 --set synthetic_boards=400 --threads 2   # both cores: *_threads-2.json
+    python -m bench.ablate --rung deeppcb_plain:tiny:20 --set synthetic_boards=0 --tag stop38   # a same-commit control
+    python -m bench.ablate --rung deeppcb_plain:tiny:20 --set val_every=null   # the product's validation cadence
+    python -m bench.ablate --rung surface:tiny:30 --set epochs=40 --set "augment={mosaic_prob: 0.5}"  # a nested field
 
 DeepPCB rungs validate on the held-out groups every 2 epochs (the curves between budget points), which takes
 training time from a time-budgeted run; `val_every=null` validates as `train` does by default (about ten times).
@@ -25,9 +25,10 @@ import sys
 from pathlib import Path
 
 import yaml
-from common import RESULTS_DIR, limit_threads, print_table, write_result
-from pretrained import run_arm
-from scaling import result_name
+
+from bench.common import RESULTS_DIR, limit_threads, print_table, write_result
+from bench.pretrained import run_arm
+from bench.scaling import result_name
 
 
 def parse_settings(pairs: list[str]) -> dict:
@@ -83,7 +84,7 @@ def main() -> int:
     path = write_result(
         name,
         {
-            "command": " ".join(["python bench/ablate.py", *sys.argv[1:]]),
+            "command": " ".join(["python -m bench.ablate", *sys.argv[1:]]),
             "dataset": dataset,
             "preset": preset,
             "minutes": float(minutes),

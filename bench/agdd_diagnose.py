@@ -1,8 +1,8 @@
 """What limits AGDD with one lighting: how visible each class is under each lighting, and how well a trained model
 fits the images it trained on against held-out and val images.
 
-    python bench/agdd_diagnose.py                                   # contrast only (seconds)
-    python bench/agdd_diagnose.py --run runs/bench_realdata/realdata_agdd_1light_30min_seed0
+    python -m bench.agdd_diagnose                                   # contrast only (seconds)
+    python -m bench.agdd_diagnose --run runs/bench_realdata/realdata_agdd_1light_30min_seed0
 
 Contrast: each image is read in gray and resized to the input size the defaults choose for AGDD (608). The
 residual is |pixel - its 15 px median|, which keeps lines and dots and drops the slow shading. A box's contrast
@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import uncommitted_code, write_result
+
+from bench.common import uncommitted_code, write_result
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 SIZE = 608  # the input size the defaults choose for AGDD's 640 px images
@@ -170,7 +171,7 @@ def main() -> int:
         raise SystemExit("uncommitted code: commit it first")
     root = args.shared / "agdd"
     document: dict[str, Any] = {
-        "command": " ".join(["python bench/agdd_diagnose.py", *sys.argv[1:]]),
+        "command": " ".join(["python -m bench.agdd_diagnose", *sys.argv[1:]]),
         "input_size": SIZE,
         "faint_ratio": FAINT,
         "contrast": {split: contrast(root, split) for split in ("train", "val")},

@@ -1,6 +1,6 @@
 """Does bf16 autocast speed up a training step on this CPU? (It decides `amp` on CPU: off unless it helps.)
 
-    python bench/amp_cpu.py [--preset nano] [--batch 16] [--crop 320] [--steps 20] [--tag xeon]
+    python -m bench.amp_cpu [--preset nano] [--batch 16] [--crop 320] [--steps 20] [--tag xeon]
 
 The answer depends on the CPU: bf16 needs AVX512-BF16 or AMX to be fast (the JSON records the CPU model and
 whether torch sees AMX); `--tag` writes bench/results/amp_cpu_<tag>.json so one CPU's answer does not replace
@@ -17,8 +17,8 @@ import statistics
 import time
 
 import torch
-from common import print_table, write_result
 
+from bench.common import print_table, write_result
 from defectdet.model import build_model
 
 

@@ -1,6 +1,6 @@
 """Clean-board false-call rate and escape rate at a threshold chosen on other boards.
 
-Usage: ``python bench/clean_boards.py [--checkpoint runs/deeppcb_nano/best.pt] [--data ../shared/datasets/deeppcb]
+Usage: ``python -m bench.clean_boards [--checkpoint runs/deeppcb_nano/best.pt] [--data ../shared/datasets/deeppcb]
 [--label deeppcb] [--name clean_boards_deeppcb]``; synthetic boards: ``defectdet synth runs/synth_small --boards 240
 --seed 7 --min-size 320 --max-size 384``, ``defectdet train runs/synth_small/data.yaml --preset nano --time 10
 --out runs/synth_nano``, then ``--checkpoint runs/synth_nano/best.pt --data runs/synth_small/data.yaml --label synth
@@ -20,7 +20,6 @@ fixed 0 / 1 / 2 / 3 / 6 px shifts with 0.5 deg rotation; each with pair registra
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -30,17 +29,15 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
-import common  # noqa: E402
-
-from defectdet.data.formats import load_dataset  # noqa: E402
-from defectdet.data.formats.deeppcb import group_of  # noqa: E402
-from defectdet.data.recapture import RecaptureConfig, make_clean_boards  # noqa: E402
-from defectdet.data.sample import DatasetSplit, Sample  # noqa: E402
-from defectdet.engine.checkpoint import load_detector  # noqa: E402
-from defectdet.engine.predict import predict_records, registration_summary  # noqa: E402
-from defectdet.evaluation.threshold import board_rates, threshold_for_escape  # noqa: E402
-from defectdet.runtime.spec import ModelSpec  # noqa: E402
+from bench import common
+from defectdet.data.formats import load_dataset
+from defectdet.data.formats.deeppcb import group_of
+from defectdet.data.recapture import RecaptureConfig, make_clean_boards
+from defectdet.data.sample import DatasetSplit, Sample
+from defectdet.engine.checkpoint import load_detector
+from defectdet.engine.predict import predict_records, registration_summary
+from defectdet.evaluation.threshold import board_rates, threshold_for_escape
+from defectdet.runtime.spec import ModelSpec
 
 TARGET_ESCAPE = 0.01
 

@@ -1,7 +1,6 @@
 """Shared helpers for the benchmarks: machine/version info, JSON results, a rich table.
 
-Scripts run as `python bench/<name>.py`; import with
-`from common import ...` (the script's folder is on sys.path) or `from bench.common import ...`.
+Benchmarks run from the repository root as `python -m bench.<name>` and import `from bench.common import ...`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`defectdet demo` timed end to end, its held-out figures written to bench/results/demo.json.
 
-    .venv/bin/python bench/demo.py [--out runs/demo_check] [--minutes 6] [--boards 160]
+    .venv/bin/python -m bench.demo [--out runs/demo_check] [--minutes 6] [--boards 160]
 
 Runs exactly what `make demo` runs (`defectdet.demo.run_demo`: synthesize, check, train, validate on the
 held-out boards with their templates as clean boards, export the bundle, predict without torch) and records
@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 import yaml
-from common import print_table, write_result
 from rich.console import Console
 
+from bench.common import print_table, write_result
 from defectdet.demo import DEMO_MINUTES, run_demo
 
 HEADLINE_KEYS = ("mAP50", "mAP50_95", "deeppcb_F", "threshold", "escape_rate", "false_call_rate")

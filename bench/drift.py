@@ -20,36 +20,33 @@ taken in turn from each board group, with the spread between groups):
    test board has defects, so that share is the board-level recall).
 Faults touch the tested image only (the golden template was captured before the lens got dirty).
 
-Run: python bench/drift.py [--bundle runs/drift_model/model.onnx] [--data ../shared/datasets/deeppcb]
+Run: python -m bench.drift [--bundle runs/drift_model/model.onnx] [--data ../shared/datasets/deeppcb]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import cv2
 import numpy as np
+from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table, summarize, write_result  # noqa: E402
-from rich.console import Console  # noqa: E402
-
-from defectdet.data.formats import load_dataset  # noqa: E402
-from defectdet.data.formats.deeppcb import group_of  # noqa: E402
-from defectdet.data.imageio import read_image  # noqa: E402
-from defectdet.evaluation.coco import coco_metrics  # noqa: E402
-from defectdet.evaluation.types import ImageRecord  # noqa: E402
-from defectdet.runtime.monitor import (  # noqa: E402
+from bench.common import print_table, summarize, write_result
+from defectdet.data.formats import load_dataset
+from defectdet.data.formats.deeppcb import group_of
+from defectdet.data.imageio import read_image
+from defectdet.evaluation.coco import coco_metrics
+from defectdet.evaluation.types import ImageRecord
+from defectdet.runtime.monitor import (
     DriftMonitor,
     build_reference,
     image_statistics,
     sample_reference,
 )
-from defectdet.runtime.predictor import PredictionResult, Predictor  # noqa: E402
+from defectdet.runtime.predictor import PredictionResult, Predictor
 
 Fault = Callable[[np.ndarray], np.ndarray]
 ROOT = Path(__file__).resolve().parents[1]

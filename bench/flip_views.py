@@ -1,6 +1,6 @@
 """What test-time flips buy and cost: one checkpoint exported with each `--flip-views`, scored and timed.
 
-    python bench/flip_views.py RUN/last.pt --data DATA [--split val] [--format yolo] [--threads 2]
+    python -m bench.flip_views RUN/last.pt --data DATA [--split val] [--format yolo] [--threads 2]
 
 For every view set (none, lr, lr+ud) the checkpoint is exported to a bundle (`defectdet export --flip-views`),
 the bundle is scored with `defectdet val` on `--split` (pycocotools mAP@0.5, per class; mAP needs no operating
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import limit_threads, print_table, write_result
 
+from bench.common import limit_threads, print_table, write_result
 from defectdet.data.formats import load_dataset
 from defectdet.engine.validate import validate
 from defectdet.export.exporter import export_bundle
@@ -106,7 +106,7 @@ def main() -> int:
     path = write_result(
         f"flip_views_{args.checkpoint.parent.name}",
         {
-            "command": " ".join(["python bench/flip_views.py", *sys.argv[1:]]),
+            "command": " ".join(["python -m bench.flip_views", *sys.argv[1:]]),
             "checkpoint": str(args.checkpoint),
             "data": str(args.data),
             "split": args.split,

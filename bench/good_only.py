@@ -1,6 +1,6 @@
 """A good-parts-only model on DeepPCB: fitted on defect-free templates alone, scored on held-out board groups.
 
-    python bench/good_only.py --minutes 2            # -> bench/results/good_only_deeppcb_2min.json
+    python -m bench.good_only --minutes 2            # -> bench/results/good_only_deeppcb_2min.json
 
 DeepPCB (../shared/datasets/deeppcb) pairs every tested board image (with defects) with a defect-free template
 of the same place. The model is fitted (`defectdet.anomaly.fit_good_only`, the `defectdet fit` command) on the
@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import limit_threads, print_table, uncommitted_code, write_result
+
+from bench.common import limit_threads, print_table, uncommitted_code, write_result
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 WORK = Path("runs/bench_good_only")
@@ -99,7 +100,7 @@ def score_images(
         size = (prepared.transform.original_width, prepared.transform.original_height)
         for key, floor in (("floor", ap_floor), ("threshold", threshold)):
             found = pipeline.finish(
-                predictions, prepared, dataclasses.replace(settings, score_threshold=floor)
+                predictions, prepared, dataclasses.replace(settings, score_floor=floor)
             )
             records[key].append(
                 ImageRecord(

@@ -1,9 +1,9 @@
 """Training on a GPU against the CPU ladder (issue 19 item 5, issue 20 item 5). The product never needs one.
 
-    python bench/gpu.py --part deeppcb_template --minutes 1 [--data DEEPPCB_DIR]   # on a CUDA machine
-    python bench/gpu.py --part surface --minutes 2
-    python bench/gpu.py --part yolo_surface --minutes 2 --peers-python python3    # Ultralytics importable there
-    python bench/gpu.py --summary                                                  # gpu.json from the parts
+    python -m bench.gpu --part deeppcb_template --minutes 1 [--data DEEPPCB_DIR]   # on a CUDA machine
+    python -m bench.gpu --part surface --minutes 2
+    python -m bench.gpu --part yolo_surface --minutes 2 --peers-python python3    # Ultralytics importable there
+    python -m bench.gpu --summary                                                  # gpu.json from the parts
 
 Parts (each writes `bench/results/gpu_<part>.json`, so a run stopped by the lease keeps the parts done):
 - `deeppcb_template`: nano, the product's defaults (fp16 AMP on CUDA, loader workers from the cores) on
@@ -26,10 +26,9 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
-import common  # noqa: E402
+from bench import common
 
+BENCH = Path(__file__).resolve().parent
 PARTS = ("deeppcb_template", "surface", "yolo_surface")
 CPU_REFERENCE = {
     "deeppcb_template": "scaling_deeppcb_template_nano_10min.json",
@@ -57,7 +56,7 @@ def seconds_to(curve: list[dict], target: float) -> float | None:
 
 
 def run_deeppcb_template(args: argparse.Namespace, out: Path) -> dict:
-    from train_deeppcb import train_and_summarize
+    from bench.train_deeppcb import train_and_summarize
 
     run = train_and_summarize(args.data, args.minutes, "nano", 2, out, 0, template=True)
     return {
@@ -70,15 +69,13 @@ def run_deeppcb_template(args: argparse.Namespace, out: Path) -> dict:
 
 
 def run_surface(args: argparse.Namespace, out: Path) -> dict:
-    from pretrained import run_arm
+    from bench.pretrained import run_arm
 
     return run_arm("surface", None, args.minutes, out, 0, "nano")
 
 
 def run_yolo_surface(args: argparse.Namespace, out: Path) -> dict:
-    import peers
-    import peers_ladder
-
+    from bench import peers, peers_ladder
     from defectdet.evaluation.report import evaluate_records
 
     data_yaml, images_json, val = peers_ladder.prepare("surface", out)
@@ -119,7 +116,7 @@ def run_part(args: argparse.Namespace) -> int:
     name = f"gpu_{args.part}"
     final = body["final"]
     common.print_table(name, ["figure", "value"], [[k, v] for k, v in final.items()])
-    command = f"python bench/gpu.py --part {args.part} --minutes {args.minutes:g}"
+    command = f"python -m bench.gpu --part {args.part} --minutes {args.minutes:g}"
     document = {
         "command": command,
         "part": args.part,
@@ -179,7 +176,7 @@ def summary(results: Path) -> int:
             table.append([part, level, seconds["cpu_s"], seconds["gpu_s"], seconds["cpu_over_gpu"]])
     columns = ["part", "mAP@0.5 level", "CPU s (1 core)", "GPU s", "CPU / GPU"]
     common.print_table("GPU against the CPU ladder: seconds to each level", columns, table)
-    common.write_result("gpu", {"command": "python bench/gpu.py --summary", "parts": rows}, results)
+    common.write_result("gpu", {"command": "python -m bench.gpu --summary", "parts": rows}, results)
     return 0
 
 
@@ -200,7 +197,7 @@ def main() -> int:
     if args.part is None:
         parser.error("--part or --summary")
     if args.data is None:
-        from train_deeppcb import DEFAULT_DATA
+        from bench.train_deeppcb import DEFAULT_DATA
 
         args.data = DEFAULT_DATA
     return run_part(args)

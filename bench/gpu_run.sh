@@ -17,10 +17,10 @@ nvidia-smi > $LOGS/nvidia_smi.txt 2>&1
 python3 -c "import torch, albumentations, pycocotools, defectdet.engine.trainer; print(torch.__version__, torch.cuda.is_available())" 2>&1 | tee $LOGS/env_check.txt
 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || exit 4
 # the surface family is drawn while DeepPCB trains (one core of the machine's 16)
-python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; import train_surface; train_surface.make_dataset(Path('runs/bench_surface/data'), 600, 0)" > $LOGS/surface_data.log 2>&1 &
+python3 -c "from pathlib import Path; from bench import train_surface; train_surface.make_dataset(Path('runs/bench_surface/data'), 600, 0)" > $LOGS/surface_data.log 2>&1 &
 run_part() {  # part minutes [extra args]
     local part=$1 minutes=$2; shift 2
-    timeout $(python3 -c "print(int($minutes * 60 + 150))") python3 bench/gpu.py --part $part --minutes $minutes \
+    timeout $(python3 -c "print(int($minutes * 60 + 150))") python3 -m bench.gpu --part $part --minutes $minutes \
         --results "$OUT" "$@" > $LOGS/$part.log 2>&1
     echo "$part exit $?" | tee -a $LOGS/parts.txt
     tail -12 $LOGS/$part.log

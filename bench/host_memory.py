@@ -1,6 +1,6 @@
 """What keeping freed host memory buys a CPU training step (`engine.host_memory`, on by default in `train`).
 
-    python bench/host_memory.py [--steps 25] [--repeats 3] [--threads 2] [--tag xeon]
+    python -m bench.host_memory [--steps 25] [--repeats 3] [--threads 2] [--tag xeon]
 
 Times forward + backward + AdamW steps the way the trainer runs them (channels-last, batch 16 crops of
 320 px, fp32) for the default no-template layout (tiny, gray) and the template layout (nano, gray pairs), each
@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common import print_table, write_result
+from bench.common import print_table, write_result
 
 LAYOUTS = {"tiny, no template": ("tiny", 1, False), "nano, template": ("nano", 2, True)}
 ARMS = ("default malloc", "keep freed memory")

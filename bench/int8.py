@@ -1,6 +1,6 @@
 """int8 or not: quantize a trained bundle (static QDQ, S8S8, per-channel) and compare mAP and speed with fp32.
 
-Usage: ``python bench/int8.py --checkpoint runs/deeppcb_nano/best.pt [--data ../shared/datasets/deeppcb]
+Usage: ``python -m bench.int8 --checkpoint runs/deeppcb_nano/best.pt [--data ../shared/datasets/deeppcb]
 [--calibration-images 64] [--threads 2]``. The checkpoint comes from ``bench/train_deeppcb.py`` or
 ``defectdet train``. Writes ``bench/results/int8.json``: the verdict `defectdet export --int8` would give
 (written when mAP@0.5 drops by at most 0.5 points), mAP@0.5 of both on the validation split and p50 latency of both,
@@ -10,19 +10,16 @@ plus the latency of the variant that also quantizes the depthwise convolutions (
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
-import common  # noqa: E402
-
-from defectdet.export.exporter import (  # noqa: E402
+from bench import common
+from defectdet.export.exporter import (
     INT8_MAX_MAP50_DROP,
     export_bundle,
 )
-from defectdet.export.quantize import quantize_bundle, quantize_onnx, time_onnx  # noqa: E402
-from defectdet.runtime.bundle import read_metadata  # noqa: E402
+from defectdet.export.quantize import quantize_bundle, quantize_onnx, time_onnx
+from defectdet.runtime.bundle import read_metadata
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "deeppcb"
 

@@ -1,6 +1,6 @@
 """Latency per preset at 640x640, batch 1, on the CPU: every way to run the model, and end to end.
 
-Usage: ``python bench/latency.py [--threads 2] [--runs 50] [--presets nano tiny small] [--no-compile]
+Usage: ``python -m bench.latency [--threads 2] [--runs 50] [--presets nano tiny small] [--no-compile]
 [--data ../shared/datasets/deeppcb] [--peer yolo11n.onnx ...] [--rss-calls 1000]``
 Writes ``bench/results/latency.json``.
 
@@ -28,13 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
-import common  # noqa: E402
-
-from defectdet.export.exporter import export_onnx_graph, fold_batchnorm  # noqa: E402
-from defectdet.model import PRESETS, build_model, model_info  # noqa: E402
-from defectdet.runtime.bundle import BundleMetadata, write_metadata  # noqa: E402
-from defectdet.runtime.predictor import Predictor  # noqa: E402
+from bench import common
+from defectdet.export.exporter import export_onnx_graph, fold_batchnorm
+from defectdet.model import PRESETS, build_model, model_info
+from defectdet.runtime.bundle import BundleMetadata, write_metadata
+from defectdet.runtime.predictor import Predictor
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "deeppcb"
 

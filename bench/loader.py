@@ -5,8 +5,8 @@ It times the loader training uses: `engine.loader.build_loader` + `start_epoch` 
 does nothing, so workers only pay off when they beat in-process loading outright; in training the
 main process is busy with the model step and workers overlap with it.
 
-    .venv/bin/python bench/loader.py                 # DeepPCB trainval, a few minutes on 2 cores
-    .venv/bin/python bench/loader.py --synthetic     # a synthetic dataset in a temp dir instead
+    .venv/bin/python -m bench.loader                 # DeepPCB trainval, a few minutes on 2 cores
+    .venv/bin/python -m bench.loader --synthetic     # a synthetic dataset in a temp dir instead
 
 Writes bench/results/loader.json. Figures depend on what else runs on the machine: the JSON records
 the load average at the start.
@@ -26,11 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-try:
-    from bench.common import machine_info, print_table, write_result
-except ModuleNotFoundError:  # run as `python bench/loader.py`
-    from common import machine_info, print_table, write_result
-
+from bench.common import machine_info, print_table, write_result
 from defectdet.data.augment import AugmentConfig, build_augment
 from defectdet.data.dataset import DetectionDataset
 from defectdet.data.formats import available_splits, load_dataset

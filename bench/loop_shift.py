@@ -1,7 +1,7 @@
 """Before and after on a shifted line: does the closed loop (keep -> review -> fine-tune -> compare) win back
 what a new lamp took?
 
-    python bench/loop_shift.py [--base-steps 700] [--finetune-steps 300] [--new-images 40] [--threads 1]
+    python -m bench.loop_shift [--base-steps 700] [--finetune-steps 300] [--new-images 40] [--threads 1]
 
 1. Line A: synthetic gray boards with their golden templates (`synth`, seed 11, 160 boards). A model is trained
    with the product's defaults for --base-steps and exported: the deployed bundle. (Steps, not minutes: the
@@ -34,7 +34,8 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from common import RESULTS_DIR, limit_threads, print_table, write_result
+
+from bench.common import RESULTS_DIR, limit_threads, print_table, write_result
 
 OUT = Path("runs/bench_loop_shift")
 
@@ -176,7 +177,7 @@ def main() -> int:
     write_result(
         "loop_shift",
         {
-            "command": "python bench/loop_shift.py " + " ".join(sys.argv[1:]),
+            "command": "python -m bench.loop_shift " + " ".join(sys.argv[1:]),
             "description": __doc__.split("\n\n")[1].strip(),
             "settings": {
                 "base_steps": args.base_steps,

@@ -6,12 +6,12 @@ each held-out group `--per-group` pairs (seeded) leave the validation split, and
 defect-free images such a line has of its new design, become `--clean-images`. The other held-out pairs score
 both arms, side by side from the same commit:
 
-    python bench/new_design.py --arm control --minutes 10 --threads 1   # no clean images
-    python bench/new_design.py --arm clean --minutes 10 --threads 1     # + the templates as clean images
-    python bench/new_design.py --summary
-    python bench/new_design.py --preset tiny --arm control --minutes 20 --threads 1   # tiny (files new_design_tiny_*)
-    python bench/new_design.py --preset tiny --arm clean --minutes 20 --threads 2     # both cores: *_threads-2.json
-    python bench/new_design.py --summary --preset tiny --threads 2
+    python -m bench.new_design --arm control --minutes 10 --threads 1   # no clean images
+    python -m bench.new_design --arm clean --minutes 10 --threads 1     # + the templates as clean images
+    python -m bench.new_design --summary
+    python -m bench.new_design --preset tiny --arm control --minutes 20 --threads 1   # tiny (files new_design_tiny_*)
+    python -m bench.new_design --preset tiny --arm clean --minutes 20 --threads 2     # both cores: *_threads-2.json
+    python -m bench.new_design --summary --preset tiny --threads 2
 
 This is not the held-out protocol of the ladder (`bench/scaling.py`): the clean arm has seen defect-free images
 of the held-out design, which is the point. No tested image of a scored pair, and no template of one, trains.
@@ -31,10 +31,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 import yaml
-from common import RESULTS_DIR, limit_threads, print_table, write_result
-from pretrained import preset_tag
-from train_deeppcb import DEFAULT_DATA, train_and_summarize
 
+from bench.common import RESULTS_DIR, limit_threads, print_table, write_result
+from bench.pretrained import preset_tag
+from bench.train_deeppcb import DEFAULT_DATA, train_and_summarize
 from defectdet.data.formats import load_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,7 +122,7 @@ def run(
     return write_result(
         name,
         {
-            "command": " ".join(["python bench/new_design.py", *sys.argv[1:]]),
+            "command": " ".join(["python -m bench.new_design", *sys.argv[1:]]),
             "arm": arm,
             "preset": preset,
             "minutes": minutes,
@@ -164,7 +164,7 @@ def summarize(preset: str = "nano", threads: int | None = None) -> Path:
     return write_result(
         prefix + tag,
         {
-            "command": "python bench/new_design.py --summary"
+            "command": "python -m bench.new_design --summary"
             + (f" --preset {preset}" if preset != "nano" else "")
             + (f" --threads {threads}" if tag else ""),
             "preset": preset,

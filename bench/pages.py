@@ -4,8 +4,8 @@ Every figure on docs/benchmarks/*.md and in docs/benchmarks/img/*.png is read fr
 prose between the tables says what the figures mean, with the figures themselves inserted from the files.
 A result file whose run recorded uncommitted code is listed in the manifest but kept off the pages.
 
-Run: python bench/pages.py            (writes the pages and plots)
-     python bench/pages.py --check    (exit 1 when a committed page differs from what the files give)
+Run: python -m bench.pages            (writes the pages and plots)
+     python -m bench.pages --check    (exit 1 when a committed page differs from what the files give)
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchpages.accuracy import (  # noqa: E402
+from bench.benchpages.accuracy import (
     CURRENT_DEFAULT_RUNS,
     SURFACE_SEEDS,
     page_accuracy,
 )
-from benchpages.core import (  # noqa: E402
+from bench.benchpages.core import (
     NOT_CODE,
     OUT,
     PAGES,
@@ -40,11 +39,11 @@ from benchpages.core import (  # noqa: E402
     script_of,
     threads_text,
 )
-from benchpages.inference import page_inference  # noqa: E402
-from benchpages.peers import page_peers  # noqa: E402
-from benchpages.service import page_service  # noqa: E402
-from benchpages.speed import page_training_speed  # noqa: E402
-from pages_realdata import page_real_data  # noqa: E402
+from bench.benchpages.inference import page_inference
+from bench.benchpages.peers import page_peers
+from bench.benchpages.service import page_service
+from bench.benchpages.speed import page_training_speed
+from bench.pages_realdata import page_real_data
 
 __all__ = [
     "Page",
@@ -70,7 +69,7 @@ def page_index(results: dict[str, Result], plots: list[Callable[[], None]]) -> P
     page.heading(2, "How these figures are made")
     page.para(
         "Every figure in these pages is read from a result file in `bench/results/`, written by a script in",
-        "`bench/` with the machine, the versions, the settings and the commit it ran at; `python bench/pages.py`",
+        "`bench/` with the machine, the versions, the settings and the commit it ran at; `python -m bench.pages`",
         "turns those files into these pages and plots, and a test fails when a page no longer matches its files.",
         "The [manifest](manifest.md) lists every result file with the command that made it and where it is",
         "cited. The machines are small cloud boxes (2 cores, no GPU) like a PC beside a line.",
@@ -283,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not (OUT / name).is_file() or (OUT / name).read_text(encoding="utf-8") != text
         ]
         for name in stale:
-            print(f"docs/benchmarks/{name} is stale: run python bench/pages.py", file=sys.stderr)
+            print(f"docs/benchmarks/{name} is stale: run python -m bench.pages", file=sys.stderr)
         return 1 if stale else 0
     import matplotlib
 

@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from benchpages.core import Page, Result, f1, f2, f3, pct, save_figure, threads_text
+from bench.benchpages.core import Page, Result, f1, f2, f3, pct, save_figure, threads_text
 
 LABELS = {
     "agdd_1light": "AGDD, one lighting",
@@ -257,7 +257,7 @@ def _protocol(page: Page) -> None:
     page.para(
         "Each run is `defectdet train DATA --time M` with nothing else set, on 2-core cloud machines without a GPU,",
         "then `defectdet export` and `defectdet val` through the torch-free runtime at the bundle's own threshold:",
-        "`python bench/realdata.py --dataset D --minutes M --seed K --threads T`. The machine was shared with",
+        "`python -m bench.realdata --dataset D --minutes M --seed K --threads T`. The machine was shared with",
         "other work while these ran; the speed probe (milliseconds per training step of a fixed small workload,",
         "timed in the same process just before training) says how fast the machine was at the time, so that runs",
         "on machines of different speed can be compared.",

@@ -5,25 +5,22 @@ for the pair handling: `control` as the checkpoint was trained (no registration,
 with the defaults (`register_pairs=True`, `augment.pair_jitter_prob=0.5`, `pair_shift=1 px`,
 `pair_rotate_degrees=0.1`). Then run `bench/clean_boards.py --checkpoint runs/<out>_<arm>/best.pt` on each.
 
-Usage: ``python bench/pair_jitter_finetune.py [--checkpoint runs/deeppcb_nano/best.pt] [--epochs 4] [--arms control jitter]``
+Usage: ``python -m bench.pair_jitter_finetune [--checkpoint runs/deeppcb_nano/best.pt] [--epochs 4] [--arms control jitter]``
 Writes ``runs/<out>_<arm>/`` and ``bench/results/<name>.json`` (default pair_jitter_finetune).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
-import common  # noqa: E402
-
-from defectdet.engine.checkpoint import load_detector  # noqa: E402
-from defectdet.engine.config import config_from_dict  # noqa: E402
-from defectdet.engine.trainer import train  # noqa: E402
+from bench import common
+from defectdet.engine.checkpoint import load_detector
+from defectdet.engine.config import config_from_dict
+from defectdet.engine.trainer import train
 
 ARMS = {
     "control": {"register_pairs": False, "pair_jitter_prob": 0.0},

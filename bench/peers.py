@@ -1,7 +1,7 @@
 """Side by side with Ultralytics YOLO on DeepPCB: same machine, same split, same evaluator, same latency harness.
 
-    make bench-peers                                   # = .venv/bin/python bench/peers.py (20 min per model)
-    .venv/bin/python bench/peers.py --minutes 1 --name peers_smoke     # a quick end-to-end check
+    make bench-peers                                   # = .venv/bin/python -m bench.peers (20 min per model)
+    .venv/bin/python -m bench.peers --minutes 1 --name peers_smoke     # a quick end-to-end check
 
 Runs in OUR venv and orchestrates:
 1. Converts OUR DeepPCB split (`load_dataset(root, "train" | "val")`: whole board groups held out) into a YOLO
@@ -43,24 +43,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench import common, latency, train_deeppcb
+from defectdet.data.formats import load_dataset
+from defectdet.data.formats.deeppcb import group_of
+from defectdet.data.formats.yolo import label_line
+from defectdet.data.imageio import decode_image
+from defectdet.data.letterbox import boxes_from_letterbox, letterbox_image
+from defectdet.data.recapture import RecaptureConfig, make_clean_boards
+from defectdet.data.sample import DatasetSplit, Sample
+from defectdet.evaluation.report import evaluate_records
+from defectdet.evaluation.types import ImageRecord
+from defectdet.model import model_info
+from defectdet.postprocess import postprocess
+
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))  # bench/common.py, train_deeppcb.py, latency.py
-import common  # noqa: E402
-import latency  # noqa: E402
-import train_deeppcb  # noqa: E402
-
-from defectdet.data.formats import load_dataset  # noqa: E402
-from defectdet.data.formats.deeppcb import group_of  # noqa: E402
-from defectdet.data.formats.yolo import label_line  # noqa: E402
-from defectdet.data.imageio import decode_image  # noqa: E402
-from defectdet.data.letterbox import boxes_from_letterbox, letterbox_image  # noqa: E402
-from defectdet.data.recapture import RecaptureConfig, make_clean_boards  # noqa: E402
-from defectdet.data.sample import DatasetSplit, Sample  # noqa: E402
-from defectdet.evaluation.report import evaluate_records  # noqa: E402
-from defectdet.evaluation.types import ImageRecord  # noqa: E402
-from defectdet.model import model_info  # noqa: E402
-from defectdet.postprocess import postprocess  # noqa: E402
-
 ROOT = BENCH.parent
 DEFAULT_DATA = ROOT.parent / "shared" / "datasets" / "deeppcb"
 DEFAULT_PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
@@ -319,7 +315,7 @@ def row_cells(row: dict, show_params, show_number) -> list:
 
 
 def print_summary(payload: dict) -> None:
-    """The one table of a peers result (also `python bench/peers.py --show bench/results/peers.json`)."""
+    """The one table of a peers result (also `python -m bench.peers --show bench/results/peers.json`)."""
     from rich.console import Console
 
     settings = payload["settings"]
@@ -477,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {
         "description": "Ultralytics YOLO vs defectdet on DeepPCB, same machine, same held-out board groups, scored "
         "by defectdet's evaluator, timed by bench/latency.py's harness",
-        "command": "python bench/peers.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m bench.peers " + " ".join(argv if argv is not None else sys.argv[1:]),
         "shared_machine_load_before": load_before,
         "seconds": round(time.perf_counter() - started, 1),
         "peer_versions": peer_docs[0]["versions"] if peer_docs else None,

@@ -1,7 +1,7 @@
 """YOLO on the budget ladder: the same data, minutes, core and evaluator as our ladder (bench/scaling.py).
 
-    .venv/bin/python bench/peers_ladder.py --rung surface:yolo11n:352:10     # one run; writes its own JSON
-    .venv/bin/python bench/peers_ladder.py --summary                         # curves JSON + one PNG per dataset
+    .venv/bin/python -m bench.peers_ladder --rung surface:yolo11n:352:10     # one run; writes its own JSON
+    .venv/bin/python -m bench.peers_ladder --summary                         # curves JSON + one PNG per dataset
 
 A rung is dataset:model:imgsz:minutes. Datasets are the ladder's, with the same held-out images:
 - `deeppcb_plain`: DeepPCB, held-out board groups (our `load_dataset` split), tested images only: YOLO has no
@@ -29,11 +29,9 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
-import common  # noqa: E402
-import peers  # noqa: E402
+from bench import common, peers
 
+BENCH = Path(__file__).resolve().parent
 DATASETS = ("deeppcb_plain", "deeppcb_template", "surface")
 OURS_COLOURS = {"nano": "tab:blue", "tiny": "tab:green"}  # our presets drawn beside YOLO (the two defaults)
 OURS_IMGSZ = {
@@ -63,7 +61,7 @@ def prepare(dataset: str, out: Path) -> tuple[Path, Path, object]:
         if template:  # YOLO predicts the two-channel TIFFs, not the tested images
             yolo_images = {s.image_id: folder / "images" / "val" / f"{s.image_id}.tif" for s in val.samples}
     else:
-        import train_surface
+        from bench import train_surface
 
         ours_yaml = train_surface.make_dataset(Path("runs/bench_surface/data"), 600, 0).resolve()
         val = load_dataset(ours_yaml, "val")
@@ -146,7 +144,7 @@ def run_rung(dataset: str, model: str, imgsz: int, minutes: float, threads: int,
     return common.write_result(
         name,
         {
-            "command": f"python bench/peers_ladder.py --rung {dataset}:{model}:{imgsz}:{minutes:g} --threads {threads}",
+            "command": f"python -m bench.peers_ladder --rung {dataset}:{model}:{imgsz}:{minutes:g} --threads {threads}",
             "dataset": dataset,
             "model": model,
             "imgsz": imgsz,
@@ -173,7 +171,8 @@ def summary() -> int:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from scaling import ladder_runs
+
+    from bench.scaling import ladder_runs
 
     results = common.RESULTS_DIR
     document: dict[str, dict] = {}
@@ -261,7 +260,7 @@ def summary() -> int:
             ],
         )
     common.write_result(
-        "peers_ladder", {"command": "python bench/peers_ladder.py --summary", "datasets": document}
+        "peers_ladder", {"command": "python -m bench.peers_ladder --summary", "datasets": document}
     )
     return 0
 

@@ -1,6 +1,6 @@
 """Latency at matched input sizes, ours and YOLO in one process (issue 20 item 3).
 
-    .venv/bin/python bench/peers_latency.py [--sizes 224,352,640] [--threads 1] [--runs 100]
+    .venv/bin/python -m bench.peers_latency [--sizes 224,352,640] [--threads 1] [--runs 100]
         [--ours-presets nano,lite0] [--yolo-models yolo11n,yolov8n,yolo26n] [--out-dir bench/results]
         [--ours-checkpoint runs/bench_scaling/scaling_surface_nano_60min/best.pt]
         [--yolo-onnx runs/peers_ladder/peers_surface_yolo11n_352px_10min/yolo11n/train/weights/best.onnx]
@@ -30,12 +30,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
-import common  # noqa: E402
-import latency  # noqa: E402
-import peers  # noqa: E402
+from bench import common, latency, peers
 
+BENCH = Path(__file__).resolve().parent
 OUT = Path("runs/peers_latency")
 OURS_PRESETS = "nano,lite0"
 YOLO_MODELS = ("yolo11n", "yolov8n")
@@ -184,8 +181,7 @@ def ratio_to(ours: list[str]) -> str:
 
 
 def end_to_end(checkpoint: Path, yolo_onnx: Path, threads: int, runs: int) -> dict[str, dict]:
-    import train_surface
-
+    from bench import train_surface
     from defectdet.data.formats import load_dataset
     from defectdet.export.exporter import export_bundle
     from defectdet.runtime.predictor import Predictor
@@ -245,7 +241,7 @@ def main() -> int:
     path = common.write_result(
         "peers_latency" + (f"_{args.tag}" if args.tag else ""),
         {
-            "command": "python bench/peers_latency.py " + " ".join(sys.argv[1:]),
+            "command": "python -m bench.peers_latency " + " ".join(sys.argv[1:]),
             "settings": {
                 "threads": args.threads,
                 "runs": args.runs,

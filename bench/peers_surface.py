@@ -1,6 +1,6 @@
 """Side by side with a YOLOv8n on the surface family: same machine, same split, same minutes, same evaluator.
 
-    .venv/bin/python bench/peers_surface.py [--minutes 10] [--models yolov8n.yaml] [--yolo-imgsz 640]
+    .venv/bin/python -m bench.peers_surface [--minutes 10] [--models yolov8n.yaml] [--yolo-imgsz 640]
 
 The data is bench/train_surface.py's (`defectdet synth --kind surface`, 600 images, seed 0; 128-2048 px,
 half colour, no template; 20% held out as `val`). In one run, one after the other:
@@ -24,19 +24,16 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
-import common  # noqa: E402
-import peers  # noqa: E402
-import train_surface  # noqa: E402
+from bench import common, peers, train_surface
+from defectdet.data.formats import load_dataset
+from defectdet.engine.checkpoint import load_detector
+from defectdet.engine.config import TrainConfig
+from defectdet.engine.trainer import train
+from defectdet.engine.validate import validate
+from defectdet.evaluation.report import evaluate_records
+from defectdet.model import model_info
 
-from defectdet.data.formats import load_dataset  # noqa: E402
-from defectdet.engine.checkpoint import load_detector  # noqa: E402
-from defectdet.engine.config import TrainConfig  # noqa: E402
-from defectdet.engine.trainer import train  # noqa: E402
-from defectdet.engine.validate import validate  # noqa: E402
-from defectdet.evaluation.report import evaluate_records  # noqa: E402
-from defectdet.model import model_info  # noqa: E402
+BENCH = Path(__file__).resolve().parent
 
 
 def main() -> int:

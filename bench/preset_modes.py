@@ -1,8 +1,8 @@
 """Does the default preset without templates (tiny) hold on data no benchmark tuned it on?
 
-    python bench/preset_modes.py --mode steel --preset tiny --minutes 5 --threads 1   # one arm, its own JSON
-    python bench/preset_modes.py --all --minutes 5 --threads 1                        # every missing arm
-    python bench/preset_modes.py --summary --minutes 5                                # preset_modes_<m>min.json
+    python -m bench.preset_modes --mode steel --preset tiny --minutes 5 --threads 1   # one arm, its own JSON
+    python -m bench.preset_modes --all --minutes 5 --threads 1                        # every missing arm
+    python -m bench.preset_modes --summary --minutes 5                                # preset_modes_<m>min.json
 
 `engine.autoconfig.auto_preset` picks tiny for data without templates from two datasets (DeepPCB without
 templates and the default surface family, `bench/results/pretrained_tiny_10min.json`). This bench checks that
@@ -21,9 +21,8 @@ import logging
 import sys
 from pathlib import Path
 
-from common import RESULTS_DIR, limit_threads, print_table, write_result
-from pretrained import run_on_yaml
-
+from bench.common import RESULTS_DIR, limit_threads, print_table, write_result
+from bench.pretrained import run_on_yaml
 from defectdet.data.synth import synthesize_dataset
 
 ROOT = Path("runs/bench_preset_modes")
@@ -68,7 +67,7 @@ def run(mode: str, preset: str, minutes: float, threads: int | None) -> Path:
     name = arm_name(mode, preset, minutes)
     body = run_on_yaml(mode_data(mode), None, minutes, ROOT / "runs" / name, 0, preset)
     print_table(name, ["figure", "value"], [[k, v] for k, v in {**body["time_to"], **body["final"]}.items()])
-    command = f"python bench/preset_modes.py --mode {mode} --preset {preset} --minutes {minutes:g}"
+    command = f"python -m bench.preset_modes --mode {mode} --preset {preset} --minutes {minutes:g}"
     return write_result(
         name,
         {
@@ -122,7 +121,7 @@ def summary(minutes: float) -> Path:
     return write_result(
         f"preset_modes_{minutes:g}min",
         {
-            "command": f"python bench/preset_modes.py --summary --minutes {minutes:g}",
+            "command": f"python -m bench.preset_modes --summary --minutes {minutes:g}",
             "minutes": minutes,
             "modes": modes,
             "tiny_wins": f"{wins} of {len(modes)}",

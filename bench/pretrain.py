@@ -1,6 +1,6 @@
 """Learn the starting weights the package ships (`model.pretrained`) from the project's synthetic families.
 
-    python bench/pretrain.py --preset nano --layout plain [--epochs 30] [--boards 400] [--surfaces 600]
+    python -m bench.pretrain --preset nano --layout plain [--epochs 30] [--boards 400] [--surfaces 600]
 
 Data, all written by `defectdet synth` with seeds no benchmark uses (1001-1003):
 - `template` layout: PCB boards with their golden templates, half gray and half colour.
@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import print_table, write_result
 
+from bench.common import print_table, write_result
 from defectdet.data.dataset import DetectionDataset
 from defectdet.data.formats import load_dataset
 from defectdet.data.sample import DatasetSplit, Sample
@@ -188,7 +188,7 @@ def main() -> int:
     path = write_result(
         f"pretrain_{args.preset}_{args.layout}",
         {
-            "command": " ".join(["python bench/pretrain.py", *sys.argv[1:]]),
+            "command": " ".join(["python -m bench.pretrain", *sys.argv[1:]]),
             "weights": str(weights.resolve().relative_to(ROOT))
             if weights.resolve().is_relative_to(ROOT)
             else str(weights),

@@ -1,8 +1,8 @@
 """Shipped starting weights against random ones: the same budget, data the weights never saw.
 
-    python bench/pretrained.py --dataset surface --init pretrained [--minutes 10] [--threads 1]
-    python bench/pretrained.py --dataset surface --init scratch --preset tiny --threads 1   # another preset
-    python bench/pretrained.py --summary          # the table of every arm found in bench/results
+    python -m bench.pretrained --dataset surface --init pretrained [--minutes 10] [--threads 1]
+    python -m bench.pretrained --dataset surface --init scratch --preset tiny --threads 1   # another preset
+    python -m bench.pretrained --summary          # the table of every arm found in bench/results
 
 Datasets (held-out splits never trained on, and never seen by `bench/pretrain.py`):
 - `deeppcb_plain`: DeepPCB without its templates, the held-out board groups (`train_deeppcb.py --no-template`);
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import RESULTS_DIR, limit_threads, print_table, write_result
+from bench.common import RESULTS_DIR, limit_threads, print_table, write_result
 
 DATASETS = ("deeppcb_plain", "deeppcb_template", "surface")
 INITS = ("scratch", "pretrained")
@@ -45,7 +45,7 @@ def run_arm(
     {settings, wall_seconds, time_to, final, curve} (bench/scaling.py calls this too). `pretrained` None:
     the product's default (shipped weights when they exist); `overrides`: other TrainConfig fields."""
     if dataset.startswith("deeppcb"):
-        from train_deeppcb import DEFAULT_DATA, train_and_summarize
+        from bench.train_deeppcb import DEFAULT_DATA, train_and_summarize
 
         template = dataset == "deeppcb_template"
         run = train_and_summarize(
@@ -68,7 +68,7 @@ def run_arm(
             "held_out_per_class_AP50": (run["result"].final_metrics.get("coco") or {}).get("class_AP50"),
             "curve": run["curve"],
         }
-    from train_surface import make_dataset
+    from bench.train_surface import make_dataset
 
     data_yaml = make_dataset(Path("runs/bench_surface/data"), 600, 0)
     return run_on_yaml(data_yaml, pretrained, minutes, out, seed, preset, overrides)
@@ -88,8 +88,7 @@ def run_on_yaml(
     flatter the run). `preset` None: the one the data chooses."""
     import csv
 
-    from train_deeppcb import time_to_reach
-
+    from bench.train_deeppcb import time_to_reach
     from defectdet.engine.config import TrainConfig
     from defectdet.engine.trainer import build_train_data, train
     from defectdet.engine.validate import validate
@@ -247,7 +246,7 @@ def main() -> int:
     path = write_result(
         name,
         {
-            "command": " ".join(["python bench/pretrained.py", *sys.argv[1:]]),
+            "command": " ".join(["python -m bench.pretrained", *sys.argv[1:]]),
             "dataset": args.dataset,
             "init": args.init,
             "preset": args.preset,

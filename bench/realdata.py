@@ -1,9 +1,9 @@
 """The product's defaults on every real dataset under ../shared/datasets, at a time budget and a seed.
 
-    python bench/realdata.py --dataset agdd_1light --minutes 10 --seed 0 --threads 1
-    python bench/realdata.py                      # every dataset: 10 min (seeds 0, 1), 30 and 60 min (seed 0)
-    python bench/realdata.py --summary            # mean and spread per dataset and budget -> realdata_summary.json
-    python bench/realdata.py --rescore NAME --work RUN_FOLDER   # score a recorded run again, no training
+    python -m bench.realdata --dataset agdd_1light --minutes 10 --seed 0 --threads 1
+    python -m bench.realdata                      # every dataset: 10 min (seeds 0, 1), 30 and 60 min (seed 0)
+    python -m bench.realdata --summary            # mean and spread per dataset and budget -> realdata_summary.json
+    python -m bench.realdata --rescore NAME --work RUN_FOLDER   # score a recorded run again, no training
 
 Each run is `defectdet train DATA --time M` through the Python API (no setting changed), then the bundle is
 exported and scored through the torch-free runtime at the bundle's own threshold, with the fragment merge the
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS_DIR, limit_threads, print_table, uncommitted_code, write_result
+from bench.common import RESULTS_DIR, limit_threads, print_table, uncommitted_code, write_result
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 DATASETS = ("agdd_1light", "agdd_2light", "agdd_pair", "agdd_companion", "deeppcb_plain", "deeppcb_template")
@@ -55,7 +55,7 @@ def result_name(dataset: str, minutes: float, seed: int, tag: str = "") -> str:
 
 def speed_probe(threads: int) -> float:
     """Median ms per training step (forward, backward, AdamW) of `PROBE` on random data."""
-    from amp_cpu import time_steps
+    from bench.amp_cpu import time_steps
 
     return time_steps(PROBE["preset"], PROBE["batch"], PROBE["crop"], PROBE["steps"], threads, None)
 
@@ -246,7 +246,7 @@ def rescore(name: str, work: Path, shared: Path) -> Path:
     body = {key: value for key, value in document.items() if key not in ("name", "environment", "trained_at")}
     body.update(scoring)
     body["trained_at"] = document.get("trained_at") or document["environment"]
-    body["rescored_by"] = " ".join(["python bench/realdata.py", *sys.argv[1:]])
+    body["rescored_by"] = " ".join(["python -m bench.realdata", *sys.argv[1:]])
     written = write_result(name, body)
     print_table(name, ["figure", "value"], [[k, body[k]] for k in ("mAP50", "mAP50_95", "steps")])
     return written
@@ -262,7 +262,7 @@ def run(dataset: str, minutes: float, seed: int, args: argparse.Namespace, dirty
     probe_after_ms = speed_probe(threads or _torch_threads())  # the load may have changed while it trained
     scoring = score_bundle(plan, result.last_checkpoint, work)
     body = {
-        "command": " ".join(["python bench/realdata.py", *sys.argv[1:]]),
+        "command": " ".join(["python -m bench.realdata", *sys.argv[1:]]),
         "dataset": dataset,
         "minutes": minutes,
         "seed": seed,
@@ -324,7 +324,7 @@ def summary() -> Path:
         rows.append(entry)
         table.append([dataset, minutes, len(values), entry["mAP50_mean"], entry["mAP50_spread"]])
     print_table("real data", ["dataset", "minutes", "runs", "mAP50 mean", "spread"], table)
-    payload = {"command": "python bench/realdata.py --summary", "rows": rows}
+    payload = {"command": "python -m bench.realdata --summary", "rows": rows}
     return write_result("realdata_summary", payload, directory=RESULTS_DIR)
 
 

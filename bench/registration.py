@@ -2,7 +2,7 @@
 residual misregistration (tested vs template, phase correlation + refinement), which justifies the
 clean-board nuisance defaults (`data.recapture.RecaptureConfig`).
 
-Usage: ``python bench/registration.py [--data ../shared/datasets/deeppcb] [--runs 300] [--work-size 128 --name X]``
+Usage: ``python -m bench.registration [--data ../shared/datasets/deeppcb] [--runs 300] [--work-size 128 --name X]``
 Writes ``bench/results/registration.json`` (or ``<name>.json``).
 
 Timing: each method is called `runs` times interleaved on the same pair, after warm-up; min and p50 are
@@ -15,17 +15,14 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import sys
 import time
 from pathlib import Path
 
 import cv2
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
-import common  # noqa: E402
-
-from defectdet.data.registration import DEFAULT_WORK_SIZE, motion_matrix, register_pair, warp_to  # noqa: E402
+from bench import common
+from defectdet.data.registration import DEFAULT_WORK_SIZE, motion_matrix, register_pair, warp_to
 
 METHODS = ("gauss_newton", "opencv_ecc")
 

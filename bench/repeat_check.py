@@ -1,8 +1,8 @@
 """What the repeat check buys and costs: one template-free checkpoint scored with the check off and on.
 
-    python bench/repeat_check.py RUN/last.pt --data DATA [--split val] [--format F] [--flip-views none,lr+ud]
+    python -m bench.repeat_check RUN/last.pt --data DATA [--split val] [--format F] [--flip-views none,lr+ud]
         [--threads 2]
-    python bench/repeat_check.py --labels-only --data DATA [--split train] [--tag T]
+    python -m bench.repeat_check --labels-only --data DATA [--split train] [--tag T]
 
 For every view set of `--flip-views` the checkpoint is exported to a bundle (`defectdet export --flip-views`),
 and the bundle is scored with `defectdet val` on `--split` twice, `--no-repeat-check` and `--repeat-check`
@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import limit_threads, print_table, write_result
-from flip_views import latency_ms
-from template_oracle import change_mask, changed_pixels
 
+from bench.common import limit_threads, print_table, write_result
+from bench.flip_views import latency_ms
+from bench.template_oracle import change_mask, changed_pixels
 from defectdet.data.formats import load_dataset
 from defectdet.data.imageio import read_image
 from defectdet.data.sample import Sample
@@ -93,7 +93,7 @@ def labels_only(dataset: Any, args: argparse.Namespace) -> int:
     path = write_result(
         name,
         {
-            "command": " ".join(["python bench/repeat_check.py", *sys.argv[1:]]),
+            "command": " ".join(["python -m bench.repeat_check", *sys.argv[1:]]),
             "data": str(args.data),
             "split": args.split,
             "images": len(dataset.samples),
@@ -170,7 +170,7 @@ def main() -> int:
     path = write_result(
         f"repeat_check_{args.checkpoint.parent.name}" + (f"_{args.tag}" if args.tag else ""),
         {
-            "command": " ".join(["python bench/repeat_check.py", *sys.argv[1:]]),
+            "command": " ".join(["python -m bench.repeat_check", *sys.argv[1:]]),
             "checkpoint": str(args.checkpoint),
             "data": str(args.data),
             "split": args.split,

@@ -1,8 +1,8 @@
 """The budget ladder: does more CPU time (or a larger preset) buy more accuracy?
 
-    python bench/scaling.py --rung deeppcb_plain:nano:10      # one run; writes its own JSON
-    python bench/scaling.py --all [--presets nano,tiny]        # every missing rung, in order
-    python bench/scaling.py --summary                          # curves JSON + bench/results/scaling.png
+    python -m bench.scaling --rung deeppcb_plain:nano:10      # one run; writes its own JSON
+    python -m bench.scaling --all [--presets nano,tiny]        # every missing rung, in order
+    python -m bench.scaling --summary                          # curves JSON + bench/results/scaling.png
 
 Rungs (issue 19): each preset at 10, 30 and 60 minutes on DeepPCB without templates and on the surface
 family, and the default preset for templates (nano) at 10 and 60 minutes on DeepPCB with templates. Every run uses the product's
@@ -19,8 +19,8 @@ import logging
 import sys
 from pathlib import Path
 
-from common import RESULTS_DIR, _git, limit_threads, print_table, write_result
-from pretrained import run_arm
+from bench.common import RESULTS_DIR, _git, limit_threads, print_table, write_result
+from bench.pretrained import run_arm
 
 LADDER_MINUTES = (10, 30, 60)
 TEMPLATE_MINUTES = (10, 60)
@@ -46,7 +46,7 @@ def run_rung(dataset: str, preset: str, minutes: float, threads: int | None = No
     return write_result(
         name,
         {
-            "command": f"python bench/scaling.py --rung {dataset}:{preset}:{minutes:g}"
+            "command": f"python -m bench.scaling --rung {dataset}:{preset}:{minutes:g}"
             + (f" --threads {threads}" if threads else ""),
             "dataset": dataset,
             "threads": threads,

@@ -16,7 +16,7 @@ Starts the service on loopback in a child process (`python -m defectdet.cli serv
 Each probe records the status and body of the answer and the /healthz status seen during it; `summary` counts
 the 500s of every probe, the labels lost and whether the fleet converged.
 
-Run: python bench/serve_abuse.py [--bundle model.onnx] [--line-only] (without a bundle: a tiny one is trained
+Run: python -m bench.serve_abuse [--bundle model.onnx] [--line-only] (without a bundle: a tiny one is trained
 and exported once into runs/serve_abuse/, about a minute). Loopback only; about three minutes.
 """
 
@@ -41,8 +41,7 @@ import cv2
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table, wait_until_ready, write_result  # noqa: E402
+from bench.common import print_table, wait_until_ready, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 BOUNDARY = "abuse"
@@ -360,7 +359,7 @@ def main() -> None:
         "--line-only", action="store_true", help="only the line's probes (serve_abuse_line.py)"
     )
     args = parser.parse_args()
-    from serve_abuse_line import run_line_probes, summary  # it imports this module's helpers
+    from bench.serve_abuse_line import run_line_probes, summary  # it imports this module's helpers
 
     folder = ROOT / "runs" / "serve_abuse"
     folder.mkdir(parents=True, exist_ok=True)

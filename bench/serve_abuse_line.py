@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from serve_abuse import ROOT, board_pair, healthz, service
+
+from bench.serve_abuse import ROOT, board_pair, healthz, service
 
 CHANGE = {"X-Defectdet-Request": "1"}  # the header every state-changing request carries
 CONVERGE_S = 10.0
@@ -486,7 +487,7 @@ def summary(probes: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-if __name__ == "__main__":  # the line's probes alone: python bench/serve_abuse_line.py BUNDLE
+if __name__ == "__main__":  # the line's probes alone: python -m bench.serve_abuse_line BUNDLE
     out = ROOT / "runs" / "serve_abuse"
     out.mkdir(parents=True, exist_ok=True)
     print(json.dumps(run_line_probes(Path(sys.argv[1]), out, float(sys.argv[2]) if len(sys.argv) > 2 else 10.0),

@@ -11,7 +11,7 @@ validation pairs (640x640 JPEG image + template) with httpx async clients:
    timings include its queueing behind 48 coroutines on a starved CPU.
 The clients run on the same machine as the server and take CPU from it.
 
-Run: python bench/serve_load.py [--bundle runs/deeppcb_nano/model.onnx] [--requests 5000]
+Run: python -m bench.serve_load [--bundle runs/deeppcb_nano/model.onnx] [--requests 5000]
 """
 
 from __future__ import annotations
@@ -31,10 +31,8 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table, summarize, wait_until_ready, write_result  # noqa: E402
-
-from defectdet.data.formats import load_dataset  # noqa: E402
+from bench.common import print_table, summarize, wait_until_ready, write_result
+from defectdet.data.formats import load_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -202,7 +200,8 @@ def main() -> None:
         sampler.join()
         rss_end = rss_mib(server.pid)
         prober = subprocess.Popen(
-            [sys.executable, __file__, "--probe", base, "--data", str(args.data)],
+            [sys.executable, "-m", "bench.serve_load", "--probe", base, "--data", str(args.data)],
+            cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,
         )

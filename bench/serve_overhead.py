@@ -19,7 +19,7 @@ server's processes and the clients; the least moved by other jobs on the machine
 timings (receive, queue, decode, model, ...). Targets: a ratio of at least
 0.95 at 4 clients and at most 2 ms of p50 overhead at 1 client, with no error.
 
-Run: python bench/serve_overhead.py [--bundle model.onnx] [--requests 96] (without --bundle: a nano template
+Run: python -m bench.serve_overhead [--bundle model.onnx] [--requests 96] (without --bundle: a nano template
 bundle with a 640 px input is trained for a few steps and exported once into runs/serve_overhead/, about a
 minute). Writes bench/results/serve_overhead.json; about 3-5 minutes on 2 cores.
 """
@@ -41,10 +41,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table, summarize, write_result  # noqa: E402
-from serve_abuse import service  # noqa: E402
-from serve_load import encode, percentile  # noqa: E402
+from bench.common import print_table, summarize, write_result
+from bench.serve_abuse import service
+from bench.serve_load import encode, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BUNDLE_DIR = ROOT / "runs/serve_overhead"
@@ -53,7 +52,7 @@ KEEP_POLICY = "flagged"  # the pair is flagged: every answer is kept (written to
 TARGET_RATIO_AT_4 = 0.95
 TARGET_P50_OVERHEAD_AT_1_MS = 2.0
 BUILD_BUNDLE = (
-    "import sys; sys.path.insert(0, {bench!r}); from pathlib import Path; from serve_abuse import tiny_bundle; "
+    "from pathlib import Path; from bench.serve_abuse import tiny_bundle; "
     "print(tiny_bundle(Path({folder!r}), size=640, epochs=1))"
 )
 
@@ -63,7 +62,7 @@ def default_bundle(folder: Path) -> Path:
     that torch is never imported here."""
     bundle = folder / "model.onnx"
     if not bundle.is_file():
-        code = BUILD_BUNDLE.format(bench=str(Path(__file__).resolve().parent), folder=str(folder))
+        code = BUILD_BUNDLE.format(folder=str(folder))
         subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
     return bundle
 

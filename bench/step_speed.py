@@ -1,6 +1,6 @@
 """Seconds per training step of each default preset at the shape `train` gives it, measured side by side.
 
-    python bench/step_speed.py [--threads 1 2] [--rounds 3]
+    python -m bench.step_speed [--threads 1 2] [--rounds 3]
 
 The shapes are the defaults for DeepPCB-like data (640 px images, 320 px crops, gray): nano with templates at
 batch 16; tiny without templates at batch 16; lite0 without templates at batch 8, from ImageNet with its stem
@@ -16,8 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from common import limit_threads, print_table, write_result
-
+from bench.common import limit_threads, print_table, write_result
 from defectdet.engine.step_speed import StepShape, measure_step_seconds
 
 SHAPES = {
@@ -70,7 +69,7 @@ def main() -> None:
         ],
     )
     threads = " ".join(map(str, args.threads))
-    command = f"python bench/step_speed.py --threads {threads} --rounds {args.rounds}"
+    command = f"python -m bench.step_speed --threads {threads} --rounds {args.rounds}"
     path = write_result("step_speed", {"command": command, "settings": vars(args), "results": rows})
     print(f"wrote {path}")
 

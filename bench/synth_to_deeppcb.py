@@ -1,6 +1,6 @@
 """Synthetic -> real transfer: what a model trained ONLY on synthetic boards scores on DeepPCB's held-out groups.
 
-    .venv/bin/python bench/synth_to_deeppcb.py [--checkpoint runs/demo_check/run/best.pt]
+    .venv/bin/python -m bench.synth_to_deeppcb [--checkpoint runs/demo_check/run/best.pt]
                                                [--data ../shared/datasets/deeppcb] [--name synth_to_deeppcb]
 
 A transfer check: no DeepPCB image is trained on, here or in the checkpoint (`make demo` /
@@ -43,19 +43,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench import common, peers
+from defectdet.data.formats import load_dataset
+from defectdet.data.formats.deeppcb import group_of
+from defectdet.engine.checkpoint import load_checkpoint
+from defectdet.evaluation.operating_point import box_iou, confusion_matrix
+from defectdet.evaluation.report import evaluate_records
+from defectdet.evaluation.types import ImageRecord
+from defectdet.postprocess import PostprocessSettings, postprocess
+
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))  # bench/common.py, peers.py
-import common  # noqa: E402
-import peers  # noqa: E402
-
-from defectdet.data.formats import load_dataset  # noqa: E402
-from defectdet.data.formats.deeppcb import group_of  # noqa: E402
-from defectdet.engine.checkpoint import load_checkpoint  # noqa: E402
-from defectdet.evaluation.operating_point import box_iou, confusion_matrix  # noqa: E402
-from defectdet.evaluation.report import evaluate_records  # noqa: E402
-from defectdet.evaluation.types import ImageRecord  # noqa: E402
-from defectdet.postprocess import PostprocessSettings, postprocess  # noqa: E402
-
 ROOT = BENCH.parent
 DEFAULT_CHECKPOINT = ROOT / "runs" / "demo_check" / "run" / "best.pt"
 AGNOSTIC = ["defect"]
@@ -104,8 +101,8 @@ def agnostic_records(
         if settings is not None and len(scores):
             found = postprocess(
                 np.concatenate([boxes, scores[:, None]], 1)[None],
-                settings.score_threshold,
-                settings.iou_threshold,
+                settings.score_floor,
+                settings.nms_iou,
                 settings.max_detections,
                 class_agnostic=True,
             )[0]
@@ -320,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {
         "description": "transfer check: a model trained only on synthetic boards (no DeepPCB image trained on) "
         "scored on DeepPCB's held-out board groups by defectdet's evaluator",
-        "command": "python bench/synth_to_deeppcb.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m bench.synth_to_deeppcb " + " ".join(argv if argv is not None else sys.argv[1:]),
         "shared_machine_load_before": load_before,
         "seconds": round(time.perf_counter() - started, 1),
         "checkpoint": str(args.checkpoint),
@@ -333,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
             "register_pairs": True,  # peers.ours_records: predict_records' default
             "register_pairs_in_training_config": config.get("register_pairs"),
             "postprocess": {
-                "score_threshold": settings.score_threshold,
-                "nms_iou": settings.iou_threshold,
+                "score_threshold": settings.score_floor,
+                "nms_iou": settings.nms_iou,
                 "max_detections": settings.max_detections,
             },
         },

@@ -1,6 +1,6 @@
 """How much of a template-free model's loss on DeepPCB's held-out groups only a golden template can remove.
 
-    python bench/template_oracle.py RUN/last.pt [--data ../shared/datasets/deeppcb] [--min-changed 6]
+    python -m bench.template_oracle RUN/last.pt [--data ../shared/datasets/deeppcb] [--min-changed 6]
 
 A defect is a change from the golden template. A model without templates has to tell it from the board's own
 features (drill holes, copper islands, etch marks of the design) by their look alone. This bench scores the
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from common import limit_threads, print_table, write_result
-from train_deeppcb import DEFAULT_DATA
 
+from bench.common import limit_threads, print_table, write_result
+from bench.train_deeppcb import DEFAULT_DATA
 from defectdet.data.formats import load_dataset
 from defectdet.data.sample import Sample
 from defectdet.evaluation.coco import coco_metrics
@@ -135,7 +135,7 @@ def main() -> int:
     write_result(
         f"template_oracle_{args.checkpoint.parent.name}",
         {
-            "command": " ".join(["python bench/template_oracle.py", *sys.argv[1:]]),
+            "command": " ".join(["python -m bench.template_oracle", *sys.argv[1:]]),
             "checkpoint": str(args.checkpoint),
             "split": args.split,
             "pairs": len(samples),

@@ -1,6 +1,6 @@
 """What a model without templates calls defects on defect-free boards: DeepPCB's templates, group by group.
 
-    python bench/template_probe.py CHECKPOINT [--per-group 6] [--conf 0.3]
+    python -m bench.template_probe CHECKPOINT [--per-group 6] [--conf 0.3]
 
 A DeepPCB template is the board without its defects, so every detection on it is a false call. Counting them
 per board group (and class) shows whether a held-out group's design carries features the training groups never
@@ -16,9 +16,8 @@ import collections
 import sys
 from pathlib import Path
 
-from common import print_table, write_result
-from train_deeppcb import DEFAULT_DATA
-
+from bench.common import print_table, write_result
+from bench.train_deeppcb import DEFAULT_DATA
 from defectdet.data.formats import load_dataset
 
 
@@ -63,7 +62,7 @@ def main() -> int:
     write_result(
         name,
         {
-            "command": " ".join(["python bench/template_probe.py", *sys.argv[1:]]),
+            "command": " ".join(["python -m bench.template_probe", *sys.argv[1:]]),
             "checkpoint": str(args.checkpoint),
             "conf": args.conf,
             "groups": groups,

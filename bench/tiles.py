@@ -1,6 +1,6 @@
 """What tiled inference buys and costs: held-out mAP with and without tiles, and the bundle's latency per image.
 
-    python bench/tiles.py [--checkpoint runs/bench_surface/run_10min/last.pt]
+    python -m bench.tiles [--checkpoint runs/bench_surface/run_10min/last.pt]
                           [--data runs/bench_surface/data/data.yaml] [--split val] [--threads 2]
 
 One checkpoint, scored twice by `engine.validate.validate` on the same split (`tiles=False` / `tiles=True`),
@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import print_table, summarize, write_result
 
+from bench.common import print_table, summarize, write_result
 from defectdet.data.formats import load_dataset
 from defectdet.data.imageio import read_image_size
 from defectdet.data.tiling import TILE_TRIGGER

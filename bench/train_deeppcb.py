@@ -1,6 +1,6 @@
 """Time-to-accuracy on DeepPCB: train on some board groups, validate on whole held-out groups.
 
-    python bench/train_deeppcb.py [--minutes 20] [--preset nano] [--no-template] [--data ../shared/datasets/deeppcb]
+    python -m bench.train_deeppcb [--minutes 20] [--preset nano] [--no-template] [--data ../shared/datasets/deeppcb]
 
 Validation boards (groups 77000 and 92000 on the shared trainval half: the highest-numbered groups
 until >= 20% of images) are never seen in training; images of one board are near-duplicates, so a
@@ -19,8 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import print_table, write_result
-
+from bench.common import print_table, write_result
 from defectdet.engine.config import TrainConfig, load_config
 from defectdet.engine.trainer import train
 

@@ -1,6 +1,6 @@
 """Default settings on textured surfaces: synthesize, train with nothing but a time budget, evaluate.
 
-    python bench/train_surface.py [--minutes 10] [--images 600] [--seed 0]
+    python -m bench.train_surface [--minutes 10] [--images 600] [--seed 0]
 
 The dataset is `defectdet synth --kind surface` (fixed seed; 128-2048 px, non-square, half gray and
 half colour; pin-holes to patches spanning most of the image; no template), 20% held out as `val`
@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import print_table, write_result
 from torch.utils.data import Dataset
-from train_deeppcb import time_to_reach
 
+from bench.common import print_table, write_result
+from bench.train_deeppcb import time_to_reach
 from defectdet.engine.config import TrainConfig
 from defectdet.engine.trainer import build_train_data, train
 from defectdet.engine.validate import validate

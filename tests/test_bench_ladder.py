@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import scaling  # noqa: E402
+from bench import scaling
 
 
 def _write(folder: Path, name: str, **fields) -> None:

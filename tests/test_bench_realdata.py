@@ -8,12 +8,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench import pages_realdata, realdata
+from bench.benchpages.core import Result
 
-import pages_realdata  # noqa: E402
-import realdata  # noqa: E402
-from benchpages.core import Result  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 AGDD = ROOT.parent / "shared" / "datasets" / "agdd"
 

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import cv2
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import template_oracle  # noqa: E402
-
-from defectdet.evaluation.types import ImageRecord  # noqa: E402
+from bench import template_oracle
+from defectdet.evaluation.types import ImageRecord
 
 
 def _pair(folder: Path) -> tuple[Path, Path]:

@@ -1,6 +1,6 @@
 """Figures come from bench/results/, through the generated benchmark pages.
 
-1. docs/benchmarks/*.md are exactly what `python bench/pages.py` writes from the result files: a page edited by
+1. docs/benchmarks/*.md are exactly what `python -m bench.pages` writes from the result files: a page edited by
    hand, or a result file changed without regenerating, fails here.
 2. Every number with a decimal point in README.md (outside fenced code and code spans; metric names such as
    `mAP@0.5` and comparison targets such as `<= 15.0` skipped) sits in a table row, or a paragraph, that links to
@@ -11,15 +11,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from bench import pages
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES_DIR = ROOT / "docs" / "benchmarks"
@@ -31,18 +30,6 @@ _HTML_COMMENT = re.compile(r"<!--.*?-->")  # not shown to the reader (the docs t
 _LINK_TARGET = re.compile(r"\]\([^)]*\)")
 _PAGE_LINK = re.compile(r"benchmarks/([\w-]+)(?:\.md|/)")
 _NOT_A_FIGURE_AFTER = ("@", ":", "<", ">", "=", "≤", "≥", "~")
-
-
-def _pages_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_pages", ROOT / "bench" / "pages.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-pages = _pages_module()
 
 
 def figures_in(text: str) -> list[str]:
@@ -161,7 +148,7 @@ def test_benchmark_pages_are_generated_from_the_result_files(built: dict[str, st
         if not (PAGES_DIR / name).is_file() or (PAGES_DIR / name).read_text(encoding="utf-8") != text
     ]
     assert not stale, (
-        f"stale benchmark page(s) {stale}: run `.venv/bin/python bench/pages.py` and commit them"
+        f"stale benchmark page(s) {stale}: run `.venv/bin/python -m bench.pages` and commit them"
     )
     for name, text in built.items():
         for image in re.findall(r"\]\(img/([\w.-]+\.png)\)", text):

@@ -115,10 +115,13 @@ def load_results(folder: Path = RESULTS) -> dict[str, Result]:
 
 def script_of(result: Result) -> str | None:
     """The bench script that wrote a result file: named in its command, else the longest script-name prefix."""
-    command = str(result.doc.get("command") or "")
-    for word in command.split():
+    words = str(result.doc.get("command") or "").split()
+    for word in words:
+        if word.startswith("bench.") and "-m" in words:  # python -m bench.<name>
+            return f"bench/{word.removeprefix('bench.')}.py"
         if word.startswith("bench/") and word.endswith(".py"):
             return word
+    command = " ".join(words)
     if command.startswith("defectdet "):
         return None
     stems = sorted((p.stem for p in BENCH.glob("*.py")), key=len, reverse=True)
@@ -126,6 +129,11 @@ def script_of(result: Result) -> str | None:
         if result.name == stem or result.name.startswith(stem + "_"):
             return f"bench/{stem}.py"
     return None
+
+
+def module_of(script: str) -> str:
+    """`bench/latency.py` -> `bench.latency`: scripts run as modules of the bench package."""
+    return script.removesuffix(".py").replace("/", ".")
 
 
 def command_of(result: Result) -> tuple[str, bool]:
@@ -136,12 +144,12 @@ def command_of(result: Result) -> tuple[str, bool]:
         return str(command), True
     script = script_of(result)
     if script is None or not (ROOT / script).is_file():
-        return f"python {script or 'bench/?.py'}", False
+        return f"python -m {module_of(script or 'bench/?.py')}", False
     source = (ROOT / script).read_text(encoding="utf-8")
     settings = dict(result.doc.get("settings") or {})
     settings.setdefault("preset", result.doc.get("preset"))
     settings["minutes"] = settings.pop("time_minutes", None) or result.doc.get("minutes")
-    parts = [f"python {script}"]
+    parts = [f"python -m {module_of(script)}"]
     for key, value in settings.items():
         flag = "--" + key.replace("_", "-")
         if value is None or isinstance(value, dict | list):

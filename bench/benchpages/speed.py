@@ -132,7 +132,7 @@ def section_step_time(page: Page) -> None:
     page.heading(2, "Step time per preset")
     result = page.results.get("step_speed")
     if result is None or result.dirty:
-        page.para("Not measured yet: `python bench/step_speed.py`.")
+        page.para("Not measured yet: `python -m bench.step_speed`.")
         return
     page.cite(result.name)
     lite0 = [r for r in result.doc["results"] if r["preset"] == "lite0" and r.get("frozen_stem")]

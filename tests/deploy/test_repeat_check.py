@@ -131,8 +131,7 @@ def test_the_bench_scores_both_ways_and_counts_labelled_defects(
     import json
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    import repeat_check as bench  # bench/repeat_check.py
+    from bench import repeat_check as bench
 
     written: dict[str, dict] = {}
 
