@@ -92,9 +92,14 @@ def proposals(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 
 def _saved(page, count: int) -> None:
-    """Wait until the page saved `count` decisions; on a timeout say what its status line shows."""
+    """Wait until the page saved `count` decisions and takes keys again (a decision that moves on keeps the page
+    busy until the next image is shown: keys pressed before are ignored); on a timeout say what its status line
+    shows."""
     try:
-        page.wait_for_function(f"() => Number(document.body.dataset.saved || 0) >= {count}", timeout=15_000)
+        page.wait_for_function(
+            f"() => Number(document.body.dataset.saved || 0) >= {count} && !document.body.dataset.busy",
+            timeout=15_000,
+        )
     except sync_api.TimeoutError:
         raise AssertionError(
             f"decision {count} not saved; the page says: {page.text_content('#status')}"

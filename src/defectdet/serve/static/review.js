@@ -560,10 +560,10 @@ async function reloadStale(name, reason) {
   const index = state.items.findIndex((item) => item.name === name);
   if (fresh && index >= 0) state.items[index] = fresh;
   state.memory.delete(name);
-  document.body.dataset.stale = name;
   if (index >= 0 && index === state.index) { state.image = null; await show(index); }  // nothing remembered
   renderList();
   setStatus(`not saved: ${reason || name + " was changed elsewhere"} (reloaded ${name})`, true);
+  document.body.dataset.stale = name;  // last: the reload is shown and the message says why
 }
 
 // one decision that moves on (or reloads) at a time: a key pressed again meanwhile is ignored
