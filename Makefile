@@ -31,8 +31,9 @@ lock:
 check-lock: $(STAMP)
 	$(BIN)/python .ci/check_constraints.py $(BIN)/python
 
+# One worker per core (pytest-xdist); `pytest -m "not slow"` leaves out the end-to-end walks while iterating.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n auto tests
 
 # The documentation site (mkdocs.yml): --strict fails on a broken link, a missing anchor or a page not in the nav.
 docs: $(STAMP)

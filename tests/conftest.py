@@ -2,11 +2,33 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test` runs one worker per core) each worker gets its own share of the cores.
+
+    Without it every worker's PyTorch, OpenCV and ONNX Runtime would size their thread pools to the whole
+    machine, and on 2 cores two workers of 2 spinning threads each run small models tens of times slower.
+    Processes a test starts inherit the share, so the code under test sizes itself as it would on that many
+    cores."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    share = cores[int(worker[2:]) :: count] or cores
+    os.sched_setaffinity(0, share)
+    os.environ["OMP_NUM_THREADS"] = str(len(share))
+    if "torch" in sys.modules:  # a plugin imported it first: its pool may already be sized
+        sys.modules["torch"].set_num_threads(len(share))
+
 
 # A quick, quiet CPU run: tests add the data, sizes and budgets they are about.
 SMALL_TRAIN = {"device": "cpu", "workers": 0, "progress": False, "epochs": 2, "warmup_steps": 1}
