@@ -104,6 +104,54 @@ def test_a_failed_replace_leaves_no_partial_item(tmp_path: Path, monkeypatch: py
     assert capture.bytes == 0 and not capture.items
 
 
+def test_items_that_queue_up_are_written_under_one_lock_and_one_change_mark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    capture = Capture(tmp_path)
+    marks = {"n": 0}
+    real_changed = capture._changed
+
+    def counted_changed() -> None:
+        marks["n"] += 1
+        real_changed()
+
+    monkeypatch.setattr(capture, "_changed", counted_changed)
+    with capture_module.folder_lock(tmp_path / capture_module.LOCK_FILE):  # another writer holds the folder
+        assert all(capture.submit(_item(600)) for _ in range(6))
+        time.sleep(0.05)
+    capture.drain()
+    assert len(list((tmp_path / "predictions").iterdir())) == 6 and capture.counts["kept:all"] == 6
+    assert marks["n"] <= 2  # the first item the writer took, then the five queued behind it together
+
+
+def test_a_failing_item_in_a_batch_is_counted_and_the_others_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    capture = Capture(tmp_path)
+    real_write = capture._write
+
+    def fail_the_second(item: KeptItem) -> str | None:
+        if item.sidecar.get("verdict") == "broken":
+            raise OSError(5, "Input/output error")
+        return real_write(item)
+
+    monkeypatch.setattr(capture, "_write", fail_the_second)
+    items = [_item(600) for _ in range(3)]
+    items[1].sidecar["verdict"] = "broken"
+    capture.write_all(items)
+    assert len(list((tmp_path / "predictions").iterdir())) == 2
+    assert capture.counts["error"] == 1 and capture.counts["kept:all"] == 2
+
+
+def test_an_item_the_full_queue_turns_away_is_counted_never_silently_lost(tmp_path: Path) -> None:
+    capture = Capture(tmp_path, queue_size=2)
+    with capture_module.folder_lock(tmp_path / capture_module.LOCK_FILE):  # the writer cannot write meanwhile
+        accepted = [capture.submit(_item(600)) for _ in range(6)]
+    capture.drain()
+    written = len(list((tmp_path / "predictions").iterdir()))
+    assert written == accepted.count(True) and accepted.count(False) == capture.counts["dropped:queue"] > 0
+
+
 def test_the_disk_cap_deletes_the_oldest_unreviewed_items_and_never_exceeds(tmp_path: Path) -> None:
     capture = Capture(tmp_path, max_bytes=5000)
     names = []

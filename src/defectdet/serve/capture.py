@@ -19,7 +19,9 @@ writes, and an item another process deleted is simply gone from the index. Tempo
 once they are an hour old (a crash's; another process may be writing one now).
 
 Writing runs in one background thread fed by a bounded queue: a request never waits for the disk, and capture
-never fails a request (a disk error is logged and counted).
+never fails a request (a disk error is logged and counted, as is an item the full queue turned away). Items that
+queued up meanwhile are written together, up to `WRITE_BATCH`, under one folder lock and one change mark; each
+file is still flushed to disk (fsync) before it is moved into place.
 
 Disk cap (`max_bytes`; `serve` keeps at most `DEFAULT_KEEP_MAX_MB` unless told otherwise): the kept images,
 templates, companion captures and sidecars never exceed it. When a new item would pass it, the oldest items not
@@ -69,6 +71,7 @@ RESCAN_S = 60.0
 STALE_TEMPORARY_S = 3600.0
 DEFAULT_KEEP_MAX_MB = 2000.0  # serve --keep-max-mb: the keep folder's cap unless one is given (0: none)
 EVICTION_WARNING_S = 60.0
+WRITE_BATCH = 16  # queued items written under one lock: bounds how long other writers wait
 
 
 def parse_keep(values: list[str] | tuple[str, ...] | str) -> tuple[str, ...]:
@@ -269,26 +272,54 @@ class Capture:
 
     def _run(self) -> None:
         while True:
-            item = self.queue.get()
+            batch = [self.queue.get()]
+            while batch[-1] is not None and len(batch) < WRITE_BATCH:  # what queued up meanwhile, no waiting
+                try:
+                    batch.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            items = [item for item in batch if item is not None]
             try:
-                if item is None:
-                    return
-                self.write(item)
-            except Exception as error:  # never let the thread die: the next item may succeed
-                logger.warning("could not keep an answer: %s", error)
-                self._count("error")
+                self.write_all(items)
             finally:
-                self.queue.task_done()
+                for _ in batch:
+                    self.queue.task_done()
+            if batch[-1] is None:
+                return
 
-    # ---------------------------------------------------------------- one item
+    # ---------------------------------------------------------------- items
     def write(self, item: KeptItem) -> str | None:
-        """Write one item now (the thread calls this); its name, or None when it was not kept."""
+        """Write one item now; its name, or None when it was not kept."""
         with folder_lock(self.folder / LOCK_FILE):
             self._sync()
             try:
                 return self._write(item)
             finally:
                 self._changed()
+
+    def write_all(self, items: list[KeptItem]) -> None:
+        """Write `items` under one folder lock and one change mark (the thread calls this). Never raises: an
+        item that fails is logged and counted, and the others are still written."""
+        if not items:
+            return
+        done = 0
+        try:
+            with folder_lock(self.folder / LOCK_FILE):
+                self._sync()
+                try:
+                    for item in items:
+                        try:
+                            self._write(item)
+                        except Exception as error:  # the next item may succeed
+                            logger.warning("could not keep an answer: %s", error)
+                            self._count("error")
+                        done += 1
+                finally:
+                    self._changed()
+        except Exception as error:  # the lock, the folder or its change mark: each item not yet tried is lost
+            logger.warning("could not keep %d answer(s): %s", len(items) - done, error)
+            for _ in items[done:] or [None]:  # all written, the change mark failed: one error, as one item's
+                self._count("error")
 
     def _write(self, item: KeptItem) -> str | None:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(item.sidecar.get("time", time.time())))
