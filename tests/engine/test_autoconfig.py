@@ -304,3 +304,22 @@ def test_without_templates_the_time_budget_and_the_measured_step_decide_between_
     assert choose_settings(paired, TrainConfig(time_minutes=1), None, never)[0].preset == "nano"
     seconds = measure_step_seconds(StepShape("lite0", 1, False, 1, 64, 2))  # a real step, companions too
     assert 0 < seconds < 30
+
+
+def test_a_step_shape_is_timed_once_per_process(monkeypatch) -> None:
+    from defectdet.engine import step_speed
+
+    calls: list[step_speed.StepShape] = []
+
+    def measure(shape: step_speed.StepShape, device: str = "cpu") -> float:
+        calls.append(shape)
+        return 0.5
+
+    monkeypatch.setattr(step_speed, "measure_step_seconds", measure)
+    step_speed._cached_step_seconds.cache_clear()
+    shape = step_speed.StepShape("lite0", 1, False, 0, 96, 2, True)
+    assert step_speed.step_seconds_here(shape) == step_speed.step_seconds_here(shape) == 0.5
+    assert calls == [shape]
+    step_speed.step_seconds_here(step_speed.StepShape("lite0", 3, False, 0, 96, 2, True))  # another shape
+    assert len(calls) == 2
+    step_speed._cached_step_seconds.cache_clear()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -59,3 +60,16 @@ def measure_step_seconds(shape: StepShape, device: str | torch.device = "cpu") -
         if step >= WARMUP_STEPS:
             timings.append(time.perf_counter() - started)
     return statistics.median(timings)
+
+
+def step_seconds_here(shape: StepShape, device: str | torch.device = "cpu") -> float:
+    """`measure_step_seconds`, measured once per shape, device and thread count in this process: a second run
+    of the same shape (a script or notebook training several models) does not time it again."""
+    import torch
+
+    return _cached_step_seconds(shape, str(device), torch.get_num_threads())
+
+
+@lru_cache(maxsize=32)
+def _cached_step_seconds(shape: StepShape, device: str, threads: int) -> float:
+    return measure_step_seconds(shape, device)

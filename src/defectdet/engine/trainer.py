@@ -195,10 +195,10 @@ def build_train_data(config: TrainConfig) -> TrainData:
 def _step_timer(config: TrainConfig) -> Any:
     """Times one training step of a shape on the device the run will use (engine.step_speed)."""
     from defectdet.engine.distributed import resolve_device
-    from defectdet.engine.step_speed import measure_step_seconds
+    from defectdet.engine.step_speed import step_seconds_here
 
     device = resolve_device(config.device)
-    return lambda shape: measure_step_seconds(shape, device)
+    return lambda shape: step_seconds_here(shape, device)
 
 
 def _grouped_hold_out(config: TrainConfig, train_split: Any) -> tuple[Any, Any, list]:
