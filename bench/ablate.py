@@ -19,7 +19,6 @@ Run both from the same commit, side by side at one thread each, so that they see
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ import yaml
 
 from bench.common import RESULTS_DIR, limit_threads, print_table, write_result
 from bench.pretrained import run_arm
+from bench.result_schema import read_result
 from bench.scaling import result_name
 
 
@@ -79,7 +79,7 @@ def main() -> int:
     rows = [[k, v] for k, v in {**body["time_to"], **body["final"]}.items()]
     baseline = RESULTS_DIR / f"{base}.json"
     if baseline.is_file():
-        rows.append([f"{base} mAP50", json.loads(baseline.read_text())["final"]["mAP50"]])
+        rows.append([f"{base} mAP50", read_result(baseline)["final"]["mAP50"]])
     print_table(name, ["figure", "value"], rows)
     path = write_result(
         name,

@@ -12,12 +12,15 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from bench.result_schema import SCHEMA_VERSION, check
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_PACKAGES = ("torch", "numpy", "opencv-python-headless", "albumentations", "onnxruntime", "defectdet")
@@ -122,15 +125,34 @@ def environment(packages: Sequence[str] = DEFAULT_PACKAGES, produced: Sequence[P
     }
 
 
+def invoked_command(argv: Sequence[str] | None = None) -> str:
+    """The command line that ran this benchmark, as run from the repository root: `python -m bench.<name> ARGS`."""
+    argv = list(sys.argv if argv is None else argv)
+    script = Path(argv[0]) if argv else Path("?")
+    module = f"bench.{script.stem}" if script.parent.name == "bench" else script.stem
+    return " ".join(["python", "-m", module, *argv[1:]])
+
+
 def write_result(
     name: str, payload: dict[str, Any], directory: Path = RESULTS_DIR, produced: Sequence[Path] = ()
 ) -> Path:
-    """Write `{name, environment, **payload}` to `<directory>/<name>.json`; returns the path. `produced`: tracked
-    files the bench wrote (not counted as uncommitted code)."""
+    """Write a result file (bench/result_schema.py) to `<directory>/<name>.json`; returns the path.
+
+    `payload`: the measurements, with `command` and `settings` when the benchmark names them (else the command
+    that ran and no settings). `produced`: tracked files the bench wrote (not counted as uncommitted code)."""
+    document = {
+        "schema_version": SCHEMA_VERSION,
+        "name": name,
+        "command": payload.get("command") or invoked_command(),
+        "environment": environment(produced=produced),
+        "settings": payload.get("settings") or {},
+        **{key: value for key, value in payload.items() if key not in ("command", "settings")},
+    }
+    document = json.loads(json.dumps(document, default=str))
+    check(document, name)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.json"
-    document = {"name": name, "environment": environment(produced=produced), **payload}
-    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    path.write_text(json.dumps(document, indent=2) + "\n")
     return path
 
 

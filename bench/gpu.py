@@ -21,12 +21,12 @@ The CPU figures are the ladder's: one thread on one core of this 2-core machine.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 from bench import common
+from bench.result_schema import read_result
 
 BENCH = Path(__file__).resolve().parent
 PARTS = ("deeppcb_template", "surface", "yolo_surface")
@@ -132,7 +132,7 @@ def cpu_point(part: str, results: Path) -> dict | None:
     path = results / CPU_REFERENCE[part]
     if not path.is_file():
         return None
-    document = json.loads(path.read_text())
+    document = read_result(path)
     if part == "yolo_surface":
         final = document["final_ours_evaluator"]
         return {"file": path.name, "mAP50": final["mAP50"], "seconds": final["train_seconds"], "curve": []}
@@ -169,7 +169,7 @@ def summary(results: Path) -> int:
         path = results / f"gpu_{part}.json"
         if not path.is_file():
             continue
-        gpu = json.loads(path.read_text())
+        gpu = read_result(path)
         row = rows[part] = compare(part, gpu, cpu_point(part, results))
         row["device"] = gpu["device"].get("name")
         for level, seconds in row.get("seconds_to_mAP50", {}).items():

@@ -23,7 +23,6 @@ A run with `--threads N` (N > 1) has the whole machine and is not a one-core run
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -34,6 +33,7 @@ import yaml
 
 from bench.common import RESULTS_DIR, limit_threads, print_table, write_result
 from bench.pretrained import preset_tag
+from bench.result_schema import read_result
 from bench.train_deeppcb import DEFAULT_DATA, train_and_summarize
 from defectdet.data.formats import load_dataset
 
@@ -146,7 +146,7 @@ def summarize(preset: str = "nano", threads: int | None = None) -> Path:
     for path in sorted(RESULTS_DIR.glob(f"{prefix}_control_*min{tag}.json")):
         clean = path.with_name(path.name.replace("_control_", "_clean_"))
         if clean.is_file():
-            control_doc, clean_doc = json.loads(path.read_text()), json.loads(clean.read_text())
+            control_doc, clean_doc = read_result(path), read_result(clean)
             budgets[f"{control_doc['minutes']:g}"] = {"control": control_doc, "clean": clean_doc}
     if not budgets:
         raise SystemExit(f"--summary needs both arms of a budget in {RESULTS_DIR}")

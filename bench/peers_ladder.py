@@ -30,6 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from bench import common, peers
+from bench.result_schema import read_result
 
 BENCH = Path(__file__).resolve().parent
 DATASETS = ("deeppcb_plain", "deeppcb_template", "surface")
@@ -179,7 +180,7 @@ def summary() -> int:
     ladder = [run for run in ladder_runs() if run["preset"] in OURS_COLOURS]
     for dataset in DATASETS:
         ours = [run for run in ladder if run["dataset"] == dataset]
-        theirs = [json.loads(p.read_text()) for p in sorted(results.glob(f"peers_{dataset}_*px_*min.json"))]
+        theirs = [read_result(p) for p in sorted(results.glob(f"peers_{dataset}_*px_*min.json"))]
         if not theirs:
             continue
         rows = []

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from bench.common import RESULTS_DIR, limit_threads, print_table, write_result
 from bench.pretrained import run_on_yaml
+from bench.result_schema import read_result
 from defectdet.data.synth import synthesize_dataset
 
 ROOT = Path("runs/bench_preset_modes")
@@ -90,7 +91,7 @@ def summary(minutes: float) -> Path:
         for preset in PRESETS:
             path = RESULTS_DIR / f"{arm_name(mode, preset, minutes)}.json"
             if path.is_file():
-                doc = json.loads(path.read_text())
+                doc = read_result(path)
                 per_class = doc.get("held_out_per_class_AP50") or {}
                 lowest = min(per_class.items(), key=lambda item: item[1]) if per_class else (None, None)
                 arms[preset] = {

@@ -20,13 +20,13 @@ default run, so `--summary` takes it from the budget ladder's rung (`scaling_<da
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
 from pathlib import Path
 
 from bench.common import RESULTS_DIR, limit_threads, print_table, write_result
+from bench.result_schema import read_result
 
 DATASETS = ("deeppcb_plain", "deeppcb_template", "surface")
 INITS = ("scratch", "pretrained")
@@ -164,7 +164,7 @@ def summary(minutes: float, preset: str = "nano") -> int:
         for init in INITS:
             path = arm_file(dataset, init, minutes, preset)
             if path.is_file():
-                document = json.loads(path.read_text())
+                document = read_result(path)
                 curves[(dataset, init)] = document["curve"]
                 arms[init] = {
                     "mAP50": document["final"]["mAP50"],

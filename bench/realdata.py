@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS_DIR, limit_threads, print_table, uncommitted_code, write_result
+from bench.result_schema import read_result
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 DATASETS = ("agdd_1light", "agdd_2light", "agdd_pair", "agdd_companion", "deeppcb_plain", "deeppcb_template")
@@ -238,7 +239,7 @@ def rescore(name: str, work: Path, shared: Path) -> Path:
     the result file keeps its training figures, takes the new scoring fields, and `trained_at` keeps the
     environment (commit, machine) of the training."""
     path = RESULTS_DIR / f"{name}.json"
-    document = json.loads(path.read_text())
+    document = read_result(path)
     checkpoint = work / "run" / "last.pt"
     if not checkpoint.is_file():
         raise SystemExit(f"--rescore {name}: no {checkpoint} (the run's folder is --work)")
@@ -308,7 +309,7 @@ def summary() -> Path:
     """Mean and spread of mAP@0.5 per dataset and budget over the seeds run."""
     groups: dict[tuple[str, float], list[dict]] = {}
     for path in sorted(RESULTS_DIR.glob("realdata_*min_seed*.json")):
-        document = json.loads(path.read_text())
+        document = read_result(path)
         groups.setdefault((document["dataset"], float(document["minutes"])), []).append(document)
     rows, table = [], []
     for (dataset, minutes), runs in sorted(groups.items()):

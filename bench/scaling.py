@@ -14,13 +14,13 @@ run in flight. The curves between budget points are each run's own validation lo
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
 
 from bench.common import RESULTS_DIR, _git, limit_threads, print_table, write_result
 from bench.pretrained import run_arm
+from bench.result_schema import read_result
 
 LADDER_MINUTES = (10, 30, 60)
 TEMPLATE_MINUTES = (10, 60)
@@ -93,10 +93,10 @@ def ladder_runs() -> list[dict]:
     weights, defaults and a budget, the very run a rung makes) for a rung that has no file of its own. Each run
     gets `ladder`: its preset, marked "random start" where a run without templates did not start from the
     shipped weights (a run from before they shipped), so that it is not read as a point of the default's curve."""
-    runs = [json.loads(path.read_text()) for path in sorted(RESULTS_DIR.glob("scaling_*_*min.json"))]
+    runs = [read_result(path) for path in sorted(RESULTS_DIR.glob("scaling_*_*min.json"))]
     have = {(run["dataset"], run["preset"], float(run["minutes"])) for run in runs}
     for path in sorted(RESULTS_DIR.glob("pretrained_*_pretrained_*min.json")):
-        arm = json.loads(path.read_text())
+        arm = read_result(path)
         minutes = float(arm["settings"]["time_minutes"])
         key = (arm.get("dataset"), arm.get("preset") or "nano", minutes)
         if key[0] in ("deeppcb_plain", "surface") and key not in have:

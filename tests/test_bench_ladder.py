@@ -11,7 +11,19 @@ from bench import scaling
 
 
 def _write(folder: Path, name: str, **fields) -> None:
-    body = {"name": name, "final": {"mAP50": fields.pop("mAP50")}, "curve": [], **fields}
+    environment = {
+        "timestamp": "2026-12-07T10:00:00+00:00",
+        "git_commit": "abc1234",
+        "machine": {},
+        "versions": {},
+    }
+    envelope = {
+        "schema_version": 1,
+        "name": name,
+        "command": "python -m bench.scaling",
+        "environment": environment,
+    }
+    body = {**envelope, "final": {"mAP50": fields.pop("mAP50")}, "curve": [], "settings": {}, **fields}
     (folder / f"{name}.json").write_text(json.dumps(body))
 
 

@@ -24,15 +24,24 @@ def test_a_dirty_tree_is_refused_unless_allowed(monkeypatch: pytest.MonkeyPatch)
 
 
 def _run(dataset: str, minutes: float, seed: int, value: float, dirty: bool = False) -> dict:
+    environment = {
+        "timestamp": "2026-12-07T10:00:00+00:00",
+        "git_commit": "abc1234",
+        "machine": {},
+        "versions": {},
+    }
     return {
+        "schema_version": 1,
         "name": realdata.result_name(dataset, minutes, seed),
+        "command": f"python -m bench.realdata --dataset {dataset} --minutes {minutes:g} --seed {seed}",
+        "settings": {},
         "dataset": dataset,
         "minutes": minutes,
         "seed": seed,
         "dirty": dirty,
         "mAP50": value,
         "speed_probe": {"ms_per_step": 300.0},
-        "environment": {"uncommitted_code": []},
+        "environment": {**environment, "uncommitted_code": []},
     }
 
 

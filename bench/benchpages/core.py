@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import tempfile
@@ -10,6 +9,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench.result_schema import ResultFileError, read_result
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
@@ -32,6 +33,10 @@ class Result:
     @property
     def env(self) -> dict[str, Any]:
         return self.doc.get("environment") or {}
+
+    @property
+    def command(self) -> str:
+        return str(self.doc.get("command") or "")
 
     @property
     def cpu(self) -> str:
@@ -106,62 +111,23 @@ def load_results(folder: Path = RESULTS) -> dict[str, Result]:
     results = {}
     for path in sorted(folder.glob("*.json")):
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as error:
-            raise SystemExit(f"{path}: not JSON ({error})") from error
-        results[path.stem] = Result(path.stem, doc)
+            results[path.stem] = Result(path.stem, read_result(path))
+        except ResultFileError as error:
+            raise SystemExit(str(error)) from error
     return results
 
 
 def script_of(result: Result) -> str | None:
-    """The bench script that wrote a result file: named in its command, else the longest script-name prefix."""
-    words = str(result.doc.get("command") or "").split()
-    for word in words:
-        if word.startswith("bench.") and "-m" in words:  # python -m bench.<name>
-            return f"bench/{word.removeprefix('bench.')}.py"
-        if word.startswith("bench/") and word.endswith(".py"):
-            return word
-    command = " ".join(words)
-    if command.startswith("defectdet "):
-        return None
-    stems = sorted((p.stem for p in BENCH.glob("*.py")), key=len, reverse=True)
-    for stem in stems:
-        if result.name == stem or result.name.startswith(stem + "_"):
-            return f"bench/{stem}.py"
-    return None
-
-
-def module_of(script: str) -> str:
-    """`bench/latency.py` -> `bench.latency`: scripts run as modules of the bench package."""
-    return script.removesuffix(".py").replace("/", ".")
+    """The bench script a result file's command runs (`python -m bench.<name>`); None for another command."""
+    words = result.command.split()
+    module = words[words.index("-m") + 1] if "-m" in words[:-1] else ""
+    return f"bench/{module.removeprefix('bench.')}.py" if module.startswith("bench.") else None
 
 
 def command_of(result: Result) -> tuple[str, bool]:
-    """(command, recorded): the recorded command, else one derived from the script and the settings the file
-    recorded (each setting the script has an option for)."""
-    command = result.doc.get("command")
-    if command:
-        return str(command), True
-    script = script_of(result)
-    if script is None or not (ROOT / script).is_file():
-        return f"python -m {module_of(script or 'bench/?.py')}", False
-    source = (ROOT / script).read_text(encoding="utf-8")
-    settings = dict(result.doc.get("settings") or {})
-    settings.setdefault("preset", result.doc.get("preset"))
-    settings["minutes"] = settings.pop("time_minutes", None) or result.doc.get("minutes")
-    parts = [f"python -m {module_of(script)}"]
-    for key, value in settings.items():
-        flag = "--" + key.replace("_", "-")
-        if value is None or isinstance(value, dict | list):
-            continue
-        if isinstance(value, bool):
-            flag = flag if value else "--no-" + key.replace("_", "-")
-            parts += [flag] if f'"{flag}"' in source else []
-        elif f'"{flag}"' in source:
-            parts.append(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
-    if "final" not in result.doc and "settings" not in result.doc and '"--summary"' in source:
-        parts.append("--summary")
-    return " ".join(parts), False
+    """(command, recorded): the command that makes the file again; recorded False when the file's run recorded
+    none and it was rebuilt from the script and the settings."""
+    return result.command, not result.doc.get("command_derived", False)
 
 
 def threads_text(threads: str) -> str:
