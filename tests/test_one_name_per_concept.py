@@ -106,6 +106,9 @@ def test_http_parameters_use_the_current_names() -> None:
     assert "threshold" in names and not names & RETIRED, names & RETIRED
 
 
+RESULT_TYPES = {"TrainResult", "PredictionResult", "Detection"}  # what the API returns: fields, not settings
+
+
 def _public_names() -> dict[str, list[str]]:
     import defectdet
     from defectdet.engine.validate import ValidateSettings
@@ -113,6 +116,8 @@ def _public_names() -> dict[str, list[str]]:
 
     surfaces: dict[str, list[str]] = {}
     for name in defectdet._EXPORTS:
+        if name in RESULT_TYPES:
+            continue
         value = getattr(defectdet, name)
         if inspect.isclass(value) and hasattr(value, "model_fields"):
             surfaces[name] = list(value.model_fields)

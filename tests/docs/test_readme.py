@@ -47,6 +47,8 @@ def test_the_first_tasks_are_one_link_away() -> None:
         "docs/getting-started/your-data.md#pascal-voc": "defectdet train",
         "docs/guides/serve.md": "curl",
         "docs/guides/line-loop.md": "--from",
+        "docs/getting-started/right-for-you.md": "anomalib",
+        "docs/getting-started/first-model.md": "curl",
     }.items():
         assert f"]({page})" in text, f"README does not link {page}"
         target = (ROOT / page.partition("#")[0]).read_text(encoding="utf-8")

@@ -53,7 +53,14 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_strict_build_writes_every_page_of_the_nav(site: Path) -> None:
-    for page in ("index.html", "guides/train/index.html", "glossary/index.html", "changelog/index.html"):
+    for page in (
+        "index.html",
+        "getting-started/right-for-you/index.html",
+        "getting-started/first-model/index.html",
+        "guides/train/index.html",
+        "glossary/index.html",
+        "changelog/index.html",
+    ):
         assert (site / page).is_file(), f"{page} missing from the built site"
     changelog = (site / "changelog" / "index.html").read_text()
     assert "--8&lt;--" not in changelog and "Unreleased" in changelog, "CHANGELOG.md was not included"
@@ -90,7 +97,10 @@ def test_home_and_a_guide_render_offline(served: str) -> None:
             page.goto(served + "/", wait_until="networkidle")
             assert page.title().startswith("defectdet")
             tabs = page.locator(".md-tabs__link").all_text_contents()
-            assert {"Get started", "Guides", "Reference", "Benchmarks"} <= {t.strip() for t in tabs}, tabs
+            assert {"Get started", "Guides", "Reference", "Benchmarks", "Contributing"} <= {
+                t.strip() for t in tabs
+            }
+            assert "Design" not in {t.strip() for t in tabs}, tabs
             page.goto(served + "/guides/train/", wait_until="networkidle")
             assert page.locator("article h1").first.text_content().rstrip("¶ \n") == "Train"
             assert page.title().startswith("Train - defectdet")
