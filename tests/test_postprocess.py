@@ -25,24 +25,24 @@ def test_class_aware_nms_keeps_other_classes_and_suppresses_duplicates() -> None
             ([30, 30, 40, 40], [0.6, 0.0]),  # same class, elsewhere: kept
         ]
     )
-    (detections,) = postprocess(predictions, score_threshold=0.05, iou_threshold=0.6)
+    (detections,) = postprocess(predictions, score_floor=0.05, nms_iou=0.6)
     assert detections.classes.tolist() == [0, 1, 0]
     np.testing.assert_allclose(detections.scores, [0.9, 0.7, 0.6])
     np.testing.assert_allclose(detections.boxes[0], [0, 0, 10, 10])
     assert detections.boxes.dtype == np.float32 and detections.classes.dtype == np.int64
-    (agnostic,) = postprocess(predictions, iou_threshold=0.6, class_agnostic=True)
+    (agnostic,) = postprocess(predictions, nms_iou=0.6, class_agnostic=True)
     assert agnostic.classes.tolist() == [0, 0]
 
 
 def test_score_threshold_and_max_detections() -> None:
     rows = [([i * 20.0, 0, i * 20.0 + 10, 10], [0.1 + 0.05 * i]) for i in range(10)]
     predictions = _predictions(rows)
-    (detections,) = postprocess(predictions, score_threshold=0.3)
+    (detections,) = postprocess(predictions, score_floor=0.3)
     assert len(detections) == 5 and detections.scores.min() > 0.3
     assert np.all(np.diff(detections.scores) <= 0)
-    (capped,) = postprocess(predictions, score_threshold=0.0, max_detections=3)
+    (capped,) = postprocess(predictions, score_floor=0.0, max_detections=3)
     np.testing.assert_allclose(capped.scores, [0.55, 0.5, 0.45], rtol=1e-6)
-    (limited,) = postprocess(predictions, score_threshold=0.0, pre_nms_top_k=2)
+    (limited,) = postprocess(predictions, score_floor=0.0, pre_nms_top_k=2)
     assert len(limited) == 2 and limited.scores.min() == pytest.approx(0.5)
 
 
@@ -50,7 +50,7 @@ def test_empty_inputs() -> None:
     assert postprocess(np.zeros((0, 5, 7), np.float32)) == []
     results = postprocess(np.zeros((2, 0, 7), np.float32))
     assert len(results) == 2 and all(len(item) == 0 for item in results)
-    (low,) = postprocess(_predictions([([0, 0, 5, 5], [0.01, 0.02])]), score_threshold=0.05)
+    (low,) = postprocess(_predictions([([0, 0, 5, 5], [0.01, 0.02])]), score_floor=0.05)
     assert isinstance(low, Detections) and low.boxes.shape == (0, 4)
     with pytest.raises(ValueError):
         postprocess(np.zeros((4, 4), np.float32))
@@ -71,7 +71,7 @@ def test_degenerate_boxes_never_come_out_of_postprocess() -> None:
             ([1, 1, 4, 4], [0.6]),
         ]
     )
-    (detections,) = postprocess(predictions, score_threshold=0.05)
+    (detections,) = postprocess(predictions, score_floor=0.05)
     assert detections.boxes.tolist() == [[1, 1, 4, 4]]
 
 
@@ -91,6 +91,6 @@ def test_the_pipeline_drops_boxes_under_a_pixel_of_the_image() -> None:
             ([10, 20, 30, 40], [0.7]),
         ]
     )
-    boxes, scores, _ = finish(predictions, prepared, PostprocessSettings(score_threshold=0.05))
+    boxes, scores, _ = finish(predictions, prepared, PostprocessSettings(score_floor=0.05))
     assert scores.tolist() == [pytest.approx(0.7)] and boxes.shape == (1, 4)
     assert boxes[0, 2] - boxes[0, 0] >= 1 and boxes[0, 3] - boxes[0, 1] >= 1

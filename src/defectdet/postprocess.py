@@ -12,9 +12,11 @@ from typing import Any
 import cv2
 import numpy as np
 
+from defectdet.compat import Surface, current_keys
+
 # The one source of the post-processing defaults (TrainConfig, training-time evaluation, `val`, the bundle):
 # evaluation keeps every candidate above 0.001 so PR curves and operating points see low scores too.
-DEFAULT_SCORE_THRESHOLD = 0.001
+DEFAULT_SCORE_FLOOR = 0.001
 DEFAULT_NMS_IOU = 0.6
 DEFAULT_MAX_DETECTIONS = 300
 # A box thinner or lower than one pixel of the original image is no detection (nobody can see, draw or label it).
@@ -35,19 +37,19 @@ class PostprocessSettings:
     """Score floor, class-aware NMS IoU and detection cap applied to raw predictions; `merge_classes`: the class
     ids whose overlapping fragments are reported as one box (`merge_fragments`)."""
 
-    score_threshold: float = DEFAULT_SCORE_THRESHOLD
-    iou_threshold: float = DEFAULT_NMS_IOU
+    score_floor: float = DEFAULT_SCORE_FLOOR
+    nms_iou: float = DEFAULT_NMS_IOU
     max_detections: int = DEFAULT_MAX_DETECTIONS
     merge_classes: tuple[int, ...] = ()
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | None) -> PostprocessSettings:
         """From a TrainConfig dict (`score_floor`, `nms_iou`, `max_detections`; a checkpoint written before the
-        renaming says `score_threshold`, `nms_iou_threshold`), defaults for missing keys."""
-        config = config or {}
+        renaming uses retired names, `defectdet.compat`), defaults for missing keys."""
+        config = current_keys(config or {}, Surface.TRAIN_CONFIG, warn=False)
         return cls(
-            float(config.get("score_floor", config.get("score_threshold", DEFAULT_SCORE_THRESHOLD))),
-            float(config.get("nms_iou", config.get("nms_iou_threshold", DEFAULT_NMS_IOU))),
+            float(config.get("score_floor", DEFAULT_SCORE_FLOOR)),
+            float(config.get("nms_iou", DEFAULT_NMS_IOU)),
             int(config.get("max_detections", DEFAULT_MAX_DETECTIONS)),
         )
 
@@ -71,8 +73,8 @@ class Detections:
 
 def postprocess(
     predictions: np.ndarray,
-    score_threshold: float = DEFAULT_SCORE_THRESHOLD,
-    iou_threshold: float = DEFAULT_NMS_IOU,
+    score_floor: float = DEFAULT_SCORE_FLOOR,
+    nms_iou: float = DEFAULT_NMS_IOU,
     max_detections: int = DEFAULT_MAX_DETECTIONS,
     class_agnostic: bool = False,
     pre_nms_top_k: int = 1000,
@@ -80,7 +82,7 @@ def postprocess(
     """``predictions`` (B, A, 4 + K): xyxy boxes then per-class scores -> one Detections per image.
 
     Each anchor yields its best class (one box per location). Candidates above
-    ``score_threshold`` are cut to the ``pre_nms_top_k`` best before NMS.
+    ``score_floor`` are cut to the ``pre_nms_top_k`` best before NMS.
     """
     predictions = np.asarray(predictions)
     if predictions.ndim != 3 or predictions.shape[2] < 5:
@@ -90,8 +92,8 @@ def postprocess(
         results.append(
             _postprocess_one(
                 image_predictions,
-                score_threshold,
-                iou_threshold,
+                score_floor,
+                nms_iou,
                 max_detections,
                 class_agnostic,
                 pre_nms_top_k,
@@ -102,8 +104,8 @@ def postprocess(
 
 def _postprocess_one(
     predictions: np.ndarray,  # (A, 4 + K)
-    score_threshold: float,
-    iou_threshold: float,
+    score_floor: float,
+    nms_iou: float,
     max_detections: int,
     class_agnostic: bool,
     pre_nms_top_k: int,
@@ -113,7 +115,7 @@ def _postprocess_one(
     scores = class_scores[np.arange(class_scores.shape[0]), classes]  # (A,)
     corners = predictions[:, :4]
     proper = np.isfinite(corners).all(1) & (corners[:, 2] > corners[:, 0]) & (corners[:, 3] > corners[:, 1])
-    keep = np.flatnonzero((scores > score_threshold) & proper)
+    keep = np.flatnonzero((scores > score_floor) & proper)
     if keep.size == 0 or max_detections <= 0:
         return Detections.empty()
     if keep.size > pre_nms_top_k:
@@ -122,10 +124,10 @@ def _postprocess_one(
     scores, classes = scores[keep].astype(np.float32), classes[keep].astype(np.int64)
     xywh = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], 1)
     if class_agnostic:
-        indices = cv2.dnn.NMSBoxes(xywh.tolist(), scores.tolist(), score_threshold, iou_threshold)
+        indices = cv2.dnn.NMSBoxes(xywh.tolist(), scores.tolist(), score_floor, nms_iou)
     else:
         indices = cv2.dnn.NMSBoxesBatched(
-            xywh.tolist(), scores.tolist(), classes.tolist(), score_threshold, iou_threshold
+            xywh.tolist(), scores.tolist(), classes.tolist(), score_floor, nms_iou
         )
     indices = np.asarray(indices, dtype=np.int64).reshape(-1)
     indices = indices[np.argsort(-scores[indices], kind="stable")][:max_detections]

@@ -100,7 +100,7 @@ def test_merge_joins_duplicates_from_overlapping_tiles_and_keeps_the_whole_image
             (right, dot_right, np.array([0.7], np.float32), np.array([0])),
         ],
         whole_scale=0.25,
-        iou_threshold=0.5,
+        nms_iou=0.5,
         max_detections=10,
     )
     assert scores.tolist() == pytest.approx([0.9, 0.8]) and classes.tolist() == [1, 0]
@@ -153,7 +153,7 @@ def test_a_tile_box_reaching_into_the_padding_ends_at_the_image_border() -> None
         (np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64)),
         [(edge, np.array([[95, 10, 104, 19]], np.float32), np.array([0.5], np.float32), np.array([2]))],
         whole_scale=0.1,
-        iou_threshold=0.5,
+        nms_iou=0.5,
         max_detections=10,
     )
     # tile x 95..100 (the tile ends at 100) -> resized 995..1000 -> original 1990..2000: the image's right edge

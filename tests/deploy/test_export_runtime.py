@@ -445,11 +445,11 @@ def test_tiled_runtime_matches_the_tiled_val_path(
     assert np.abs(runtime_outputs - val_outputs).max() <= 2e-3
     # 3. the same raw outputs merge to the same detections: NMS and the tile merge run on identical numbers
     assert (meta.thresholds.nms_iou, meta.thresholds.max_detections) == (
-        settings.iou_threshold,
+        settings.nms_iou,
         settings.max_detections,
     )
     monkeypatch.setattr(predictor, "run", lambda _batch: (val_outputs, None))
-    result = predictor.predict(paths[0], paths[1], threshold=0.05, score_floor=settings.score_threshold)
+    result = predictor.predict(paths[0], paths[1], threshold=0.05, score_floor=settings.score_floor)
     assert result.tiles == len(batch) - 1
     record = records[0]
     assert len(record.det_boxes) == len(result.detections) > 0

@@ -130,7 +130,7 @@ def test_both_paths_run_the_same_prepare_and_finish(bundle, tmp_path, monkeypatc
         return fake_forward(batch.numpy())
 
     records, skipped = _records(paths, predictor, model, batch_size=64)
-    result = predictor.predict(paths[0], paths[1], threshold=0.5, score_floor=predictor.spec.min_score)
+    result = predictor.predict(paths[0], paths[1], threshold=0.5, score_floor=predictor.spec.score_floor)
 
     assert not skipped and len(calls["prepare"]) == len(calls["finish"]) == 2
     (torch_image, torch_template, torch_spec, torch_prepared), (image, template, spec, prepared) = calls[

@@ -147,7 +147,7 @@ def test_overfits_synthetic_squares(preset: str) -> None:
         model(images, [boxes])
     model.eval()
     with torch.no_grad():
-        detections = postprocess(model(images).numpy(), score_threshold=0.05)[0]
+        detections = postprocess(model(images).numpy(), score_floor=0.05)[0]
     for gt in boxes.numpy():
         same_class = detections.classes == int(gt[0])
         assert same_class.any(), f"no detection of class {int(gt[0])}"

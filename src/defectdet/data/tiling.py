@@ -176,7 +176,7 @@ def merge_tile_detections(
     whole: tuple[np.ndarray, np.ndarray, np.ndarray],
     tiles: list[tuple[Tile, np.ndarray, np.ndarray, np.ndarray]],
     whole_scale: float,
-    iou_threshold: float,
+    nms_iou: float,
     max_detections: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(boxes xyxy, scores, classes) in original pixels from the whole-image pass (already in original
@@ -195,7 +195,7 @@ def merge_tile_detections(
         return all_boxes, all_scores, all_classes
     xywh = np.concatenate([all_boxes[:, :2], all_boxes[:, 2:] - all_boxes[:, :2]], 1)
     kept = cv2.dnn.NMSBoxesBatched(
-        xywh.tolist(), all_scores.tolist(), all_classes.tolist(), 0.0, float(iou_threshold)
+        xywh.tolist(), all_scores.tolist(), all_classes.tolist(), 0.0, float(nms_iou)
     )
     kept = np.asarray(kept, np.int64).reshape(-1)
     kept = kept[np.argsort(-all_scores[kept], kind="stable")][:max_detections]
@@ -206,7 +206,7 @@ def combine_passes(
     found: list[Detections],
     transform: LetterboxTransform,
     plan: TilePlan | None,
-    iou_threshold: float,
+    nms_iou: float,
     max_detections: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One image's answer in original pixels from its post-processed passes: `found[0]` the whole letterbox
@@ -217,5 +217,5 @@ def combine_passes(
         return boxes, whole.scores, whole.classes
     tiles = [(tile, f.boxes, f.scores, f.classes) for tile, f in zip(plan.tiles, found[1:], strict=True)]
     return merge_tile_detections(
-        (boxes, whole.scores, whole.classes), tiles, plan.whole_scale, iou_threshold, max_detections
+        (boxes, whole.scores, whole.classes), tiles, plan.whole_scale, nms_iou, max_detections
     )

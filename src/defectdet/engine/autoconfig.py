@@ -57,10 +57,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from defectdet.compat import Surface, current_keys
 from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.engine.config import TrainConfig
 from defectdet.engine.step_speed import StepShape
-from defectdet.errors import TRAIN_CONFIG_RENAMES, ConfigError, ImageReadError, renamed_keys
+from defectdet.errors import ConfigError, ImageReadError
 
 logger = logging.getLogger(__name__)
 
@@ -541,8 +542,8 @@ def choose_settings(
     Choice per setting. `previous` (a resumed checkpoint's config) wins over the data for auto fields.
     `step_seconds` times a training step of a given shape (engine.step_speed): with a time budget it decides
     whether lite0 fits it. Pure otherwise: no IO."""
-    if previous is not None:  # a checkpoint written before the renaming says imgsz
-        previous = renamed_keys(previous, TRAIN_CONFIG_RENAMES, warn=False)
+    if previous is not None:  # a checkpoint written before the renaming uses retired names
+        previous = current_keys(previous, Surface.TRAIN_CONFIG, warn=False)
     choices: list[Choice] = []
     values: dict[str, Any] = {}
 

@@ -12,9 +12,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from defectdet.compat import Surface, current_keys
 from defectdet.data.augment import AugmentConfig
-from defectdet.errors import TRAIN_CONFIG_RENAMES, ConfigError, renamed_keys
-from defectdet.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_THRESHOLD
+from defectdet.errors import ConfigError
+from defectdet.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_FLOOR
 
 DEFAULT_EPOCHS = 50
 VAL_BUDGET_SHARE = 0.1  # with a time budget and no val_every: about ten validations per run
@@ -117,7 +118,7 @@ class TrainConfig(BaseModel):
     # each VAL_BUDGET_SHARE of the budget, so validation does not eat a third of a short CPU budget
     val_every: int | None = Field(None, ge=1)
     # the score floor: lowest score kept as a proposal (defaults: defectdet.postprocess)
-    score_floor: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)
+    score_floor: float = Field(DEFAULT_SCORE_FLOOR, ge=0, le=1)
     nms_iou: float = Field(DEFAULT_NMS_IOU, gt=0, le=1)  # IoU above which NMS drops the lower-scoring box
     max_detections: int = Field(DEFAULT_MAX_DETECTIONS, ge=1)  # the most detections kept per image
     # align each template to its tested image (data.registration) in training and evaluation
@@ -138,9 +139,9 @@ class TrainConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, values: Any) -> Any:
-        """Keys retired for one name per concept (`imgsz` -> `input_size`, ...) still load, with a warning."""
+        """Keys retired for one name per concept (`defectdet.compat`) still load, with a warning."""
         return (
-            renamed_keys(values, TRAIN_CONFIG_RENAMES, "TrainConfig", stacklevel=5)
+            current_keys(values, Surface.TRAIN_CONFIG, "TrainConfig", stacklevel=5)
             if isinstance(values, dict)
             else values
         )
@@ -253,7 +254,7 @@ def _format_validation_error(error: ValidationError, where: str) -> str:
 
 def config_from_dict(values: dict[str, Any], where: str = "config") -> TrainConfig:
     """Validate a plain dict; errors become ConfigError naming the field and `where` it came from."""
-    values = renamed_keys(values, TRAIN_CONFIG_RENAMES, where, warn=False)
+    values = current_keys(values, Surface.TRAIN_CONFIG, where, warn=False)
     check_unknown_keys(values, where)
     try:
         return TrainConfig(**values)
@@ -284,11 +285,11 @@ def load_config(yaml_path: str | Path | None = None, overrides: dict[str, Any] |
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of config keys, got {type(loaded).__name__}")
-        loaded = renamed_keys(loaded, TRAIN_CONFIG_RENAMES, str(path))
+        loaded = current_keys(loaded, Surface.TRAIN_CONFIG, str(path))
         check_unknown_keys(loaded, str(path))
         values.update(loaded)
         where = str(path)
-    for key, value in renamed_keys(overrides or {}, TRAIN_CONFIG_RENAMES, "override").items():
+    for key, value in current_keys(overrides or {}, Surface.TRAIN_CONFIG, "override").items():
         top = key.split(".")[0]
         check_unknown_keys({top: {}}, "override")
         if "." in key and top == "augment" and AugmentConfig is not None:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from defectdet.compat import Surface, current_keys
 from defectdet.errors import CheckpointError, ConfigError
 
 WEIGHTS_KEY = "defectdet.weights"
@@ -53,7 +54,7 @@ class StartModel:
         companions = [str(name) for name in model.get("companions") or []]
         return {
             "preset": model.get("preset") or config.get("preset"),
-            "input_size": config.get("input_size") or config.get("imgsz"),
+            "input_size": current_keys(config, Surface.TRAIN_CONFIG, warn=False).get("input_size"),
             "strides": [STRIDES_BY_LEVEL[level] for level in model["levels"]],
             "channels": in_channels // (1 + int(template) + len(companions)),
             "template": template,

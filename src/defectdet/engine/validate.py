@@ -23,11 +23,12 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from rich.console import Console
 from rich.table import Table
 
+from defectdet.compat import Surface, current_keys
 from defectdet.data.recapture import RecaptureConfig, make_clean_boards
 from defectdet.data.sample import DatasetSplit
 from defectdet.engine.checkpoint import load_detector
 from defectdet.engine.predict import DEFAULT_EVAL_BATCH, predict_records, registration_summary
-from defectdet.errors import ConfigError, DatasetError, renamed_keys
+from defectdet.errors import ConfigError, DatasetError
 from defectdet.evaluation.threshold import (
     DEFAULT_TARGET_ESCAPE,
     ThresholdChoice,
@@ -43,14 +44,7 @@ from defectdet.runtime.spec import ModelSpec
 logger = logging.getLogger(__name__)
 
 PROTOCOLS = ("coco", "deeppcb", "both")
-CONF_RULES = ("escape", "f1")
-# ValidateSettings keywords retired for one name per concept; old scripts keep working, with a warning
-VALIDATE_RENAMES = {
-    "conf_threshold": "threshold",
-    "conf_from": "threshold_from",
-    "conf_rule": "threshold_rule",
-    "imgsz": "input_size",
-}
+THRESHOLD_RULES = ("escape", "f1")
 
 
 def model_spec(
@@ -123,7 +117,7 @@ class ValidateSettings(BaseModel):
     threshold: float | None = None
     threshold_from: str | None = None
     target_escape: float = DEFAULT_TARGET_ESCAPE
-    threshold_rule: str = "escape"  # one of CONF_RULES
+    threshold_rule: str = "escape"  # one of THRESHOLD_RULES
     target_recall: float = 0.99
     clean_templates: bool = False
     clean_nuisance: RecaptureConfig | None = None
@@ -141,9 +135,9 @@ class ValidateSettings(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, values: Any) -> Any:
-        """Keywords retired for one name per concept (`conf_threshold` -> `threshold`, ...) still work."""
+        """Keywords retired for one name per concept (`defectdet.compat`) still work."""
         return (
-            renamed_keys(values, VALIDATE_RENAMES, "ValidateSettings", stacklevel=5)
+            current_keys(values, Surface.VALIDATE, "ValidateSettings", stacklevel=5)
             if isinstance(values, dict)
             else values
         )
@@ -159,9 +153,9 @@ class ValidateSettings(BaseModel):
                 check_views(self.flip_views)
             except ValueError as error:
                 raise ConfigError(f"--flip-views: {error}") from None
-        if self.threshold_rule not in CONF_RULES:
+        if self.threshold_rule not in THRESHOLD_RULES:
             raise ConfigError(
-                f"--threshold-rule must be one of {', '.join(CONF_RULES)}, got {self.threshold_rule!r}"
+                f"--threshold-rule must be one of {', '.join(THRESHOLD_RULES)}, got {self.threshold_rule!r}"
             )
         if self.threshold_from is not None and self.threshold_from == self.split:
             raise ConfigError(
@@ -172,7 +166,7 @@ class ValidateSettings(BaseModel):
     @classmethod
     def merged(cls, settings: ValidateSettings | None, overrides: dict[str, Any]) -> ValidateSettings:
         """`settings` (default: all defaults) with `overrides` (field name -> value) applied over it."""
-        overrides = renamed_keys(overrides, VALIDATE_RENAMES, "validate()")
+        overrides = current_keys(overrides, Surface.VALIDATE, "validate()")
         unknown = sorted(set(overrides) - set(cls.model_fields))
         if unknown:
             raise TypeError(f"validate() got unexpected keyword argument(s): {', '.join(unknown)}")

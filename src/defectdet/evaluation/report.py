@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from defectdet.errors import renamed_keywords
+from defectdet.compat import Surface, current_keywords
 from defectdet.evaluation.coco import coco_metrics
 from defectdet.evaluation.deeppcb import deeppcb_metrics, write_deeppcb_results
 from defectdet.evaluation.operating_point import confusion_matrix, operating_points
@@ -78,10 +78,8 @@ def evaluate_records(
     `plots=False` skips the PNGs and the report (cheap per-epoch validation). `metrics_csv` defaults
     to `out_dir/metrics.csv` when that file exists (loss curves).
     """
-    if renamed:  # `conf_threshold`, the name before one name per concept
-        threshold = renamed_keywords(renamed, {"conf_threshold": "threshold"}, "evaluate_records")[
-            "threshold"
-        ]
+    if renamed:  # keywords retired for one name per concept
+        threshold = current_keywords(renamed, Surface.EVALUATE)["threshold"]
     if protocol not in ("coco", "deeppcb", "both"):
         raise ValueError(f"protocol must be 'coco', 'deeppcb' or 'both', got {protocol!r}")
     out_dir = Path(out_dir)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from defectdet.compat import Surface, current_keys
 from defectdet.engine.start_model import WEIGHTS_KEY, encode_weights
 from defectdet.errors import ConfigError, DatasetError, DefectDetError
 from defectdet.export.fragment_choice import choose_merged, merge_candidates
@@ -144,9 +145,9 @@ def base_metadata(detector: nn.Module, checkpoint: dict[str, Any]) -> BundleMeta
     thresholds = Thresholds(
         nms_iou=spec.nms_iou,
         max_detections=spec.max_detections,
-        score_floor=spec.min_score,
+        score_floor=spec.score_floor,
     )
-    logged = metrics.get("threshold", metrics.get("conf_threshold"))  # conf_threshold: older checkpoints
+    logged = current_keys(metrics, Surface.CHECKPOINT_METRICS, warn=False).get("threshold")
     if isinstance(logged, float):
         thresholds.threshold, thresholds.threshold_source = (
             logged,

@@ -13,17 +13,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from defectdet.compat import Surface, current_keys, retired_attributes
 from defectdet.data.sample import companion_name_problem
-from defectdet.errors import CheckpointError, renamed_keys, warn_renamed
-from defectdet.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_THRESHOLD
+from defectdet.errors import CheckpointError
+from defectdet.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_FLOOR
 
 METADATA_KEY = "defectdet"
 FORMAT_VERSION = 1
 INPUT_NAME = "images"
 PREDICTIONS_OUTPUT = "predictions"
 FEATURES_OUTPUT = "features"
-# metadata keys of bundles written before one name per concept, read as the current ones
-THRESHOLDS_RENAMES = {"score": "threshold", "score_source": "threshold_source", "min_score": "score_floor"}
 
 
 def check_companion_names(names: list[str] | tuple[str, ...], field: str = "companions") -> list[str]:
@@ -54,10 +53,10 @@ class Letterbox(BaseModel):
     pad_value: int = Field(114, ge=0, le=255)
 
 
-class Thresholds(BaseModel):
+class Thresholds(BaseModel, retired_attributes(Surface.BUNDLE_THRESHOLDS, "thresholds")):
     """Operating thresholds. ``threshold`` decides the image verdict (defective when any detection reaches it);
     ``score_floor`` is the lowest score kept as a proposal (candidates below it are dropped before NMS).
-    Bundles written before the renaming say ``score``, ``score_source`` and ``min_score``: they load as these."""
+    Bundles written before the renaming use older names (`defectdet.compat`): they load as these."""
 
     model_config = ConfigDict(extra="forbid")
     threshold: float = Field(0.25, ge=0, le=1)
@@ -66,7 +65,7 @@ class Thresholds(BaseModel):
     recall_threshold: float | None = None
     nms_iou: float = Field(DEFAULT_NMS_IOU, gt=0, le=1)
     max_detections: int = Field(DEFAULT_MAX_DETECTIONS, ge=1)
-    score_floor: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)
+    score_floor: float = Field(DEFAULT_SCORE_FLOOR, ge=0, le=1)
     # classes whose overlapping fragments are reported as one box: those where it raised AP on the export's
     # validation split (postprocess.merge_fragments)
     merge_fragments: list[str] = Field(default_factory=list)
@@ -75,22 +74,10 @@ class Thresholds(BaseModel):
     @classmethod
     def _renamed(cls, values: Any) -> Any:
         return (
-            renamed_keys(values, THRESHOLDS_RENAMES, "thresholds", warn=False)
+            current_keys(values, Surface.BUNDLE_THRESHOLDS, "thresholds", warn=False)
             if isinstance(values, dict)
             else values
         )
-
-    @property
-    def score(self) -> float:
-        """Deprecated: `threshold`."""
-        warn_renamed("thresholds.score", "thresholds.threshold")
-        return self.threshold
-
-    @property
-    def min_score(self) -> float:
-        """Deprecated: `score_floor`."""
-        warn_renamed("thresholds.min_score", "thresholds.score_floor")
-        return self.score_floor
 
 
 class BundleMetadata(BaseModel):

@@ -357,11 +357,9 @@ def finish(predictions: np.ndarray, prepared: Prepared, settings: PostprocessSet
     settings' `merge_classes` reported as one box (`postprocess.merge_fragments`)."""
     if len(predictions) != prepared.passes:
         raise ValueError(f"{len(predictions)} prediction rows for an image of {prepared.passes} passes")
-    found = postprocess(
-        predictions, settings.score_threshold, settings.iou_threshold, settings.max_detections
-    )
+    found = postprocess(predictions, settings.score_floor, settings.nms_iou, settings.max_detections)
     boxes, scores, classes = combine_passes(
-        found, prepared.transform, prepared.tile_plan, settings.iou_threshold, settings.max_detections
+        found, prepared.transform, prepared.tile_plan, settings.nms_iou, settings.max_detections
     )
     visible = visible_boxes(boxes)  # clipped to the image, a box off its edge is empty
     boxes, scores, classes = boxes[visible], scores[visible], classes[visible]

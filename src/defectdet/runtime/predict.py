@@ -15,10 +15,11 @@ from typing import Any
 import cv2
 import numpy as np
 
+from defectdet.compat import Surface, current_keywords
 from defectdet.data.companions import tagged_capture
 from defectdet.data.formats.yolo import label_line
 from defectdet.data.imageio import IMAGE_SUFFIXES
-from defectdet.errors import InputError, describe_failure, renamed_keywords
+from defectdet.errors import InputError, describe_failure
 from defectdet.runtime.bundle import check_companion_names
 from defectdet.runtime.predictor import Detection, PredictionResult, Predictor
 
@@ -370,12 +371,12 @@ def predict_source(
     **renamed: Any,
 ) -> PredictSummary:
     """Predict every image of ``source`` with ``model`` (a bundle; `defectdet.export.resolve.resolve_bundle` exports
-    a checkpoint); ``threshold``, ``tiles`` and ``repeat_check`` override the bundle's (``conf``: deprecated).
+    a checkpoint); ``threshold``, ``tiles`` and ``repeat_check`` override the bundle's.
     ``companions``: name -> folder of each aligned capture the bundle takes (`parse_companions` reads
     ``--companion NAME=DIR``); each image's capture is the file of its name there."""
     from rich.progress import Progress
 
-    threshold = renamed_keywords(renamed, {"conf": "threshold"}, "predict_source").get("threshold", threshold)
+    threshold = current_keywords(renamed, Surface.PREDICT_SOURCE).get("threshold", threshold)
     out_dir = Path(out)
     predictor = Predictor(_bundle_path(model), threads=threads, tiles=tiles, repeat_check=repeat_check)
     companion_dirs = {name: Path(folder) for name, folder in (companions or {}).items()}

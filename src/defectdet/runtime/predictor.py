@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from defectdet.compat import Surface, current_keywords
 from defectdet.data.imageio import DEFAULT_MAX_PIXELS
-from defectdet.errors import CheckpointError, InputError, renamed_keywords
+from defectdet.errors import CheckpointError, InputError
 from defectdet.runtime import pipeline
 from defectdet.runtime.bundle import (
     FEATURES_OUTPUT,
@@ -45,7 +46,6 @@ __all__ = [
 ]
 
 MAX_DEFAULT_THREADS = 4
-PREDICT_RENAMES = {"conf": "threshold", "min_score": "score_floor"}  # keywords before one name per concept
 
 
 @dataclass(frozen=True)
@@ -325,8 +325,8 @@ class Predictor:
         """
         from defectdet.runtime.monitor import image_statistics
 
-        if renamed:  # `conf` and `min_score`, the names before one name per concept
-            given = renamed_keywords(renamed, PREDICT_RENAMES, "Predictor.predict")
+        if renamed:  # keywords retired for one name per concept
+            given = current_keywords(renamed, Surface.PREDICT)
             threshold = given.get("threshold", threshold)
             score_floor = given.get("score_floor", score_floor)
         meta = self.metadata
@@ -347,7 +347,7 @@ class Predictor:
         found = pipeline.finish(
             predictions,
             prepared,
-            dataclasses.replace(settings, score_threshold=max(floor, settings.score_threshold)),
+            dataclasses.replace(settings, score_floor=max(floor, settings.score_floor)),
         )
         detections = [
             Detection(

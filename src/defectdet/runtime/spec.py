@@ -16,12 +16,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from defectdet.compat import Surface, current_keys
 from defectdet.data.planes import INPUT_SCALE
 from defectdet.errors import CheckpointError, ConfigError
 from defectdet.postprocess import (
     DEFAULT_MAX_DETECTIONS,
     DEFAULT_NMS_IOU,
-    DEFAULT_SCORE_THRESHOLD,
+    DEFAULT_SCORE_FLOOR,
     PostprocessSettings,
 )
 from defectdet.runtime.bundle import BundleMetadata, check_companion_names
@@ -55,7 +56,7 @@ class ModelSpec(BaseModel):
     repeat_check: bool = False
     # classes whose overlapping fragments are reported as one box (postprocess.merge_fragments), chosen at export
     merge_fragments: tuple[str, ...] = ()
-    min_score: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)  # the score floor before NMS
+    score_floor: float = Field(DEFAULT_SCORE_FLOOR, ge=0, le=1)  # the score floor before NMS
     nms_iou: float = Field(DEFAULT_NMS_IOU, gt=0, le=1)
     max_detections: int = Field(DEFAULT_MAX_DETECTIONS, ge=1)
     pad_value: int = Field(DEFAULT_PAD_VALUE, ge=0, le=255)
@@ -81,14 +82,14 @@ class ModelSpec(BaseModel):
         merged = tuple(
             self.class_names.index(name) for name in self.merge_fragments if name in self.class_names
         )
-        return PostprocessSettings(self.min_score, self.nms_iou, self.max_detections, merged)
+        return PostprocessSettings(self.score_floor, self.nms_iou, self.max_detections, merged)
 
     def with_postprocess(self, settings: PostprocessSettings) -> ModelSpec:
         """This spec with the score floor, NMS IoU and detection cap of `settings`."""
         return self.model_copy(
             update={
-                "min_score": settings.score_threshold,
-                "nms_iou": settings.iou_threshold,
+                "score_floor": settings.score_floor,
+                "nms_iou": settings.nms_iou,
                 "max_detections": settings.max_detections,
             }
         )
@@ -116,6 +117,7 @@ class ModelSpec(BaseModel):
         network = checkpoint.get("model_config") or {}
         if not isinstance(config, Mapping) or not isinstance(network, Mapping):
             raise CheckpointError(f"{source}: 'config' and 'model_config' must be dicts")
+        config = current_keys(config, Surface.TRAIN_CONFIG, warn=False)  # older runs use retired names
         companions = tuple(network.get("companions") or ())
         if "in_channels" in network and "template" in network:
             template = bool(network["template"])
@@ -136,7 +138,7 @@ class ModelSpec(BaseModel):
         settings = PostprocessSettings.from_config(config)
         return cls._checked(
             source,
-            input_size=int(config.get("input_size") or config.get("imgsz") or DEFAULT_INPUT_SIZE),
+            input_size=int(config.get("input_size") or DEFAULT_INPUT_SIZE),
             channels=channels,
             template=template,
             companions=companions,
@@ -145,8 +147,8 @@ class ModelSpec(BaseModel):
             preset=network.get("preset") or config.get("preset"),
             registration=template and bool(config.get("register_pairs", True)),
             tiles=bool(config.get("tiles")),
-            min_score=settings.score_threshold,
-            nms_iou=settings.iou_threshold,
+            score_floor=settings.score_floor,
+            nms_iou=settings.nms_iou,
             max_detections=settings.max_detections,
         )
 
@@ -167,7 +169,7 @@ class ModelSpec(BaseModel):
             flip_views=metadata.flip_views,
             repeat_check=metadata.repeat_check,
             merge_fragments=tuple(metadata.thresholds.merge_fragments),
-            min_score=metadata.thresholds.score_floor,
+            score_floor=metadata.thresholds.score_floor,
             nms_iou=metadata.thresholds.nms_iou,
             max_detections=metadata.thresholds.max_detections,
             pad_value=metadata.letterbox.pad_value,

@@ -13,14 +13,16 @@ from dataclasses import dataclass, field
 
 from starlette.requests import ClientDisconnect, Request
 
+from defectdet.compat import Surface, retired_names
 from defectdet.runtime.bundle import BundleMetadata
 from defectdet.serve.settings import ServeSettings
 from defectdet.serve.upload import Part, UploadError, read_form
 
 logger = logging.getLogger(__name__)
 
-RENAMED_FORM_FIELDS = {"conf": "threshold"}  # still read, logged as deprecated
-CONF_FIELD_BYTES = 64
+THRESHOLD_FIELD_BYTES = 64
+# the threshold field under its current name, then its retired ones (still read, logged as deprecated)
+THRESHOLD_FIELDS = ("threshold", *retired_names("threshold", Surface.DETECT_FORM))
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,7 @@ async def read_detect_form(
         "image": settings.max_bytes,
         "template": settings.max_bytes,
         **{name: settings.max_bytes for name in metadata.companions},
-        "threshold": CONF_FIELD_BYTES,
-        "conf": CONF_FIELD_BYTES,
+        **{name: THRESHOLD_FIELD_BYTES for name in THRESHOLD_FIELDS},
     }
     reading = read_form(
         {key.lower(): value for key, value in request.headers.items()},
@@ -58,11 +59,11 @@ async def read_detect_form(
 
 def upload_of(form: dict[str, Part], metadata: BundleMetadata) -> tuple[Upload, float | None]:
     """(planes, threshold) from the form; 422 for a missing image, template or companion capture, or a
-    template the bundle does not take. The field `conf` (the threshold's name before one name per concept)
-    is read as `threshold`."""
+    template the bundle does not take. The threshold's retired field name (`defectdet.compat`) is read as
+    `threshold`."""
     if "image" not in form:
         raise UploadError(422, "missing form field 'image' (the image file to inspect)")
-    conf = _threshold_field(form)
+    threshold = _threshold_field(form)
     template = bytes(form["template"].data) if "template" in form else None
     if metadata.template and template is None:
         raise UploadError(
@@ -79,7 +80,7 @@ def upload_of(form: dict[str, Part], metadata: BundleMetadata) -> tuple[Upload, 
             )
     companions = {name: bytes(form[name].data) for name in metadata.companions}
     image = form["image"]
-    return Upload(bytes(image.data), template, companions, image.filename), conf
+    return Upload(bytes(image.data), template, companions, image.filename), threshold
 
 
 async def _stream(request: Request) -> AsyncIterator[bytes]:
@@ -91,14 +92,15 @@ async def _stream(request: Request) -> AsyncIterator[bytes]:
 
 
 def _threshold_field(form: dict[str, Part]) -> float | None:
-    """The form's `threshold` (or its deprecated name `conf`), None when absent; 422 for both or a bad value."""
-    given = [name for name in ("threshold", *RENAMED_FORM_FIELDS) if name in form]
+    """The form's `threshold` (or its retired name), None when absent; 422 for both or a bad value."""
+    current, *retired = THRESHOLD_FIELDS
+    given = [name for name in THRESHOLD_FIELDS if name in form]
     if not given:
         return None
     if len(given) > 1:
-        raise UploadError(422, "send 'threshold' only ('conf' is its deprecated name)")
-    if given[0] in RENAMED_FORM_FIELDS:
-        logger.warning("form field 'conf' is deprecated: send 'threshold'")
+        raise UploadError(422, f"send {current!r} only ({given[1]!r} is its deprecated name)")
+    if given[0] in retired:
+        logger.warning("form field %r is deprecated: send %r", given[0], current)
     return _parse_threshold(form[given[0]].data, given[0])
 
 
