@@ -166,6 +166,28 @@ def test_the_disk_cap_deletes_the_oldest_unreviewed_items_and_never_exceeds(tmp_
     assert capture.counts["evicted"] == 8 - len(kept)
 
 
+def test_at_the_cap_a_new_item_looks_only_at_the_oldest_items_not_the_whole_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    capture = Capture(tmp_path, max_bytes=200 * 1000)
+    for index in range(200):
+        item = _item(1000)
+        item.sidecar["time"] = 1_700_000_000.0 + index
+        capture.write(item)
+    looked_at = {"n": 0}
+
+    class CountingSet(frozenset):
+        def __contains__(self, name: object) -> bool:
+            looked_at["n"] += 1
+            return super().__contains__(name)
+
+    monkeypatch.setattr(capture, "_decided_names", lambda: CountingSet())
+    oldest = next(iter(capture.items))
+    assert capture.write(_item(1000)) is not None
+    assert oldest not in capture.items and capture.bytes <= 200 * 1000
+    assert looked_at["n"] < 10  # the oldest few; walking all 200 items on every write made the cap O(folder)
+
+
 def test_reviewed_items_are_never_deleted_so_the_cap_stops_keeping(tmp_path: Path) -> None:
     capture = Capture(tmp_path, max_bytes=3000)
     first = capture.write(_item(1000))

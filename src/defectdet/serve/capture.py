@@ -35,6 +35,7 @@ decision on it is being written, and a decision never labels an image already de
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -378,14 +379,7 @@ class Capture:
             return False
         if self.bytes + size > self.max_bytes:
             with folder_lock(self.folder / REVIEW_LOCK):
-                decided = self._decided_names()
-                order = [name for name in self.items if name not in decided]
-                order += [name for name in self.items if name in decided]
-                for name in order:
-                    if self.bytes + size <= self.max_bytes:
-                        break
-                    if (self.folder / "labels" / f"{name}.txt").exists():
-                        continue  # labelled: training data, never deleted
+                for name in self._victims(self.bytes + size - self.max_bytes):
                     for path in self.items.pop(name):
                         self.bytes -= self._sizes.pop(path, 0)
                         with contextlib.suppress(FileNotFoundError):  # another process may have deleted it
@@ -395,6 +389,23 @@ class Capture:
         self._set_bytes()
         self._warn_eviction()
         return self.bytes + size <= self.max_bytes
+
+    def _victims(self, excess: int) -> list[str]:
+        """The items to delete to free `excess` bytes: the oldest undecided first, then the oldest decided ones;
+        never a labelled one. Walks the index only as far as it must: at the cap, each new item usually
+        deletes one old one, whatever the folder holds."""
+        decided = self._decided_names()
+        undecided = (name for name in self.items if name not in decided)
+        chosen: list[str] = []
+        freed = 0
+        for name in itertools.chain(undecided, (name for name in self.items if name in decided)):
+            if freed >= excess:
+                break
+            if (self.folder / "labels" / f"{name}.txt").exists():
+                continue  # labelled: training data, never deleted
+            chosen.append(name)
+            freed += sum(self._sizes.get(path, 0) for path in self.items[name])
+        return chosen
 
     def _decided_names(self) -> frozenset[str]:
         """The names (file stems) of the images a review decision was saved on; read again when
