@@ -1,6 +1,6 @@
-"""The site is for users first: the navigation starts with whether defectdet fits and a first model, keeps the
-contributor pages under "Contributing"; every benchmark page opens with what to conclude and one plot; and the
-side by side with YOLO states each side's starting weights wherever its figures appear."""
+"""The site is for users first: the navigation starts with whether defectdet fits, the install and a first
+model, keeps the contributor pages under "Contributing"; every benchmark page opens with what to conclude and one
+plot; and the side by side with YOLO states each side's starting weights wherever its figures appear."""
 
 from __future__ import annotations
 
@@ -29,10 +29,11 @@ def _pages(section: object) -> list[str]:
     return [next(iter(entry.values())) if isinstance(entry, dict) else entry for entry in section]
 
 
-def test_the_navigation_starts_with_fit_and_a_first_model_and_keeps_contributor_pages_apart() -> None:
+def test_the_navigation_starts_with_fit_install_and_a_first_model_and_keeps_contributor_pages_apart() -> None:
     nav = _nav()
-    assert _pages(nav["Get started"])[:2] == [
+    assert _pages(nav["Get started"])[:3] == [
         "getting-started/right-for-you.md",
+        "getting-started/install.md",
         "getting-started/first-model.md",
     ]
     assert "Design" not in nav
