@@ -42,19 +42,10 @@ docs: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/defectdet demo --out runs/demo
 
+# The standard benchmarks, about 2 hours (`python -m bench` lists every suite with its commands and rough
+# minutes; `python -m bench run --suite quick` is a smoke run without a dataset).
 bench: $(STAMP)
-	$(BIN)/python -m bench.loader
-	$(BIN)/python -m bench.latency
-	$(BIN)/python -m bench.train_deeppcb
-	$(BIN)/defectdet export runs/bench_deeppcb/best.pt --out runs/bench_deeppcb/model.onnx
-	$(BIN)/python -m bench.int8 --checkpoint runs/bench_deeppcb/best.pt
-	$(BIN)/python -m bench.drift --bundle runs/bench_deeppcb/model.onnx
-	$(BIN)/python -m bench.serve_load --bundle runs/bench_deeppcb/model.onnx
-	$(BIN)/python -m bench.serve_abuse
-	$(BIN)/python -m bench.train_surface
-	$(BIN)/python -m bench.tiles
-	$(BIN)/python -m bench.demo --out runs/demo_check
-	$(BIN)/python -m bench.synth_to_deeppcb --checkpoint runs/demo_check/run/best.pt
+	$(BIN)/python -m bench run --suite standard
 
 # Side by side with Ultralytics YOLO (issue 13; about 1.5 hours, not part of `make test`). Ultralytics is AGPL-3.0:
 # it lives only in .venv-peers, never in .venv. torch/torchvision are pinned in every pip call so that pip takes

@@ -22,7 +22,8 @@ from rich.table import Table
 
 from bench.result_schema import SCHEMA_VERSION, check
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+# BENCH_RESULTS_DIR: where a smoke run (`python -m bench run --suite quick`) writes, away from the committed files
+RESULTS_DIR = Path(os.environ.get("BENCH_RESULTS_DIR") or Path(__file__).resolve().parent / "results")
 DEFAULT_PACKAGES = ("torch", "numpy", "opencv-python-headless", "albumentations", "onnxruntime", "defectdet")
 
 
