@@ -12,7 +12,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "docs" / "benchmarks"
-CONCLUDING_PAGES = ("accuracy", "peers", "inference", "service", "training-speed", "real-data")
+CONCLUDING_PAGES = ("index", "accuracy", "peers", "inference", "service", "training-speed", "real-data")
 _FIGURE = re.compile(r"\b0\.\d{3}\b")
 
 
