@@ -79,7 +79,6 @@ def test_an_old_bundles_keys_load_as_the_current_ones() -> None:
 
 
 def test_an_old_runs_config_gives_its_model_settings() -> None:
-    from defectdet.postprocess import PostprocessSettings
     from defectdet.runtime.spec import ModelSpec
 
     config = {
@@ -91,7 +90,6 @@ def test_an_old_runs_config_gives_its_model_settings() -> None:
     }
     spec = ModelSpec.from_checkpoint({"config": config})
     assert (spec.input_size, spec.score_floor, spec.nms_iou) == (96, 0.02, 0.5)
-    assert PostprocessSettings.from_config(config) == PostprocessSettings(score_floor=0.02, nms_iou=0.5)
 
 
 def test_an_old_config_file_still_loads(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ LAYERS: dict[str, int] = {
     "postprocess": 0,
     # the package root: __version__ and the lazy top-level exports
     "defectdet": 1,
+    "compat": 1,  # the retired names (threshold, score floor, NMS IoU, input size) read as the current ones
     "data": 2,
     # model (torch) and runtime (torch-free: reads and runs bundles) sit side by side, neither imports the other
     "model": 3,

@@ -12,8 +12,6 @@ from typing import Any
 import cv2
 import numpy as np
 
-from defectdet.compat import Surface, current_keys
-
 # The one source of the post-processing defaults (TrainConfig, training-time evaluation, `val`, the bundle):
 # evaluation keeps every candidate above 0.001 so PR curves and operating points see low scores too.
 DEFAULT_SCORE_FLOOR = 0.001
@@ -44,9 +42,9 @@ class PostprocessSettings:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | None) -> PostprocessSettings:
-        """From a TrainConfig dict (`score_floor`, `nms_iou`, `max_detections`; a checkpoint written before the
-        renaming uses retired names, `defectdet.compat`), defaults for missing keys."""
-        config = current_keys(config or {}, Surface.TRAIN_CONFIG, warn=False)
+        """From a TrainConfig dict (`score_floor`, `nms_iou`, `max_detections`), defaults for missing keys. A
+        run saved before the renaming uses retired names: read it through `defectdet.compat` first."""
+        config = config or {}
         return cls(
             float(config.get("score_floor", DEFAULT_SCORE_FLOOR)),
             float(config.get("nms_iou", DEFAULT_NMS_IOU)),
