@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     # leaf modules: import nothing from defectdet (postprocess: NumPy + OpenCV NMS, shared by data, runtime, ...)
     "_lazy": 0,
     "_limits": 0,
+    "cli_option": 0,  # how a settings field shows on the command line (read by cli_settings)
     "errors": 0,
     "postprocess": 0,
     # the package root: __version__ and the lazy top-level exports
@@ -48,6 +49,7 @@ LAYERS: dict[str, int] = {
     "demo": 7,
     "doctor_cli": 7,
     "serve": 7,
+    "cli_settings": 7,  # command options generated from the settings models
     "cli": 8,
 }
 

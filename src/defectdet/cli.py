@@ -13,44 +13,64 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
+from defectdet import compat
+from defectdet.cli_settings import SETTINGS_OPTIONS, settings_options
 from defectdet.demo import DEMO_MINUTES
 from defectdet.doctor_cli import doctor_app
+from defectdet.engine.config import TRAIN_OPTIONS, TrainConfig
 from defectdet.errors import DefectDetError
-
-# option names retired for one name per concept: still accepted, with a deprecation note, and kept out of help
-RENAMED_OPTIONS = {
-    "--imgsz": "--input-size",
-    "--conf": "--threshold",
-    "--conf-from": "--threshold-from",
-    "--conf-rule": "--threshold-rule",
-    "--min-score": "--score-floor",
-}
+from defectdet.serve.settings import LOOPBACK_HOSTS, SERVE_OPTIONS, TOKEN_ENV, ServeSettings
 
 
 def current_option_names(args: list[str]) -> list[str]:
-    """`args` with each retired option name (`--conf 0.5`, `--conf=0.5`) replaced by its current one."""
-    current = []
-    for index, arg in enumerate(args):
-        if arg == "--":
-            return current + args[index:]
-        name, equals, value = arg.partition("=")
-        if name in RENAMED_OPTIONS:
-            Console(stderr=True).print(f"[yellow]{name} is deprecated: use {RENAMED_OPTIONS[name]}[/yellow]")
-            arg = RENAMED_OPTIONS[name] + equals + value
-        current.append(arg)
-    return current
+    """`args` with each retired option name (`defectdet.compat`) replaced by its current one, with a note."""
+    return compat.current_option_names(args, _note_retired)
 
 
-class _Commands(TyperGroup):
+def _note_retired(message: str) -> None:
+    Console(stderr=True).print(f"[yellow]{message}[/yellow]")
+
+
+def _flags_without_value(params: list[Any]) -> list[Any]:
+    """`params`, each flag without a value type in help: a switch shows as `--amp / --no-amp`, not `<bool>`."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class _Command(TyperCommand):
+    """A command whose help shows flags by their names alone."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _flags_without_value(super().get_params(ctx))
+
+
+class _Group(TyperGroup):
+    """A command group whose help shows flags by their names alone."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _flags_without_value(super().get_params(ctx))
+
+
+class _Commands(_Group):
     """The root command group; it reads retired option names as their current ones."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         return super().parse_args(ctx, current_option_names(args))
 
 
-app = typer.Typer(
+class _Typer(typer.Typer):
+    """A typer app whose commands show flags by their names alone in help."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("cls", _Command)
+        return super().command(*args, **kwargs)
+
+
+app = _Typer(
     cls=_Commands,
     name="defectdet",
     help="Industrial visual defect detection: synth -> check -> train -> val, on a CPU.",
@@ -242,106 +262,27 @@ def presets(
     console.print(table)
 
 
-_CLEAN_IMAGES_HELP = (
-    "Folder of defect-free images (good parts, a new board design's golden images): they train as images "
-    "without defects. Models without templates only."
-)
-_FROM_SCRATCH_HELP = (
-    "Start from random weights instead of the weights shipped for the preset (see the settings table)."
-)
-_SYNTHETIC_BOARDS_HELP = (
-    "Mix N synthetic PCB boards (drawn like `defectdet synth`, cached) into training, classes matched by name: "
-    "they show drilled pads and vias of many designs as design. For PCB data without templates and a --time "
-    "of 20 minutes or more (with templates, or in 10 minutes, they cost accuracy)."
-)
-_FROM_HELP = (
-    "Continue from a deployed model (best.pt, or a model.onnx exported with its weights): its architecture "
-    "and weights, classes matched by name, a tenth of the default lr. A good-parts-only model (`fit`) has no "
-    "detector weights: a new detector is trained on DATA from the standard start."
-)
-_OLD_DATA_HELP = "With --from: the old training data, mixed in and validated on too."
-_TEMPLATE_HELP = "Use the dataset's templates (default: when every image has one)."
-_NO_COMPANIONS_HELP = "Ignore the dataset's companion captures."
-_COMPANIONS_HELP = (
-    "Companion captures to stack as extra input planes, in this order, e.g. L2,UV (default: every companion "
-    "every training image has)."
-)
-_PRESET_HELP = (
-    "Model preset (see `defectdet presets`; default: nano with templates; without, lite0 when the time budget "
-    "buys it enough steps, else tiny)."
-)
-_NEW_SHARE_HELP = "With --old-data: the least share of each epoch drawn from DATA (default 0.3)."
-
-
 @app.command()
+@settings_options(TrainConfig, TRAIN_OPTIONS, field_defaults=False)
 def train(
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
     config: Path | None = typer.Option(None, help="YAML with TrainConfig fields; options below override it."),
-    preset: str | None = typer.Option(None, help=_PRESET_HELP),
-    from_scratch: bool = typer.Option(False, "--from-scratch", help=_FROM_SCRATCH_HELP),
-    start_from: Path | None = typer.Option(None, "--from", help=_FROM_HELP),
-    old_data: Path | None = typer.Option(None, "--old-data", help=_OLD_DATA_HELP),
-    new_share: float | None = typer.Option(None, "--new-share", help=_NEW_SHARE_HELP),
-    input_size: int | None = typer.Option(
-        None, help="Letterbox size S, a multiple of 32 (default: chosen from the image and defect sizes)."
+    settings: dict[str, Any] = SETTINGS_OPTIONS,
+    no_companions: bool = typer.Option(
+        False, "--no-companions", help="Ignore the dataset's companion captures."
     ),
-    crop_size: int | None = typer.Option(
-        None, "--crop", help="Train on random crops of this size; 0 = whole images (default: from the data)."
-    ),
-    template: bool | None = typer.Option(None, "--template/--no-template", help=_TEMPLATE_HELP),
-    companions: str | None = typer.Option(None, "--companions", help=_COMPANIONS_HELP),
-    no_companions: bool = typer.Option(False, "--no-companions", help=_NO_COMPANIONS_HELP),
-    channels: int | None = typer.Option(None, help="1 gray or 3 RGB input (default: from the images)."),
-    strides: str | None = typer.Option(
-        None, help="Head strides, e.g. 8,16,32 (default: the preset's, plus 32 for large defects)."
-    ),
-    epochs: int | None = typer.Option(None, help="Number of epochs."),
-    time: float | None = typer.Option(
-        None, "--time", help="Wall-clock budget in minutes (instead of epochs)."
-    ),
-    batch: int | None = typer.Option(None, help="Batch size."),
-    workers: int | None = typer.Option(None, help="DataLoader workers (default: picked from the CPU count)."),
-    lr: float | None = typer.Option(None, help="Peak learning rate."),
-    out: Path | None = typer.Option(None, help="Run folder (default runs/train)."),
-    resume: Path | None = typer.Option(None, help="Checkpoint to continue exactly from."),
-    device: str | None = typer.Option(None, help="auto|cpu|cuda."),
-    amp: bool | None = typer.Option(
-        None,
-        "--amp/--no-amp",
-        help="Mixed precision: default fp16 on CUDA, off on CPU. On CPU it needs --set amp_dtype=bfloat16 and "
-        "pays only on CPUs with bfloat16 matrix units (Intel AMX); elsewhere it is much slower (see the "
-        "training-speed benchmarks).",
-    ),
-    seed: int | None = typer.Option(None, help="Random seed."),
-    clean_images: Path | None = typer.Option(None, "--clean-images", help=_CLEAN_IMAGES_HELP),
-    synthetic_boards: int | None = typer.Option(None, "--synthetic-boards", help=_SYNTHETIC_BOARDS_HELP),
-    train_split: str | None = typer.Option(None, help="Split to train on (default train)."),
-    val_split: str | None = typer.Option(None, help="Split to validate on (default val)."),
-    on_nonfinite: str | None = typer.Option(None, help="skip|stop on a NaN/Inf loss or gradient."),
-    format: str | None = typer.Option(None, "--format", help="yolo|coco|voc|deeppcb (default: detected)."),
     set_: list[str] = typer.Option([], "--set", help="Any other TrainConfig field: --set ema_decay=0.999"),
 ) -> None:
     """Train a detector. Writes last.pt, best.pt, metrics.csv, plots and report.html into the run folder.
 
     Example: defectdet train data/synth/data.yaml --time 5 --out runs/synth
     """
+    from defectdet.engine.autoconfig import choices_table
     from defectdet.engine.config import load_config
+    from defectdet.engine.trainer import build_train_data
     from defectdet.engine.trainer import train as run_training
 
-    named = {"data": str(data), "preset": preset, "input_size": input_size, "crop_size": crop_size, "template": template,
-             "channels": channels, "strides": _parse_strides(strides), "epochs": epochs, "time_minutes": time,
-             "batch": batch, "workers": workers, "lr": lr, "out": str(out) if out else None,
-             "resume": str(resume) if resume else None, "device": device, "amp": amp, "seed": seed,
-             "train_split": train_split, "val_split": val_split, "on_nonfinite": on_nonfinite,
-             "format": format, "start_from": str(start_from) if start_from else None,
-             "old_data": str(old_data) if old_data else None, "new_share": new_share,
-             "clean_images": str(clean_images) if clean_images else None,
-             "synthetic_boards": synthetic_boards,
-             "companions": _parse_companions(companions, no_companions)}  # fmt: skip
-    overrides = _train_overrides(set_, named, from_scratch)
-    from defectdet.engine.autoconfig import choices_table
-    from defectdet.engine.trainer import build_train_data
-
+    overrides = _train_overrides(set_, {"data": data, **settings}, no_companions)
     train_config = load_config(config, overrides)
     train_data = build_train_data(train_config)
     rank_zero = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 reports
@@ -359,16 +300,18 @@ def _print_train_result(result: Any) -> None:
         console.print(f"best: {summary}")
 
 
-def _train_overrides(set_: list[str], named: dict[str, Any], from_scratch: bool) -> dict[str, Any]:
-    """TrainConfig overrides from `train`'s options: --set pairs, then the named options that were given;
-    --from-scratch turns `pretrained` off, and --time without --epochs clears the default epochs."""
+def _train_overrides(set_: list[str], given: dict[str, Any], no_companions: bool) -> dict[str, Any]:
+    """TrainConfig overrides from `train`'s options: --set pairs, then the settings given; --no-companions
+    sets no companions, and --time without --epochs clears the default epochs."""
     from defectdet.engine.config import parse_overrides
 
+    if no_companions and "companions" in given:
+        raise DefectDetError("--companions and --no-companions exclude each other")
     overrides = parse_overrides(set_)
-    overrides.update({key: value for key, value in named.items() if value is not None})
-    if from_scratch:
-        overrides["pretrained"] = False
-    if named["time_minutes"] is not None and named["epochs"] is None:
+    overrides.update(given)
+    if no_companions:
+        overrides["companions"] = []
+    if "time_minutes" in given and "epochs" not in given:
         overrides["epochs"] = None
     return overrides
 
@@ -566,10 +509,19 @@ def export(
 
     _refuse_existing_bundle(out if out else checkpoint.with_suffix(".onnx"), overwrite)
     result = export_bundle(
-        checkpoint, out, data=data, split=split, formats=tuple(format), int8=int8, force=force,
-        calibration_images=calibration_images, flip_views=flip_views, repeat_check=repeat_check,
-        merge_fragments=merge_fragments, console=console,
-    )  # fmt: skip
+        checkpoint,
+        out,
+        data=data,
+        split=split,
+        formats=tuple(format),
+        int8=int8,
+        force=force,
+        calibration_images=calibration_images,
+        flip_views=flip_views,
+        repeat_check=repeat_check,
+        merge_fragments=merge_fragments,
+        console=console,
+    )
     meta = result.metadata
     console.print(f"[green]bundle[/green]: {result.bundle} ({result.bundle.stat().st_size / 1024:.0f} KiB)")
     console.print(
@@ -723,36 +675,31 @@ def compare(
     from defectdet.export.compare_view import print_comparison
 
     document = compare_models(
-        old, new, data, split=split, format=format, clean=clean, clean_templates=clean_templates,
-        clean_auto=clean_auto, out=out, threads=threads, progress=True,
+        old,
+        new,
+        data,
+        split=split,
+        format=format,
+        clean=clean,
+        clean_templates=clean_templates,
+        clean_auto=clean_auto,
+        out=out,
+        threads=threads,
+        progress=True,
         tolerances=Tolerances(escape=tol_escape, map50=tol_map, false_call=tol_false_call),
-    )  # fmt: skip
+    )
     print_comparison(document, console)
     raise typer.Exit(0 if document["verdict"]["decision"] == PROMOTE else 1)
 
 
 @app.command()
+@settings_options(ServeSettings, SERVE_OPTIONS)
 def serve(
     bundle: Path = typer.Argument(..., help="A bundle written by `defectdet export` (.onnx)."),
     host: str = typer.Option(
         "127.0.0.1", help="Interface to listen on (0.0.0.0: all interfaces; warns without a token)."
     ),
     port: int = typer.Option(8000, help="TCP port."),
-    max_concurrency: int | None = typer.Option(
-        None, help="Inferences at once, in worker threads (default 2)."
-    ),
-    max_queue: int | None = typer.Option(
-        None, help="Inferences that may wait; beyond, 503 + Retry-After (default 8); uploads do not count."
-    ),
-    max_bytes: int | None = typer.Option(
-        None, help="Largest request body in bytes, checked while reading: 413 (default 20 MiB)."
-    ),
-    max_pixels: int | None = typer.Option(
-        None, help="Largest image in pixels, from its header: 413 (default 25,000,000)."
-    ),
-    threads: int | None = typer.Option(
-        None, help="onnxruntime threads per process, shared by its inferences (default: cores / workers)."
-    ),
     workers: int = typer.Option(
         1,
         help="Processes sharing the port. /metrics sums them; drift charts, readiness and /v1/results are kept "
@@ -766,52 +713,17 @@ def serve(
     allowed_host: list[str] = typer.Option(
         [], help="A Host name clients use (repeatable); loopback names, IP literals and the bind host always."
     ),
-    max_connections: int | None = typer.Option(
-        None,
-        help="Connections before requests get 503, health probes excepted "
-        "(default: concurrency + queue + 64).",
-    ),
-    keep: list[str] = typer.Option(
-        [],
-        help="Keep answered images in --keep-dir: none (default), all, flagged (verdict defective), uncertain "
-        "(a detection within --keep-margin of the bundle's threshold), drift (while the drift monitor warns). "
-        "Repeatable or comma-separated.",
-    ),
-    keep_dir: Path | None = typer.Option(
-        None,
-        help="Folder for kept images (images/, templates/, predictions/*.json sidecars) and of the page at "
-        "/review: one folder, one cap and one review queue for every worker and every replica sharing it.",
-    ),
-    keep_margin: float = typer.Option(0.1, help="'uncertain': score within this of the bundle's threshold."),
-    keep_max_mb: float | None = typer.Option(
-        None,
-        help="Disk cap of the kept files in MB (default 2000; 0: no cap, warned at start): the oldest unreviewed "
-        "items go first, logged; with only reviewed items left, new answers are not kept (keep_dropped{why=cap}).",
-    ),
-    models_dir: Path | None = typer.Option(
-        None,
-        help="Candidate bundles for /v1/models/shadow, /promote, /rollback; DIR/store/ says which bundle "
-        "every process on DIR serves (BUNDLE while it is empty; a shared volume across machines).",
-    ),
-    models_keep: int = typer.Option(5, help="Models the store keeps for roll-back behind the live one."),
-    shadow: str | None = typer.Option(
-        None, help="A bundle in --models-dir to run beside the live model from the start (GET /v1/models)."
-    ),
+    settings: dict[str, Any] = SETTINGS_OPTIONS,
 ) -> None:
     """Serve a bundle over HTTP: POST /v1/detect, GET /readyz /metrics /v1/model /openapi.json, a page at /.
 
     Example: defectdet serve model.onnx --keep flagged,uncertain --keep-dir kept --keep-max-mb 2000 --models-dir models
     """
     from defectdet.serve.launch import serve_bundle
-    from defectdet.serve.settings import TOKEN_ENV
 
-    given = {"max_concurrency": max_concurrency, "max_queue": max_queue, "max_bytes": max_bytes,
-             "max_pixels": max_pixels, "threads": threads, "max_connections": max_connections}  # fmt: skip
-    keeping = {"keep": tuple(keep), "keep_dir": str(keep_dir) if keep_dir is not None else None,
-               "keep_margin": keep_margin, "keep_max_mb": keep_max_mb, "models_keep": models_keep,
-               "models_dir": str(models_dir) if models_dir is not None else None, "shadow": shadow}  # fmt: skip
-    settings = _serve_settings(given, keeping, _read_token(token_file, TOKEN_ENV), allowed_host, workers)
-    serve_bundle(bundle, *_bindable(host, port), settings, workers=workers)
+    token = _read_token(token_file, TOKEN_ENV)
+    serve_settings = _serve_settings(settings, token, allowed_host, workers)
+    serve_bundle(bundle, *_bindable(host, port), serve_settings, workers=workers)
 
 
 def _bindable(host: str, port: int) -> tuple[str, int]:
@@ -838,19 +750,12 @@ def _bindable(host: str, port: int) -> tuple[str, int]:
 
 
 def _serve_settings(
-    given: dict[str, Any], keeping: dict[str, Any], token: str | None, allowed_host: list[str], workers: int
-):
-    """`serve`'s ServeSettings: the limits given (None: the defaults), the token, the allowed hosts and the
-    keep options; a bad value or combination is a BadParameter naming it."""
-    from defectdet.serve.settings import LOOPBACK_HOSTS, ServeSettings
-
+    given: dict[str, Any], token: str | None, allowed_host: list[str], workers: int
+) -> ServeSettings:
+    """`serve`'s ServeSettings: the settings given (the rest: the defaults), the token and the allowed hosts;
+    a bad value or combination is a BadParameter naming it."""
     try:
-        settings = ServeSettings(
-            **{key: value for key, value in given.items() if value is not None},
-            token=token,
-            allowed_hosts=(*LOOPBACK_HOSTS, *allowed_host),
-            **keeping,
-        )
+        settings = ServeSettings(**given, token=token, allowed_hosts=(*LOOPBACK_HOSTS, *allowed_host))
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
     except ValueError as error:
@@ -879,8 +784,10 @@ def _read_token(token_file: Path | None, env: str) -> str | None:
             logging.getLogger(__name__).warning(
                 "%s can be read by its group or others (mode %o): chmod 600 it", token_file, mode & 0o777
             )
-            console.print(f"[yellow]{token_file} can be read by its group or others (mode {mode & 0o777:o}): "
-                          "chmod 600 it[/yellow]")  # fmt: skip
+            console.print(
+                f"[yellow]{token_file} can be read by its group or others (mode {mode & 0o777:o}): "
+                "chmod 600 it[/yellow]"
+            )
     if token is not None and len(token) < MIN_TOKEN_CHARS:
         raise typer.BadParameter(
             f"the token in {where} has {len(token)} characters; use at least {MIN_TOKEN_CHARS} (for example "
@@ -922,7 +829,6 @@ def review(
     """
     from defectdet.serve.review import ReviewFolder
     from defectdet.serve.review_app import run_review
-    from defectdet.serve.settings import LOOPBACK_HOSTS, TOKEN_ENV, ServeSettings
 
     names = [name.strip() for name in classes.split(",") if name.strip()] if classes else None
     review_folder = ReviewFolder(folder, names, operator)
@@ -961,26 +867,8 @@ def demo(
     run_demo(out, minutes=minutes, boards=boards, console=console)
 
 
-def _parse_companions(text: str | None, none: bool) -> list[str] | None:
-    if none and text is not None:
-        raise DefectDetError("--companions and --no-companions exclude each other")
-    if none:
-        return []
-    return None if text is None else [part for part in text.replace(" ", "").split(",") if part]
-
-
-def _parse_strides(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
-        raise DefectDetError(
-            f"--strides: expected numbers from 8,16,32 separated by commas, got {text!r}"
-        ) from None
-
-
-labels_app = typer.Typer(
+labels_app = _Typer(
+    cls=_Group,
     help="Interchange with labelling tools: Label Studio tasks and exports, CVAT's COCO 1.0, COCO json.",
     no_args_is_help=True,
 )
@@ -1074,10 +962,16 @@ def export_labelstudio(
     names = _model_class_names(model) if model is not None else _names(classes)
 
     result = export_tasks(
-        source, out, config_path=config, classes=names, model_version=model_version,
-        document_root=document_root, url_prefix=url_prefix, images=images,
+        source,
+        out,
+        config_path=config,
+        classes=names,
+        model_version=model_version,
+        document_root=document_root,
+        url_prefix=url_prefix,
+        images=images,
         min_score=score_floor,
-    )  # fmt: skip
+    )
     console.print(
         f"[green]wrote[/green] {result.tasks} task(s), {result.annotated} with reviewed labels, "
         f"{result.predictions} with pre-annotations ({result.regions} box(es)) -> {result.tasks_path}"
@@ -1158,9 +1052,14 @@ def import_labelstudio(
         raise typer.BadParameter("--label-config and --classes exclude each other")
     names = config_classes(label_config) if label_config is not None else _names(classes)
     options = {
-        "images": images or None, "classes": names, "unknown": _unknown_policy(add_classes, skip_unknown),
-        "existing": existing, "link": link, "skip_missing": skip_missing, "image_key": image_key,
-    }  # fmt: skip
+        "images": images or None,
+        "classes": names,
+        "unknown": _unknown_policy(add_classes, skip_unknown),
+        "existing": existing,
+        "link": link,
+        "skip_missing": skip_missing,
+        "image_key": image_key,
+    }
     if split is not None:
         report, unlabelled = import_export(export, out_dir, split=split, **options)
         reports = [report]
@@ -1217,11 +1116,18 @@ def import_coco(
     from defectdet.data.formats.cvat import import_coco as run_import
 
     for result in run_import(
-        export, out_dir, images=images or None, split=split or "train", classes=_names(classes),
+        export,
+        out_dir,
+        images=images or None,
+        split=split or "train",
+        classes=_names(classes),
         val_fraction=val_fraction if split is None else 0.0,
-        unknown=_unknown_policy(add_classes, skip_unknown), existing=existing, link=link,
-        skip_missing=skip_missing, keep_crowd=crowd,
-    ):  # fmt: skip
+        unknown=_unknown_policy(add_classes, skip_unknown),
+        existing=existing,
+        link=link,
+        skip_missing=skip_missing,
+        keep_crowd=crowd,
+    ):
         console.print(f"{result.json_path}:")
         _print_import(result.report, result.split)
         if result.crowd:

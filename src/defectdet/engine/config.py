@@ -12,8 +12,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from defectdet.cli_option import CliOption
 from defectdet.compat import Surface, current_keys
-from defectdet.data.augment import AugmentConfig
+from defectdet.data.augment_config import AugmentConfig
 from defectdet.errors import ConfigError
 from defectdet.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_FLOOR
 
@@ -318,3 +319,92 @@ def parse_overrides(assignments: list[str]) -> dict[str, Any]:
         except yaml.YAMLError as error:
             raise ConfigError(f"--set {assignment!r}: the value is not valid YAML ({error})") from None
     return overrides
+
+
+def _comma_list(text: str) -> list[str]:
+    return [part for part in text.replace(" ", "").split(",") if part]
+
+
+def _strides_from_text(text: str) -> list[int]:
+    try:
+        return [int(part) for part in _comma_list(text)]
+    except ValueError:
+        raise ConfigError(
+            f"--strides: expected numbers from 8,16,32 separated by commas, got {text!r}"
+        ) from None
+
+
+# `defectdet train`'s options, in the order its help lists them: one per field shown on the command line (the
+# rest through --set). Each defaults to not given, so that a value from --config stays.
+TRAIN_OPTIONS: dict[str, CliOption] = {
+    "preset": CliOption(
+        help="Model preset (see `defectdet presets`; default: nano with templates; without, lite0 when the time "
+        "budget buys it enough steps, else tiny)."
+    ),
+    "pretrained": CliOption(
+        flag="--from-scratch",
+        help="Start from random weights instead of the weights shipped for the preset (see the settings table).",
+        default=False,
+        to_setting=lambda scratch: False if scratch else None,
+    ),
+    "start_from": CliOption(
+        flag="--from",
+        help="Continue from a deployed model (best.pt, or a model.onnx exported with its weights): its "
+        "architecture and weights, classes matched by name, a tenth of the default lr. A good-parts-only model "
+        "(`fit`) has no detector weights: a new detector is trained on DATA from the standard start.",
+    ),
+    "old_data": CliOption(help="With --from: the old training data, mixed in and validated on too."),
+    "new_share": CliOption(
+        help="With --old-data: the least share of each epoch drawn from DATA (default 0.3)."
+    ),
+    "input_size": CliOption(
+        help="Letterbox size S, a multiple of 32 (default: chosen from the image and defect sizes)."
+    ),
+    "crop_size": CliOption(
+        flag="--crop", help="Train on random crops of this size; 0 = whole images (default: from the data)."
+    ),
+    "template": CliOption(
+        flag="--template/--no-template",
+        help="Use the dataset's templates (default: when every image has one).",
+    ),
+    "companions": CliOption(
+        help="Companion captures to stack as extra input planes, in this order, e.g. L2,UV (default: every "
+        "companion every training image has).",
+        type=str,
+        to_setting=_comma_list,
+    ),
+    "channels": CliOption(help="1 gray or 3 RGB input (default: from the images)."),
+    "strides": CliOption(
+        help="Head strides, e.g. 8,16,32 (default: the preset's, plus 32 for large defects).",
+        type=str,
+        to_setting=_strides_from_text,
+    ),
+    "epochs": CliOption(help="Number of epochs."),
+    "time_minutes": CliOption(flag="--time", help="Wall-clock budget in minutes (instead of epochs)."),
+    "batch": CliOption(help="Batch size."),
+    "workers": CliOption(help="DataLoader workers (default: picked from the CPU count)."),
+    "lr": CliOption(help="Peak learning rate."),
+    "out": CliOption(help="Run folder (default runs/train)."),
+    "resume": CliOption(help="Checkpoint to continue exactly from."),
+    "device": CliOption(help="auto|cpu|cuda."),
+    "amp": CliOption(
+        flag="--amp/--no-amp",
+        help="Mixed precision: default fp16 on CUDA, off on CPU. On CPU it needs --set amp_dtype=bfloat16 and "
+        "pays only on CPUs with bfloat16 matrix units (Intel AMX); elsewhere it is much slower (see the "
+        "training-speed benchmarks).",
+    ),
+    "seed": CliOption(help="Random seed."),
+    "clean_images": CliOption(
+        help="Folder of defect-free images (good parts, a new board design's golden images): they train as "
+        "images without defects. Models without templates only."
+    ),
+    "synthetic_boards": CliOption(
+        help="Mix N synthetic PCB boards (drawn like `defectdet synth`, cached) into training, classes matched by "
+        "name: they show drilled pads and vias of many designs as design. For PCB data without templates and a "
+        "--time of 20 minutes or more (with templates, or in 10 minutes, they cost accuracy)."
+    ),
+    "train_split": CliOption(help="Split to train on (default train)."),
+    "val_split": CliOption(help="Split to validate on (default val)."),
+    "on_nonfinite": CliOption(help="skip|stop on a NaN/Inf loss or gradient."),
+    "format": CliOption(flag="--format", help="yolo|coco|voc|deeppcb (default: detected)."),
+}

@@ -85,7 +85,7 @@ def _rows(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 def config_reference() -> str:
     """The markdown table of every training option (YAML key, `--set key=value`)."""
-    from defectdet.data.augment import AugmentConfig
+    from defectdet.data.augment_config import AugmentConfig
     from defectdet.engine.config import TrainConfig
 
     lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]

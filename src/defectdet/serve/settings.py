@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from defectdet.cli_option import CliOption
 from defectdet.serve.capture import DEFAULT_KEEP_MAX_MB, parse_keep
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -78,3 +80,56 @@ class ServeSettings:
         if self.max_connections is not None:
             return self.max_connections
         return self.max_concurrency + self.max_queue + 64
+
+
+# `defectdet serve`'s options, in the order its help lists them. The limits default to not given (None): the
+# defaults above, which their help states.
+SERVE_OPTIONS: dict[str, CliOption] = {
+    "max_concurrency": CliOption(help="Inferences at once, in worker threads (default 2).", default=None),
+    "max_queue": CliOption(
+        help="Inferences that may wait; beyond, 503 + Retry-After (default 8); uploads do not count.",
+        default=None,
+    ),
+    "max_bytes": CliOption(
+        help="Largest request body in bytes, checked while reading: 413 (default 20 MiB).", default=None
+    ),
+    "max_pixels": CliOption(
+        help="Largest image in pixels, from its header: 413 (default 25,000,000).", default=None
+    ),
+    "threads": CliOption(
+        help="onnxruntime threads per process, shared by its inferences (default: cores / workers)."
+    ),
+    "max_connections": CliOption(
+        help="Connections before requests get 503, health probes excepted (default: concurrency + queue + 64)."
+    ),
+    "keep": CliOption(
+        help="Keep answered images in --keep-dir: none (default), all, flagged (verdict defective), uncertain "
+        "(a detection within --keep-margin of the bundle's threshold), drift (while the drift monitor warns). "
+        "Repeatable or comma-separated.",
+        type=list[str],
+        default=[],
+        to_setting=tuple,
+    ),
+    "keep_dir": CliOption(
+        help="Folder for kept images (images/, templates/, predictions/*.json sidecars) and of the page at "
+        "/review: one folder, one cap and one review queue for every worker and every replica sharing it.",
+        type=Path,
+        to_setting=str,
+    ),
+    "keep_margin": CliOption(help="'uncertain': score within this of the bundle's threshold."),
+    "keep_max_mb": CliOption(
+        help="Disk cap of the kept files in MB (default 2000; 0: no cap, warned at start): the oldest unreviewed "
+        "items go first, logged; with only reviewed items left, new answers are not kept (keep_dropped{why=cap}).",
+        default=None,
+    ),
+    "models_dir": CliOption(
+        help="Candidate bundles for /v1/models/shadow, /promote, /rollback; DIR/store/ says which bundle every "
+        "process on DIR serves (BUNDLE while it is empty; a shared volume across machines).",
+        type=Path,
+        to_setting=str,
+    ),
+    "models_keep": CliOption(help="Models the store keeps for roll-back behind the live one."),
+    "shadow": CliOption(
+        help="A bundle in --models-dir to run beside the live model from the start (GET /v1/models)."
+    ),
+}
