@@ -203,14 +203,7 @@ def status_of(result: Result, cited: list[str], results: dict[str, Result]) -> s
 
 def page_manifest(results: dict[str, Result], cited: dict[str, list[str]]) -> Page:
     page = Page("manifest", "Result files", results)
-    page.para(
-        "Every file in `bench/results/`: the command that made it (as recorded in the file, or, marked",
-        '"derived", rebuilt from the script\'s name and the settings it recorded), the commit it ran at, the',
-        "machine, the date, and the pages that cite it. A file made from code that was not committed when it",
-        "ran is kept off the pages. Each command runs from the repository root (`python` is `.venv/bin/python`).",
-        "Besides the JSON files the folder holds `serve_load.server.log`, the service's log of the `serve_load.json`",
-        "run.",
-    )
+    page.prose("intro")
     rows = []
     for name, result in results.items():
         command, recorded = command_of(result)

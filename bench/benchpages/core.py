@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -172,6 +173,30 @@ def spread(values: Sequence[float]) -> str:
     return f"{statistics.mean(values):.3f} (range {min(values):.3f}-{max(values):.3f}, {len(values)} runs)"
 
 
+PROSE = BENCH / "benchpages" / "prose"  # one Markdown file per page: the text between its figures
+_SECTION = re.compile(r"^<!-- section: ([\w-]+) -->$", re.M)
+_SLOT = re.compile(r"\{(\w+)\}")
+
+
+def prose_blocks(slug: str, section: str, values: dict[str, object], folder: Path = PROSE) -> list[str]:
+    """The blocks of `section` in `<folder>/<slug>.md`, each on one line as Page.para writes it (a paragraph's
+    wrapped lines joined by spaces; a heading as it is), every `{name}` replaced by `values[name]`."""
+    parts = _SECTION.split((folder / f"{slug}.md").read_text(encoding="utf-8"))
+    sections = dict(zip(parts[1::2], parts[2::2], strict=True))
+    if section not in sections:
+        raise SystemExit(f"bench/pages.py: no section {section!r} in {folder / slug}.md")
+
+    def fill(match: re.Match[str]) -> str:
+        if match.group(1) not in values:
+            raise SystemExit(
+                f"bench/pages.py: {slug}.md section {section!r} needs a value for {match.group(0)}"
+            )
+        return str(values[match.group(1)])
+
+    blocks = [block.strip() for block in sections[section].split("\n\n") if block.strip()]
+    return [_SLOT.sub(fill, " ".join(line.strip() for line in block.splitlines())) for block in blocks]
+
+
 @dataclass
 class Page:
     slug: str
@@ -202,6 +227,11 @@ class Page:
 
     def para(self, *text: str) -> None:
         self.lines += [" ".join(part.strip() for part in text), ""]
+
+    def prose(self, section: str, **values: object) -> None:
+        """The paragraphs and headings of `section` in this page's prose file, `{name}` filled from `values`."""
+        for block in prose_blocks(self.slug, section, values):
+            self.lines += [block, ""]
 
     def table(self, headers: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
         self.lines.append("| " + " | ".join(headers) + " |")
