@@ -71,20 +71,14 @@ def page_training_speed(results: dict[str, Result], plots: list[Callable[[], Non
     default = [page.results[name] for name in CURRENT_DEFAULT_RUNS]
     rates = [r.steps / r.doc["wall_seconds"] for r in default]
     old = page.results[PLAIN_20 + "synthetic_boards-0_val_every-None_threads-2_stop40"]
-    page.para(
-        "What to conclude: on a time budget, more optimizer steps per minute mean a better model, so give",
-        "training the whole machine and nothing else to do. The plot shows the same recipe (DeepPCB without",
-        "templates, tiny, 20 minutes) run many times: the runs that made more steps tend to score higher. With today's",
-        f"defaults tiny trains at {f2(min(rates))}-{f2(max(rates))} steps/s on the whole Intel Xeon machine,",
-        f"against {f2(old.steps / old.doc['wall_seconds'])} with freed memory returned to the system; the same",
-        "recipe on one core (the other one busy) gets about half as many steps. bf16 pays only on CPUs with AMX",
-        "(below). Per-run tables below.",
+    page.prose(
+        "what-to-conclude-on-a",
+        f2_min_rates=f2(min(rates)),
+        f2_max_rates=f2(max(rates)),
+        f2_old_steps_old_doc_wall_seconds=f2(old.steps / old.doc["wall_seconds"]),
     )
     page.image("recipe.png", "held-out mAP@0.5 against training steps, one recipe run many times")
-    page.heading(2, "Steps per second")
-    page.para(
-        "Steps per second below are a whole run's steps over its wall time (validation included).",
-    )
+    page.prose("steps-per-second-below-are")
     rows = []
     for name in SPEED_RUNS:
         result = page.r(name)
@@ -119,10 +113,12 @@ def page_training_speed(results: dict[str, Result], plots: list[Callable[[], Non
     section_host_memory(page)
     section_bf16(page)
     loader = page.r("loader").doc
-    page.para(
-        f"The data loader alone, one process: {f1(loader['results'][0]['images_per_s'])} DeepPCB pairs per second",
-        f"with augmentation, {f1(loader['cache'][0]['images_per_s_cached'])} from the decoded-image cache",
-        f"({page.results['loader'].machine}, {page.cite('loader')}).",
+    page.prose(
+        "the-data-loader-alone-one",
+        f1_loader_results_0_images_per_s=f1(loader["results"][0]["images_per_s"]),
+        f1_loader_cache_0_images_per_s_cached=f1(loader["cache"][0]["images_per_s_cached"]),
+        page_results_loader_machine=page.results["loader"].machine,
+        page_cite_loader=page.cite("loader"),
     )
     return page
 
@@ -132,17 +128,16 @@ def section_step_time(page: Page) -> None:
     page.heading(2, "Step time per preset")
     result = page.results.get("step_speed")
     if result is None or result.dirty:
-        page.para("Not measured yet: `python -m bench.step_speed`.")
+        page.prose("not-measured-yet-python-m")
         return
     page.cite(result.name)
     lite0 = [r for r in result.doc["results"] if r["preset"] == "lite0" and r.get("frozen_stem")]
     ratios = ", ".join(f"{f2(r['images_per_second_vs_tiny'])} at {r['threads']} thread(s)" for r in lite0)
-    page.para(
-        "One training step (forward, backward, AdamW) at the shape `train` gives each preset on DeepPCB-like data",
-        "(640 px images, 320 px crops, gray), random weights and images, rounds interleaved, the median; the same",
-        f"measurement `train` makes before choosing between lite0 and tiny ({result.machine},",
-        f"{page.cite(result.name)}). lite0 from ImageNet with its stem frozen trains {ratios} of tiny's images",
-        "per second: it has to learn more from each image to lead at a time budget.",
+    page.prose(
+        "one-training-step-forward-backward",
+        result_machine=result.machine,
+        page_cite_result_name=page.cite(result.name),
+        ratios=ratios,
     )
     rows = [
         [
@@ -161,12 +156,12 @@ def section_step_time(page: Page) -> None:
 def section_host_memory(page: Page) -> None:
     page.heading(2, "Host memory setting")
     result = page.r("host_memory_xeon")
-    page.para(
-        "A CPU training step frees and re-allocates the same large activations every step; glibc hands them back",
-        "to the kernel, which zeroes each page again. `train` on a CPU keeps freed memory in the process (on by",
-        "default; `DEFECTDET_KEEP_FREED_MEMORY=0` turns it off). Losses and gradients are identical bit for bit.",
-        f"Each setting in a fresh process, alternating, median of {result.doc['settings']['repeats']}, on",
-        f"{result.machine}, {result.doc['settings']['threads']} threads ({page.cite(result.name)}):",
+    page.prose(
+        "a-cpu-training-step-frees",
+        result_doc_settings_repeats=result.doc["settings"]["repeats"],
+        result_machine=result.machine,
+        result_doc_settings_threads=result.doc["settings"]["threads"],
+        page_cite_result_name=page.cite(result.name),
     )
     rows = []
     for layout in ("tiny, no template", "nano, template"):
@@ -197,12 +192,12 @@ def section_host_memory(page: Page) -> None:
 def section_bf16(page: Page) -> None:
     page.heading(2, "bf16 autocast")
     epyc, xeon = page.r("amp_cpu"), page.r("amp_cpu_xeon")
-    page.para(
-        f"Whether bf16 pays depends on the CPU: on the Intel Xeon (with AMX) a {xeon.doc['settings']['preset']}",
-        f"step runs {xeon.doc['bf16_speedup']:.2f}x as fast as in fp32, on the AMD EPYC a",
-        f"{epyc.doc['settings']['preset']} step {epyc.doc['bf16_speedup']:.2f}x, far slower. Accuracy after 20",
-        "minutes stayed within the spread of seeds (the table above, bf16 rows). CPU",
-        "training therefore stays fp32 unless asked (`--set amp=true --set amp_dtype=bfloat16`).",
+    page.prose(
+        "whether-bf16-pays-depends-on",
+        xeon_doc_settings_preset=xeon.doc["settings"]["preset"],
+        xeon_doc_bf16_speedup=f"{xeon.doc['bf16_speedup']:.2f}",
+        epyc_doc_settings_preset=epyc.doc["settings"]["preset"],
+        epyc_doc_bf16_speedup=f"{epyc.doc['bf16_speedup']:.2f}",
     )
     rows = []
     for result in (epyc, xeon):
