@@ -102,14 +102,10 @@ def _expectations(page: Page, runs: list[Result]) -> None:
             continue
         rows.append([label, _measured(ten), _measured(sixty)])
     page.table(("data", "mAP@0.5, 10 min on a CPU", "mAP@0.5, 60 min on a CPU"), rows)
-    page.para(
-        "Published results on these datasets, for scale:",
-        f"on AGDD {PUBLISHED['agdd']};",
-        f"on DeepPCB {PUBLISHED['deeppcb']}.",
-        "Those come from GPU training with the authors' own splits, schedules and metric: a frame of reference,",
-        "not a like-for-like comparison. With templates, defectdet on a CPU lands near the published figure; on",
-        "AGDD, and on DeepPCB without templates, it stays well below: give it more minutes, the second lighting",
-        "as a companion capture, or a GPU.",
+    page.prose(
+        "published-results-on-these-datasets",
+        published_agdd=PUBLISHED["agdd"],
+        published_deeppcb=PUBLISHED["deeppcb"],
     )
 
 
@@ -196,26 +192,19 @@ def _fragments(page: Page, runs: list[Result]) -> None:
     rows = _fragment_rows(page, runs)
     if not rows:
         return
-    page.heading(2, "Fragment merge")
-    page.para(
-        "A long or large defect is often answered with several overlapping boxes, each too small to count.",
-        "`export` tries, per class with at least 10 labelled boxes on the threshold split, reporting such pieces",
-        "as one box, and keeps it for the classes whose AP@0.5 it raised there by at least 0.05",
-        "([fragment merge](../glossary.md#fragment-merge)). The choice is made on the threshold split and",
-        "reported on the report split (for DeepPCB they are the same held-out board groups). Runs recorded",
-        "before the merge existed were scored again from their final weights (`bench/realdata.py --rescore`);",
-        "their training is unchanged. Runs whose weights were no longer kept could not be, and show '-' in the",
-        "fragment-merge column of the runs table.",
-    )
+    page.prose("a-long-or-large-defect")
     changes = [
         r.doc["mAP50"] - r.doc["fragment_merge"]["without"]["mAP50"]
         for r in runs
         if (r.doc.get("fragment_merge") or {}).get("without") and r.doc.get("mAP50") is not None
     ]
     if changes:
-        page.para(
-            f"Over the {len(changes)} runs whose bundle merged a class, the merge changed mAP@0.5 on the report",
-            f"split by {min(changes):+.3f} to {max(changes):+.3f} (mean {statistics.fmean(changes):+.3f}).",
+        page.prose(
+            "over-the-len-changes-runs",
+            len_changes=len(changes),
+            min_changes=f"{min(changes):+.3f}",
+            max_changes=f"{max(changes):+.3f}",
+            statistics_fmean_changes=f"{statistics.fmean(changes):+.3f}",
         )
     page.table(
         (
@@ -254,14 +243,7 @@ def _class_rows(page: Page, runs: list[Result]) -> list[list[Any]]:
 
 
 def _protocol(page: Page) -> None:
-    page.para(
-        "Each run is `defectdet train DATA --time M` with nothing else set, on 2-core cloud machines without a GPU,",
-        "then `defectdet export` and `defectdet val` through the torch-free runtime at the bundle's own threshold:",
-        "`python -m bench.realdata --dataset D --minutes M --seed K --threads T`. The machine was shared with",
-        "other work while these ran; the speed probe (milliseconds per training step of a fixed small workload,",
-        "timed in the same process just before training) says how fast the machine was at the time, so that runs",
-        "on machines of different speed can be compared.",
-    )
+    page.prose("each-run-is-defectdet-train")
     page.table(
         ("data", "trained on", "threshold chosen on", "reported on"),
         [
@@ -281,13 +263,7 @@ def _protocol(page: Page) -> None:
             ],
         ],
     )
-    page.para(
-        "AGDD is licensed CC BY-NC-SA 4.0: its images and models trained on it stay out of this repository;",
-        "only the figures are here. Its second lighting as a second plane of one input is measured two ways:",
-        "as the template plane (registered onto the image, with the difference plane) and as a companion",
-        "capture (stacked as it is); both train on the first lighting's boxes and are reported on the same",
-        "first-lighting val images as AGDD with one lighting.",
-    )
+    page.prose("agdd-is-licensed-cc-by")
 
 
 def _conclusion(page: Page, runs: list[Result], plots: list[Callable[[], None]]) -> None:
@@ -296,14 +272,12 @@ def _conclusion(page: Page, runs: list[Result], plots: list[Callable[[], None]])
     def mean_of(dataset: str, minutes: float) -> str:
         return f3(_mean([r for r in runs if r.doc["dataset"] == dataset and r.minutes == minutes]))
 
-    page.para(
-        "What to conclude: on real images the defaults do well where the defect shows plainly in what the model",
-        f"is given, and need help where it does not. DeepPCB with templates reaches {mean_of('deeppcb_template', 10)}",
-        "in 10 minutes on a CPU, close to what its authors published with a GPU. AGDD's thin scratches on glass are",
-        f"hard with one lighting ({mean_of('agdd_1light', 10)} at 10 minutes); giving the second lighting as a",
-        f"companion capture lifts it to {mean_of('agdd_companion', 10)}, and 60 minutes to",
-        f"{mean_of('agdd_companion', 60)}. If your defects only show under one of two lightings, capture both.",
-        "Per-run tables below.",
+    page.prose(
+        "what-to-conclude-on-real",
+        mean_of_deeppcb_template_10=mean_of("deeppcb_template", 10),
+        mean_of_agdd_1light_10=mean_of("agdd_1light", 10),
+        mean_of_agdd_companion_10=mean_of("agdd_companion", 10),
+        mean_of_agdd_companion_60=mean_of("agdd_companion", 60),
     )
     page.image("real-data.png", "held-out mAP@0.5 of the defaults at 10 and 60 minutes, per dataset")
     plots.append(lambda: _plot(runs))
@@ -335,17 +309,13 @@ def page_real_data(results: dict[str, Result], plots: list[Callable[[], None]]) 
     page = Page("real-data", "Real data", results)
     runs = realdata_results(results)
     _conclusion(page, runs, plots)
-    page.para(
-        "The product's defaults on real images of surfaces it was not tuned on, at a fixed training time.",
-        "mAP@0.5 is the COCO mean average precision at box overlap 0.5 over the defect classes.",
-    )
-    page.heading(2, "What to expect")
+    page.prose("the-product-s-defaults-on")
     _expectations(page, runs)
     page.heading(2, "How it is measured")
     _protocol(page)
     page.heading(2, "Runs")
     if not runs:
-        page.para("No run recorded yet.")
+        page.prose("no-run-recorded-yet")
         return page
     page.table(
         (
@@ -399,14 +369,7 @@ def _good_only(page: Page, results: dict[str, Result]) -> None:
     runs = [r for name, r in sorted(results.items()) if name.startswith("good_only_") and not r.dirty]
     if not runs:
         return
-    page.heading(2, "Good parts only (DeepPCB templates)")
-    page.para(
-        "`defectdet fit` on the defect-free templates of DeepPCB's training board groups alone, under a time",
-        "budget; scored through the runtime on the held-out groups: their tested images (all defective) against",
-        "their templates (all good). The threshold is the bundle's own, chosen on held-out templates of the",
-        "training groups at a 1 % false-call target. Box AP@0.5 is class-agnostic, the boxes above a low score",
-        "floor. Published PatchCore reaches 0.99 image AUROC on MVTec AD on a GPU: other data, for context only.",
-    )
+    page.prose("defectdet-fit-on-the-defect")
     rows = []
     for result in runs:
         doc = result.doc
@@ -517,15 +480,9 @@ def _tried(page: Page, runs: list[Result], experiments: list[Result]) -> None:
     tried = sorted(variants + experiments, key=lambda r: (_baseline(r, runs)[0], r.minutes or 0, r.name))
     page.heading(2, "What was tried")
     if not tried:
-        page.para("Nothing but the defaults yet.")
+        page.prose("nothing-but-the-defaults-yet")
         return
-    page.para(
-        "Runs that change one thing against the defaults (`bench/realdata.py --set KEY=VALUE --tag T`), and",
-        "AGDD's second lighting given as a second plane. Each is compared with the mean of the defaults' runs",
-        "of the same data and minutes, reported on the same images; the defaults' own seeds differ by up to",
-        f"{f3(_seed_spread(runs))} mAP@0.5 (without crack on AGDD), so a single run's difference smaller than",
-        "that is not a finding.",
-    )
+    page.prose("runs-that-change-one-thing", f3_seed_spread_runs=f3(_seed_spread(runs)))
     page.table(
         (
             "data",
@@ -605,7 +562,7 @@ def _presets(page: Page, runs: list[Result], preset_runs: list[Result]) -> None:
     """lite0 (ImageNet features) against the presets of our own backbone, trained side by side."""
     page.heading(2, "ImageNet features (lite0) against tiny")
     if not preset_runs:
-        page.para("No run with a forced preset recorded yet.")
+        page.prose("no-run-with-a-forced")
         return
     page.para(
         "The same data, budget and seed with the preset forced (`bench/realdata.py --set preset=P --tag P`).",
@@ -677,12 +634,7 @@ def _step_matched(page: Page, runs: list[Result]) -> None:
         )
     if not rows:
         return
-    page.heading(2, "Same steps, one change")
-    page.para(
-        "Pairs of runs trained for the same number of epochs (`--set epochs=N`), the control with nothing else",
-        "changed: the same steps and learning-rate schedule, so a loaded machine does not change what is",
-        "compared. Training minutes show what the change costs in time.",
-    )
+    page.prose("pairs-of-runs-trained-for")
     page.table(
         (
             "data",

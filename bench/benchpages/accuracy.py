@@ -63,11 +63,11 @@ def section_templates(page: Page) -> None:
     page.heading(2, "DeepPCB with templates")
     nano, tiny = page.r("train_deeppcb_nano_20min"), page.r("train_deeppcb_tiny_20min")
     slowest = max(run.doc["time_to"]["time_to_mAP50_0.95_s"] for run in (nano, tiny))
-    page.para(
-        "Each DeepPCB board comes with a defect-free golden template of the same board; with it the model sees",
-        "what changed. Scored on the two held-out board groups (77000 and 92000, 211 boards never trained on).",
-        f"In 20 minutes on a 2-core CPU nano reaches mAP@0.5 {f3(nano.map50)} and tiny {f3(tiny.map50)};",
-        f"both pass 0.95 within {minutes_of(slowest)} minutes. nano is the default preset with templates.",
+    page.prose(
+        "each-deeppcb-board-comes-with",
+        f3_nano_map50=f3(nano.map50),
+        f3_tiny_map50=f3(tiny.map50),
+        minutes_of_slowest=minutes_of(slowest),
     )
     rows = []
     for name in TEMPLATE_RUNS:
@@ -80,16 +80,20 @@ def section_templates(page: Page) -> None:
         page.r("train_deeppcb_nano_20min_notemplate"),
         page.r("train_deeppcb_tiny_20min_notemplate"),
     )
-    page.para(
-        "The same two 20-minute runs on the same machine without templates (`--no-template`) reach",
-        f"{f3(plain_nano.map50)} (nano, {page.cite(plain_nano.name)}) and {f3(plain_tiny.map50)} (tiny,",
-        f"{page.cite(plain_tiny.name)}): the template is worth about a tenth of mAP@0.5 on these boards.",
+    page.prose(
+        "the-same-two-20-minute",
+        f3_plain_nano_map50=f3(plain_nano.map50),
+        page_cite_plain_nano_name=page.cite(plain_nano.name),
+        f3_plain_tiny_map50=f3(plain_tiny.map50),
+        page_cite_plain_tiny_name=page.cite(plain_tiny.name),
     )
     boards = page.r("ablate_deeppcb_template_nano_10min_synthetic_boards-400")
     rung = page.results["scaling_deeppcb_template_nano_10min"]
-    page.para(
-        f"Synthetic boards do not help here: with 400 of them nano reached {f3(boards.map50)} in 10 minutes",
-        f"against {f3(rung.map50)} without ({page.cite(boards.name)}).",
+    page.prose(
+        "synthetic-boards-do-not-help",
+        f3_boards_map50=f3(boards.map50),
+        f3_rung_map50=f3(rung.map50),
+        page_cite_boards_name=page.cite(boards.name),
     )
 
 
@@ -122,14 +126,7 @@ def _recipe_groups(page: Page) -> dict[str, list[Result]]:
 def section_plain_recipe(page: Page, plots: list[Callable[[], None]]) -> None:
     page.heading(2, "DeepPCB without templates: one recipe, many runs")
     current = [page.results[name] for name in CURRENT_DEFAULT_RUNS]
-    page.para(
-        "Without a template the model must tell a defect from the board's own design by look alone, and the",
-        "held-out groups carry a pad design no training group has. The same recipe (tiny, shipped starting",
-        "weights, 20 minutes, no synthetic boards) has been run many times, on two machines, with one core or",
-        "the whole machine, and several seeds. Its spread is the honest figure: mAP@0.5",
-        f"{spread([r.map50 for r in current])} with today's defaults on the whole Intel Xeon machine;",
-        "the steps a machine gives in 20 minutes move the result as much as the seed does.",
-    )
+    page.prose("without-a-template-the-model", current_spread=spread([r.map50 for r in current]))
     rows = []
     for group, results in _recipe_groups(page).items():
         steps = [r.steps for r in results if r.steps]
@@ -153,11 +150,7 @@ def section_plain_recipe(page: Page, plots: list[Callable[[], None]]) -> None:
     page.table(("run", "machine", "threads", "steps", "mAP@0.5", "pin-hole", "spur", "file"), rows)
     page.image("recipe.png", "held-out mAP@0.5 against training steps, one recipe run many times")
     plots.append(lambda: plot_recipe(page.results))
-    page.para(
-        "Pin-hole is the class that moves: the held-out design's drill holes look like pin-holes, and a run",
-        "either learns to leave them alone or does not. The repeat check and test-time flips on the",
-        "[inference page](inference.md) recover most of it without retraining.",
-    )
+    page.prose("pin-hole-is-the-class")
 
 
 BOARDS_RUNS = (  # (file, what trains beside the labelled images)
@@ -206,14 +199,13 @@ def section_boards(page: Page) -> None:
     ]
     short = page.results["ablate_deeppcb_plain_tiny_10min_synthetic_boards-400"]
     short_control = page.results["ablate_deeppcb_plain_tiny_10min_synthetic_boards-0"]
-    page.para(
-        "`train --synthetic-boards N` mixes N drawn boards into training; their drilled pads and vias teach the",
-        "model that a round hole in a pad is drawn on purpose. On one core at 20 minutes, over four seeds,",
-        f"400 boards add {statistics.mean(gains):+.3f} mAP@0.5 on average (pin-hole {min(pin):+.2f} to",
-        f"{max(pin):+.2f}), while spur, open and short lose a little: a third of each epoch is synthetic.",
-        "Drawing only each board's defect-free design (`--set synthetic_boards_mode=design`) buys the same.",
-        f"Under 20 minutes they cost accuracy ({f3(short.map50)} against {f3(short_control.map50)} at 10",
-        "minutes), so they stay the user's choice; the settings table suggests a count from 20 minutes on.",
+    page.prose(
+        "train-synthetic-boards-n-mixes",
+        statistics_mean_gains=f"{statistics.mean(gains):+.3f}",
+        min_pin=f"{min(pin):+.2f}",
+        max_pin=f"{max(pin):+.2f}",
+        f3_short_map50=f3(short.map50),
+        f3_short_control_map50=f3(short_control.map50),
     )
     rows = []
     for name, what in BOARDS_RUNS:
@@ -257,14 +249,15 @@ NEW_DESIGN = (
 def section_new_design(page: Page) -> None:
     page.heading(2, "DeepPCB without templates: a few defect-free images of the new design")
     control, clean = (page.results[name] for name in NEW_DESIGN[-1])
-    page.para(
-        "What closes the design gap is a few defect-free images of the new board, with no labelling:",
-        "`train --clean-images DIR` trains on them as images without defects. Here 20 golden images of each",
-        "held-out group (40 in all) join training, and both runs are scored on the 171 held-out pairs left.",
-        f"tiny on the whole machine goes from {f3(control.map50)} to {f3(clean.map50)} in 20 minutes",
-        f"(pin-hole {f3(control.class_ap('pin-hole'))} to {f3(clean.class_ap('pin-hole'))}).",
-        f"Summaries: {page.cite('new_design')}, {page.cite('new_design_tiny')},",
-        f"{page.cite('new_design_tiny_threads-2')}.",
+    page.prose(
+        "what-closes-the-design-gap",
+        f3_control_map50=f3(control.map50),
+        f3_clean_map50=f3(clean.map50),
+        f3_control_class_ap_pin_hole=f3(control.class_ap("pin-hole")),
+        f3_clean_class_ap_pin_hole=f3(clean.class_ap("pin-hole")),
+        page_cite_new_design=page.cite("new_design"),
+        page_cite_new_design_tiny=page.cite("new_design_tiny"),
+        page_cite_new_design_tiny_threads_2=page.cite("new_design_tiny_threads-2"),
     )
     rows = []
     for pair in NEW_DESIGN:
@@ -316,12 +309,13 @@ def section_design_bound(page: Page) -> None:
     calls = {
         group: (v.get("false_calls") or {}).get("pin-hole", 0) for group, v in probe.doc["groups"].items()
     }
-    page.para(
-        "On 20 defect-free templates per board group, a model trained without templates makes",
-        f"{calls.get('92000', 0)} pin-hole calls on held-out group 92000 and at most",
-        f"{max(v for g, v in calls.items() if probe.doc['groups'][g]['split'] == 'train')} on any training group",
-        f"({page.cite(probe.name)}). Removing every detection that covers no change from the golden template",
-        "(an upper bound a line without templates cannot run) shows what is left for training to win:",
+    page.prose(
+        "on-20-defect-free-templates",
+        calls_get_92000_0=calls.get("92000", 0),
+        most_calls_in_a_group=max(
+            (v for g, v in calls.items() if probe.doc["groups"][g]["split"] == "train")
+        ),
+        page_cite_probe_name=page.cite(probe.name),
     )
     rows = []
     for name in DESIGN_BOUND:
@@ -343,12 +337,17 @@ def section_design_bound(page: Page) -> None:
     )
     with_t, without_t = page.r(CLEAN_TEMPLATES[0]), page.r(CLEAN_TEMPLATES[1])
     big, small = page.r(IMGSZ_RUNS[0]), page.r(IMGSZ_RUNS[1])
-    page.para(
-        "Two things that do not close the gap: the training groups' own templates added as defect-free images",
-        f"(nano, 10 minutes: {f3(with_t.map50)} against {f3(without_t.map50)} without them, pin-hole",
-        f"{f3(with_t.class_ap('pin-hole'))}; {page.cite(with_t.name)}, {page.cite(without_t.name)}), and another",
-        f"input size (tiny, 20 minutes: {f3(big.map50)} at 800 px, {page.cite(big.name)}; {f3(small.map50)} at",
-        f"512 px with 400 synthetic boards, {page.cite(small.name)}; against 640 px in the tables above).",
+    page.prose(
+        "two-things-that-do-not",
+        f3_with_t_map50=f3(with_t.map50),
+        f3_without_t_map50=f3(without_t.map50),
+        f3_with_t_class_ap_pin_hole=f3(with_t.class_ap("pin-hole")),
+        page_cite_with_t_name=page.cite(with_t.name),
+        page_cite_without_t_name=page.cite(without_t.name),
+        f3_big_map50=f3(big.map50),
+        page_cite_big_name=page.cite(big.name),
+        f3_small_map50=f3(small.map50),
+        page_cite_small_name=page.cite(small.name),
     )
 
 
@@ -365,12 +364,10 @@ def section_surfaces(page: Page) -> None:
     page.heading(2, "Synthetic surfaces")
     tiny = [page.results[name] for name in SURFACE_SEEDS["tiny"]]
     nano = [page.results[name] for name in SURFACE_SEEDS["nano"]]
-    page.para(
-        "The surface family (`defectdet synth --kind surface`: 600 images of brushed and rolled metal, tiles,",
-        "weave and cast parts, 128-2048 px, half in colour, no template; 120 held out) with nothing but a",
-        f"10-minute budget, one core each. tiny, the default without templates: {spread([r.map50 for r in tiny])};",
-        f"nano: {spread([r.map50 for r in nano])}. Thin scratches are the hardest class. These images are drawn",
-        "by the same generator as the starting weights' pretraining surfaces, so they flatter a real line.",
+    page.prose(
+        "the-surface-family-defectdet-synth",
+        tiny_spread=spread([r.map50 for r in tiny]),
+        nano_spread=spread([r.map50 for r in nano]),
     )
     rows = []
     for preset, names in SURFACE_SEEDS.items():
@@ -395,14 +392,17 @@ def section_surfaces(page: Page) -> None:
     whole = page.r("train_surface_10min")
     tiles = page.r("tiles")
     boards = page.r("ablate_surface_tiny_10min_synthetic_boards-200")
-    page.para(
-        f"On the whole 2-core machine the same 10 minutes give {f3(whole.map50)} ({count(whole.steps)} steps,",
-        f"{page.cite(whole.name)}). That model runs large images as native-resolution tiles as well (chosen from",
-        f"the data): without tiles it scores {f3(tiles.doc['held_out']['tiles_off']['mAP50'])}, with them",
-        f"{f3(tiles.doc['held_out']['tiles_on']['mAP50'])} ({page.cite(tiles.name)}). Synthetic PCB boards do",
-        f"not belong in surface training: 200 of them gave {f3(boards.map50)} ({page.cite(boards.name)}).",
+    page.prose(
+        "on-the-whole-2-core",
+        f3_whole_map50=f3(whole.map50),
+        count_whole_steps=count(whole.steps),
+        page_cite_whole_name=page.cite(whole.name),
+        f3_tiles_doc_held_out_tiles_off_map50=f3(tiles.doc["held_out"]["tiles_off"]["mAP50"]),
+        f3_tiles_doc_held_out_tiles_on_map50=f3(tiles.doc["held_out"]["tiles_on"]["mAP50"]),
+        page_cite_tiles_name=page.cite(tiles.name),
+        f3_boards_map50=f3(boards.map50),
+        page_cite_boards_name=page.cite(boards.name),
     )
-    page.heading(3, "Other synthetic materials, 5 minutes")
     modes = page.r("preset_modes_5min").doc["modes"]
     rows = []
     for mode, arms in modes.items():
@@ -424,10 +424,8 @@ def section_surfaces(page: Page) -> None:
                 ]
             )
     wins = page.results["preset_modes_5min"].doc["tiny_wins"]
-    page.para(
-        "Four more synthetic modes (300 images each, 20 % held out, defaults and shipped weights, 5 minutes on",
-        f"one core; summary {page.cite('preset_modes_5min')}): tiny wins {wins}; nano is ahead on the small gray",
-        "steel strips.",
+    page.prose(
+        "four-more-synthetic-modes-300", page_cite_preset_modes_5min=page.cite("preset_modes_5min"), wins=wins
     )
     headers = (
         "mode",
@@ -511,7 +509,7 @@ def section_ladder(page: Page, plots: list[Callable[[], None]]) -> None:
             )
     headers = ("data", "preset", "starting weights", "minutes", "machine", "threads", "steps", "mAP@0.5")
     page.table((*headers, "mAP@0.5:0.95", "file"), rows)
-    page.para("The plot of these rows opens this page.")
+    page.prose("the-plot-of-these-rows")
 
 
 def plot_ladder(results: dict[str, Result]) -> None:
@@ -571,12 +569,12 @@ CANDIDATE_RUNS = (
 def section_weights(page: Page, plots: list[Callable[[], None]]) -> None:
     page.heading(2, "Shipped starting weights against random weights")
     surf_scratch, surf_shipped = (page.results[n] for n in WEIGHT_PAIRS[3][2:])
-    page.para(
-        "nano and tiny start from weights learned on the project's own synthetic boards and surfaces (nothing is",
-        "downloaded). Same data, same 10 minutes on one core, only the starting weights differ. On the surfaces",
-        f"tiny goes from {f3(surf_scratch.map50)} from random weights to {f3(surf_shipped.map50)} from the shipped",
-        "ones; on DeepPCB, real boards the weights never saw, the gain is smaller and is the one to expect on a",
-        f"line. Summaries: {page.cite('pretrained_10min')}, {page.cite('pretrained_tiny_10min')}.",
+    page.prose(
+        "nano-and-tiny-start-from",
+        f3_surf_scratch_map50=f3(surf_scratch.map50),
+        f3_surf_shipped_map50=f3(surf_shipped.map50),
+        page_cite_pretrained_10min=page.cite("pretrained_10min"),
+        page_cite_pretrained_tiny_10min=page.cite("pretrained_tiny_10min"),
     )
     rows = []
     for data, preset, scratch, shipped in WEIGHT_PAIRS:
@@ -598,13 +596,7 @@ def section_weights(page: Page, plots: list[Callable[[], None]]) -> None:
     page.table((*headers, "files"), rows)
     page.image("weights.png", "held-out mAP@0.5 from random and from shipped starting weights")
     plots.append(lambda: plot_weights(page.results))
-    page.heading(3, "How the starting weights were made")
-    page.para(
-        "`make pretrain` (`bench/pretrain.py`) trains for a fixed number of epochs on synthetic boards and",
-        "surfaces, so any machine with the same seeds gets the same weights. No weights for the template layout",
-        "ship, so a model with templates starts from random weights.",
-        "Two candidates did not ship: one traded the thin-scratch class for the average.",
-    )
+    page.prose("make-pretrain-bench-pretrain-py")
     rows = []
     for name, what in PRETRAIN:
         result = page.r(name)
@@ -637,7 +629,7 @@ def section_weights(page: Page, plots: list[Callable[[], None]]) -> None:
                 page.cite(name),
             ]
         )
-    page.para("The candidates measured like the shipped weights (10 minutes, nano, one core):")
+    page.prose("the-candidates-measured-like-the")
     page.table(("candidate", "data", "seed", "machine", "threads", "mAP@0.5", "scratch", "file"), rows)
 
 
@@ -662,14 +654,15 @@ def plot_weights(results: dict[str, Result]) -> None:
 def section_transfer(page: Page) -> None:
     page.heading(2, "Trained on synthetic boards only")
     demo, transfer = page.r("demo"), page.r("synth_to_deeppcb")
-    page.para(
-        "`make demo` draws 160 synthetic boards, trains tiny for 6 minutes and reaches held-out mAP@0.5",
-        f"{f3(demo.doc['held_out']['mAP50'])} on its own synthetic boards, all steps in",
-        f"{f2(demo.doc['wall_minutes_all_steps'])} minutes on {demo.machine} ({page.cite(demo.name)}).",
-        "The same model scored on DeepPCB's held-out boards, no DeepPCB image trained on: mAP@0.5",
-        f"{f3(transfer.doc['by_name']['mAP50'])} with classes matched by name,",
-        f"{f3(transfer.doc['class_agnostic']['mAP50'])} class-agnostic",
-        f"({page.cite(transfer.name)}).",
+    page.prose(
+        "make-demo-draws-160-synthetic",
+        f3_demo_doc_held_out_map50=f3(demo.doc["held_out"]["mAP50"]),
+        f2_demo_doc_wall_minutes_all_steps=f2(demo.doc["wall_minutes_all_steps"]),
+        demo_machine=demo.machine,
+        page_cite_demo_name=page.cite(demo.name),
+        f3_transfer_doc_by_name_map50=f3(transfer.doc["by_name"]["mAP50"]),
+        f3_transfer_doc_class_agnostic_map50=f3(transfer.doc["class_agnostic"]["mAP50"]),
+        page_cite_transfer_name=page.cite(transfer.name),
     )
 
 
@@ -677,15 +670,7 @@ CLEAN_BOARDS = ("clean_boards_deeppcb", "clean_boards_deeppcb_ft_control", "clea
 
 
 def section_clean_boards(page: Page) -> None:
-    page.heading(2, "Escapes and false calls on clean boards")
-    page.para(
-        "A line signs off on escapes (defective boards called clean) and false calls (good boards rejected) at",
-        "a threshold chosen on other boards. `val --clean-templates` adds one clean board per template, built",
-        "like a second capture of that good board: exposure, gamma, sensor noise, a JPEG re-encode, and a shift",
-        "and rotation against the template. The threshold is chosen on one held-out board group (at most 1 %",
-        "escapes there) and reported on the other, then swapped and pooled. With pair registration (the",
-        "default with templates) no clean board is flagged at any shift up to 6 px.",
-    )
+    page.prose("a-line-signs-off-on")
     rows = []
     for name in CLEAN_BOARDS:
         result = page.r(name)
@@ -711,12 +696,11 @@ def section_clean_boards(page: Page) -> None:
     page.table((*headers, "machine", "file"), rows)
     control, jitter = page.r("pair_jitter_finetune_control"), page.r("pair_jitter_finetune_jitter")
     synth = page.r("clean_boards_synth")
-    page.para(
-        "The fine-tuned models are the same checkpoint fine-tuned 4 epochs without and with registration and",
-        f"pair jitter ({page.cite(control.name)}, {page.cite(jitter.name)}); keep registration on wherever the",
-        "model was trained with it (the bundle records it). On a model that never converged, where",
-        "misregistration shows most, registration removes every false call",
-        f"({page.cite(synth.name)}).",
+    page.prose(
+        "the-fine-tuned-models-are",
+        page_cite_control_name=page.cite(control.name),
+        page_cite_jitter_name=page.cite(jitter.name),
+        page_cite_synth_name=page.cite(synth.name),
     )
 
 
@@ -725,15 +709,13 @@ def conclusion_accuracy(page: Page, plots: list[Callable[[], None]]) -> None:
     nano = page.r("train_deeppcb_nano_20min")
     current = [page.r(name) for name in CURRENT_DEFAULT_RUNS]
     surf = [page.r(n).map50 for n in LADDER[5][3]]
-    page.para(
-        "What to conclude: with a golden template per board, a few minutes of CPU training are enough; without",
-        "one, expect less and give it more time. On real PCBs (DeepPCB) with templates the default nano preset",
-        f"reaches mAP@0.5 {f3(nano.map50)} in 20 minutes on a 2-core CPU and passes 0.95 after",
-        f"{minutes_of(nano.doc['time_to']['time_to_mAP50_0.95_s'])} minutes. Without templates the default tiny",
-        f"preset reaches {f3(statistics.mean(r.map50 for r in current))} (mean of {len(current)} runs) in 20",
-        "minutes: the model must tell a defect from the board's own design by look alone. On textured surfaces",
-        f"tiny goes {' → '.join(f3(v) for v in surf)} at 10, 30 and 60 minutes: most of the accuracy comes in",
-        "the first 10 to 30 minutes. Per-run tables below.",
+    page.prose(
+        "what-to-conclude-with-a",
+        f3_nano_map50=f3(nano.map50),
+        minutes_of_nano_doc_time_to_time_to_map5=minutes_of(nano.doc["time_to"]["time_to_mAP50_0.95_s"]),
+        current_mean=f3(statistics.mean(r.map50 for r in current)),
+        len_current=len(current),
+        surface_steps=" → ".join(f3(v) for v in surf),
     )
     page.image("minutes.png", "held-out mAP@0.5 against minutes of training")
     plots.append(lambda: plot_ladder(page.results))
@@ -742,12 +724,7 @@ def conclusion_accuracy(page: Page, plots: list[Callable[[], None]]) -> None:
 def page_accuracy(results: dict[str, Result], plots: list[Callable[[], None]]) -> Page:
     page = Page("accuracy", "Accuracy", results)
     conclusion_accuracy(page, plots)
-    page.heading(2, "How to read the tables")
-    page.para(
-        "Held-out mAP@0.5 (COCO, IoU 0.5) on images no run trained on, from the final weights of each run.",
-        'Machines: the AMD EPYC and the Intel Xeon are 2-core cloud machines; "threads 1" is one pinned core',
-        'while the other core ran another benchmark, "threads 2" the whole machine.',
-    )
+    page.prose("held-out-map-0-5")
     section_templates(page)
     section_plain_recipe(page, plots)
     section_boards(page)

@@ -91,13 +91,16 @@ def section_latency(page: Page) -> None:
             ]
         )
     nano = result.doc["results"][0]
-    page.para(
-        f"640 x 640 inputs with a template (2 channels), batch 1, {result.doc['settings']['threads']} threads on",
-        f"{result.machine}, {result.doc['settings']['runs']} calls after warm-up ({page.cite(result.name)}).",
-        "ONNX Runtime is the runtime `predict`, `serve` and `Predictor` use: nano answers in",
-        f"{f2(nano['ort_fp32_p50_ms'])} ms at the median, {f2(nano['e2e_total_p50_ms'])} ms end to end",
-        "(decode, letterbox, model, postprocess), and the torch-free runtime process stays near",
-        f"{f1(nano.get('rss_rss_after_calls_mb'))} MB after {count(nano.get('rss_calls'))} calls.",
+    page.prose(
+        "640-x-640-inputs-with",
+        result_doc_settings_threads=result.doc["settings"]["threads"],
+        result_machine=result.machine,
+        result_doc_settings_runs=result.doc["settings"]["runs"],
+        page_cite_result_name=page.cite(result.name),
+        f2_nano_ort_fp32_p50_ms=f2(nano["ort_fp32_p50_ms"]),
+        f2_nano_e2e_total_p50_ms=f2(nano["e2e_total_p50_ms"]),
+        f1_nano_get_rss_rss_after_calls_mb=f1(nano.get("rss_rss_after_calls_mb")),
+        count_nano_get_rss_calls=count(nano.get("rss_calls")),
     )
     headers = (
         "preset",
@@ -115,37 +118,36 @@ def section_latency(page: Page) -> None:
     )
     page.table(headers, [[*row, result.cpu, result.doc["settings"]["threads"]] for row in rows])
     int8 = page.r("int8").doc["result"]
-    page.para(
-        f"int8 (static, per-channel) keeps the accuracy, mAP@0.5 {int8['mAP50_fp32']} → {int8['mAP50_int8']}, but",
-        f"on this CPU it is slower: p50 {f2(int8['p50_ms_fp32'])} → {f2(int8['p50_ms_int8'])} ms",
-        f"({page.cite('int8')}). `export --int8` keeps the int8 file when it loses at most {int8['max_drop']} mAP@0.5",
-        "and warns when it is slower than fp32.",
+    page.prose(
+        "int8-static-per-channel-keeps",
+        int8_map50_fp32=int8["mAP50_fp32"],
+        int8_map50_int8=int8["mAP50_int8"],
+        f2_int8_p50_ms_fp32=f2(int8["p50_ms_fp32"]),
+        f2_int8_p50_ms_int8=f2(int8["p50_ms_int8"]),
+        page_cite_int8=page.cite("int8"),
+        int8_max_drop=int8["max_drop"],
     )
     tiles = page.r("tiles").doc["latency"]
-    page.para(
-        "Tiles: on the surface model, images the letterbox shrinks a lot also run as native-resolution tiles;",
-        f"those images take p50 {f1(tiles['tiles_off']['tiled_images_ms']['p50'])} ms without tiles and",
-        f"{f1(tiles['tiles_on']['tiled_images_ms']['p50'])} ms with them ({page.cite('tiles')}).",
+    page.prose(
+        "tiles-on-the-surface-model",
+        f1_tiles_tiles_off_tiled_images_ms_p50=f1(tiles["tiles_off"]["tiled_images_ms"]["p50"]),
+        f1_tiles_tiles_on_tiled_images_ms_p50=f1(tiles["tiles_on"]["tiled_images_ms"]["p50"]),
+        page_cite_tiles=page.cite("tiles"),
     )
     reg = page.r("registration").doc["timing_ms"]
     reg128 = page.r("registration_work128").doc["timing_ms"]
-    page.para(
-        "Pair registration (aligning the template to the tested image, on by default with templates) costs",
-        f"p50 {f2(reg['gauss_newton']['p50'])} ms per 640 x 640 pair, {f2(reg['gauss_newton_translation_only']['p50'])}",
-        f"ms for a shift only ({page.cite('registration')}); at a 128 px working size {f2(reg128['gauss_newton']['p50'])}",
-        f"ms, less exact ({page.cite('registration_work128')}).",
+    page.prose(
+        "pair-registration-aligning-the-template",
+        f2_reg_gauss_newton_p50=f2(reg["gauss_newton"]["p50"]),
+        f2_reg_gauss_newton_translation_only_p50=f2(reg["gauss_newton_translation_only"]["p50"]),
+        page_cite_registration=page.cite("registration"),
+        f2_reg128_gauss_newton_p50=f2(reg128["gauss_newton"]["p50"]),
+        page_cite_registration_work128=page.cite("registration_work128"),
     )
 
 
 def section_flips(page: Page) -> None:
-    page.heading(2, "Test-time flips")
-    page.para(
-        "`export --flip-views lr` (or `lr+ud`) also runs the mirrored image(s) and averages the answers before",
-        "NMS: more accuracy for one more model pass per view, no retraining. It helps most where the model is",
-        "unsure (synthetic surfaces, DeepPCB without templates) and adds nothing with templates. Where a model",
-        "already mistakes the new design's holes for pin-holes, averaging makes it surer of them, so compare the",
-        "bundles with `defectdet compare` on the line's own images first. Off by default.",
-    )
+    page.prose("export-flip-views-lr-or")
     rows = []
     for name, label in FLIP_RUNS:
         result = page.r(name)
@@ -205,14 +207,11 @@ def section_repeat_check(page: Page, plots: list[Callable[[], None]]) -> None:
     plain = [r.doc["arms"]["none"]["plain"]["mAP50"] for r in runs]
     checked = [r.doc["arms"]["none"]["repeat_check"]["mAP50"] for r in runs]
     both = [r.doc["arms"]["lr+ud"]["repeat_check"]["mAP50"] for r in runs]
-    page.para(
-        "A board repeats its design (every pad of a footprint has the same hole) and a defect is where the board",
-        "differs from its own repeats. `export --repeat-check` drops a detection whose surroundings match a copy",
-        "elsewhere in the same image with no change inside the box; it runs in the torch-free runtime. On DeepPCB",
-        f"without templates, with today's defaults, it lifts mAP@0.5 from {spread(plain)} to {spread(checked)},",
-        f"and with `lr+ud` flips to {spread(both)}. It costs a few ms per image. Models with templates do not",
-        "need it and refuse it. The last column counts the dropped detections that sat on unchanged design",
-        "against those that covered a real change (a true defect lost), from the golden templates.",
+    page.prose(
+        "a-board-repeats-its-design",
+        spread_plain=spread(plain),
+        spread_checked=spread(checked),
+        spread_both=spread(both),
     )
     rows = []
     for name, label in REPEAT_RUNS:
@@ -249,13 +248,15 @@ def section_repeat_check(page: Page, plots: list[Callable[[], None]]) -> None:
         "file",
     )
     page.table(headers, rows)
-    page.para("The plot of these rows opens this page.")
+    page.prose("the-plot-of-these-rows")
     surface = page.r("repeat_check_ablate_surface_tiny_10min_seed-5_stop39").doc["arms"]
-    page.para(
-        "Where nothing repeats, nothing changes: on the synthetic surfaces mAP@0.5 goes",
-        f"{f3(surface['none']['plain']['mAP50'])} → {f3(surface['none']['repeat_check']['mAP50'])}",
-        f"({page.cite('repeat_check_ablate_surface_tiny_10min_seed-5_stop39')}). How often a labelled defect is",
-        "itself called repeated design (a defect lost to the check), per data set:",
+    page.prose(
+        "where-nothing-repeats-nothing-changes",
+        f3_surface_none_plain_map50=f3(surface["none"]["plain"]["mAP50"]),
+        f3_surface_none_repeat_check_map50=f3(surface["none"]["repeat_check"]["mAP50"]),
+        page_cite_repeat_check_ablate_surface_ti=page.cite(
+            "repeat_check_ablate_surface_tiny_10min_seed-5_stop39"
+        ),
     )
     rows = []
     for name, label in REPEAT_LABELS:
@@ -287,14 +288,15 @@ def conclusion_inference(page: Page, plots: list[Callable[[], None]]) -> None:
     runs = [page.r(name) for name, _ in REPEAT_RUNS[:3]]
     plain = [r.doc["arms"]["none"]["plain"]["mAP50"] for r in runs]
     both = [r.doc["arms"]["lr+ud"]["repeat_check"]["mAP50"] for r in runs]
-    page.para(
-        "What to conclude: a bundle keeps pace with a line on an ordinary CPU. On a 2-core cloud machine the nano",
-        f"model answers a 640 x 640 board with its template in {f2(nano['ort_fp32_p50_ms'])} ms at the median,",
-        f"{f2(nano['e2e_total_p50_ms'])} ms from file bytes to boxes. Without templates, two export options buy",
-        "accuracy with latency and no retraining: on DeepPCB the repeat check with `lr+ud` flips lifts mAP@0.5",
-        f"from {f3(statistics.mean(plain))} to {f3(statistics.mean(both))} (means of {len(runs)} runs). int8",
-        f"keeps the accuracy but was slower than fp32 on this CPU ({f2(int8['p50_ms_int8'])} against",
-        f"{f2(int8['p50_ms_fp32'])} ms): measure it on yours before you use it. Per-run tables below.",
+    page.prose(
+        "what-to-conclude-a-bundle",
+        f2_nano_ort_fp32_p50_ms=f2(nano["ort_fp32_p50_ms"]),
+        f2_nano_e2e_total_p50_ms=f2(nano["e2e_total_p50_ms"]),
+        f3_statistics_mean_plain=f3(statistics.mean(plain)),
+        f3_statistics_mean_both=f3(statistics.mean(both)),
+        len_runs=len(runs),
+        f2_int8_p50_ms_int8=f2(int8["p50_ms_int8"]),
+        f2_int8_p50_ms_fp32=f2(int8["p50_ms_fp32"]),
     )
     page.image(
         "repeat-check.png",
@@ -306,11 +308,7 @@ def conclusion_inference(page: Page, plots: list[Callable[[], None]]) -> None:
 def page_inference(results: dict[str, Result], plots: list[Callable[[], None]]) -> Page:
     page = Page("inference", "Inference", results)
     conclusion_inference(page, plots)
-    page.heading(2, "How to read the tables")
-    page.para(
-        "What a bundle costs per image on a CPU, and the two options that trade latency for accuracy without",
-        "retraining. p50 and p95 are the median and 95th-percentile time per call.",
-    )
+    page.prose("what-a-bundle-costs-per")
     section_latency(page)
     section_flips(page)
     section_repeat_check(page, plots)

@@ -108,40 +108,26 @@ def page_peers(results: dict[str, Result], plots: list[Callable[[], None]]) -> P
     yolo60 = results["peers_surface_yolo11n_352px_60min"].doc["final_ours_evaluator"]["mAP50"]
     pcb60 = results["scaling_deeppcb_plain_tiny_60min"].map50
     pcb_yolo60 = results["peers_deeppcb_plain_yolo11n_640px_60min"].doc["final_ours_evaluator"]["mAP50"]
-    page.para(
-        "What to conclude: on a CPU, with an hour or less of training, defectdet is the stronger choice here. At",
-        f"60 minutes on one core defectdet tiny, from its shipped starting weights, reaches {f3(ours60)} on the",
-        f"synthetic surfaces where YOLO11n, from random weights, reaches {f3(yolo60)}; on DeepPCB without",
-        f"templates {f3(pcb60)} against {f3(pcb_yolo60)}. YOLO started from random weights because nothing can be",
-        "downloaded on these machines: its curves still rise at the end, so many more CPU hours, a GPU or its",
-        "COCO-pretrained weights may close the gap, and that case is not measured here. defectdet nano's graph",
-        "also runs several times faster than YOLO11n's at the same input size (latency below).",
+    page.prose(
+        "what-to-conclude-on-a",
+        f3_ours60=f3(ours60),
+        f3_yolo60=f3(yolo60),
+        f3_pcb60=f3(pcb60),
+        f3_pcb_yolo60=f3(pcb_yolo60),
     )
     page.image(
         "peers.png",
         "held-out mAP@0.5 against minutes of training, defectdet and YOLO, with their starting weights",
     )
     plots.append(lambda: plot_peers(results))
-    page.heading(2, "How it was run")
-    page.para(
-        "The same held-out images, the same minutes on the same kind of core (one pinned core, 1 torch thread",
-        "each), every final point scored by defectdet's evaluator (COCO mAP@0.5). YOLO11n and YOLOv8n are",
-        "trained by Ultralytics itself, in a separate environment, from their model yaml, that is from random",
-        "weights. defectdet starts from the weights that ship in its package (its random-start rows are shown",
-        "too); no template weights ship, so its template runs start from random weights as well. Ultralytics'",
-        "defaults otherwise (batch 16, its optimizer choice, mosaic, its `time=` budget). Input size: the one",
-        "defectdet's settings chose for the data, plus YOLO at its own default where that differs. YOLO is",
-        "AGPL-3.0 and is never imported by defectdet.",
-    )
+    page.prose("the-same-held-out-images")
     for _key, label, ours, peers in PEER_DATA:
         page.heading(2, label)
         rows = [_ours_row(page, name) for name in ours] + [_peer_row(page, name) for name in peers]
         headers = ("model", "input px", "minutes", "machine", "threads", "trained", "mAP@0.5", "file")
         page.table(headers, rows)
     section_peer_latency(page)
-    page.para(
-        f"The summary table of all rows above, with minutes to each accuracy: {page.cite('peers_ladder')}."
-    )
+    page.prose("the-summary-table-of-all", page_cite_peers_ladder=page.cite("peers_ladder"))
     return page
 
 

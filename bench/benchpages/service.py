@@ -46,15 +46,12 @@ def conclusion_service(page: Page, plots: list[Callable[[], None]]) -> None:
     load = page.r("serve_load").doc
     abuse = page.r("serve_abuse").doc.get("summary") or {}
     shifted = page.r("loop_shift").doc["figures"]["loop_on_shifted"]
-    page.para(
-        "What to conclude: one 2-core PC can serve a line. With the defaults `defectdet serve` answered",
-        f"{f1(load['steady']['requests_per_s'])} requests per second (a 640 x 640 image and its template each)",
-        "with no error, refused an overload at once with 503 instead of queueing without end, and kept",
-        "`/healthz` answering. HTTP costs part of the in-process speed (the plot: the same bundle answered by",
-        "`Predictor` in the client's process and by the service). Malformed, oversized and hostile requests get",
-        f"a JSON 4xx, never a 500 (answers with status 500: {abuse.get('status_500', 0)}). When the line changes,",
-        f"the loop recovers: on a shifted line the fine-tuned model goes from mAP@0.5 {f3(shifted['models']['old']['mAP50'])}",
-        f"to {f3(shifted['models']['new']['mAP50'])}. Per-run tables below.",
+    page.prose(
+        "what-to-conclude-one-2",
+        f1_load_steady_requests_per_s=f1(load["steady"]["requests_per_s"]),
+        abuse_get_status_500_0=abuse.get("status_500", 0),
+        f3_shifted_models_old_map50=f3(shifted["models"]["old"]["mAP50"]),
+        f3_shifted_models_new_map50=f3(shifted["models"]["new"]["mAP50"]),
     )
     page.image("service.png", "requests per second against clients, served over HTTP and in-process")
     plots.append(lambda: plot_service(page.results))
@@ -86,21 +83,18 @@ def page_service(results: dict[str, Result], plots: list[Callable[[], None]]) ->
     load = page.r("serve_load").doc
     steady, over = load["steady"], load["overload"]
     conclusion_service(page, plots)
-    page.heading(2, "How to read the tables")
-    page.para(
-        "`defectdet serve` under load, under abuse, and the loop on the line when the line changes.",
-    )
-    page.heading(2, "Load")
+    page.prose("defectdet-serve-under-load-under")
     rss = load["rss_mib"]
-    page.para(
-        f"A DeepPCB nano bundle served with the defaults ({load['settings']['max_concurrency']} at a time, queue",
-        f"{load['settings']['max_queue']}) on loopback; each request is a 640 x 640 JPEG image and its template,",
-        f"sent by async clients on the same 2 cores ({page.results['serve_load'].machine}, shared with other",
-        f"work while it ran; {page.cite('serve_load')}). Below the limit it served {f1(steady['requests_per_s'])}",
-        "requests per second with no error; overloaded, it refuses the excess at once with 503 and `/healthz`",
-        f"stays answered (p50 {f1(load['overload_probe']['healthz']['p50'])} ms). Memory grew",
-        f"{f1(rss['growth'])} MiB over {count(steady['requests'])} requests. The server's own log of the run:",
-        "`serve_load.server.log`.",
+    page.prose(
+        "a-deeppcb-nano-bundle-served",
+        load_settings_max_concurrency=load["settings"]["max_concurrency"],
+        load_settings_max_queue=load["settings"]["max_queue"],
+        page_results_serve_load_machine=page.results["serve_load"].machine,
+        page_cite_serve_load=page.cite("serve_load"),
+        f1_steady_requests_per_s=f1(steady["requests_per_s"]),
+        f1_load_overload_probe_healthz_p50=f1(load["overload_probe"]["healthz"]["p50"]),
+        f1_rss_growth=f1(rss["growth"]),
+        count_steady_requests=count(steady["requests"]),
     )
     rows = []
     for label, phase in (("steady", steady), ("overload", over)):
@@ -160,15 +154,13 @@ def section_overhead(page: Page) -> None:
     result = page.r("serve_overhead")
     doc = result.doc
     targets = doc["targets"]
-    page.para(
-        "The same bundle and the same 640 x 640 JPEG pair (image and template) answered by `Predictor` in the",
-        "benchmark's process and by `defectdet serve` on loopback, in alternating blocks within each level so",
-        f"that other work on the machine slows both alike ({result.machine}, shared with other long jobs while it",
-        f"ran: load average {', '.join(str(v) for v in result.env['machine'].get('load_average', []))};",
-        f"{page.cite('serve_overhead')}). Ratio: served / in-process requests per second; overhead: served p50",
-        "minus in-process p50; CPU: milliseconds of CPU per request (server and clients, against the",
-        f"in-process side's). Targets: at least {targets['throughput_ratio_at_4']} at 4 clients and at most",
-        f"{f1(targets['p50_overhead_ms_at_1'])} ms at 1 client, with no error.",
+    page.prose(
+        "the-same-bundle-and-the",
+        result_machine=result.machine,
+        load_average=", ".join(str(v) for v in result.env["machine"].get("load_average", [])),
+        page_cite_serve_overhead=page.cite("serve_overhead"),
+        targets_throughput_ratio_at_4=targets["throughput_ratio_at_4"],
+        f1_targets_p50_overhead_ms_at_1=f1(targets["p50_overhead_ms_at_1"]),
     )
     rows = []
     for name, config in doc["configurations"].items():
@@ -199,11 +191,13 @@ def section_abuse(page: Page) -> None:
     page.heading(2, "Abuse")
     abuse = page.r("serve_abuse").doc
     settings = abuse["settings"]
-    page.para(
-        f"A tiny bundle served with `--max-concurrency {settings['max_concurrency']} --max-queue",
-        f"{settings['max_queue']}` (connection limit {settings['connection_limit']}) on",
-        f"{page.results['serve_abuse'].machine} ({page.cite('serve_abuse')}). Every answer is JSON with a 4xx or",
-        "503 status, never a 500, and `/healthz` answered 200 during every probe.",
+    page.prose(
+        "a-tiny-bundle-served-with",
+        settings_max_concurrency=settings["max_concurrency"],
+        settings_max_queue=settings["max_queue"],
+        settings_connection_limit=settings["connection_limit"],
+        page_results_serve_abuse_machine=page.results["serve_abuse"].machine,
+        page_cite_serve_abuse=page.cite("serve_abuse"),
     )
     rows = []
     for key, label in ABUSE_PROBES:
@@ -222,16 +216,16 @@ def section_abuse(page: Page) -> None:
     if outcome is not None:
         line = abuse["probes"]["line"]
         review, fleet = line["review_under_load"], line["fleet"]
-        page.para(
-            f"The line's probes (`bench/serve_abuse_line.py`): for {review['what'].split(':')[0]} an operator",
-            "decided the listed images while the keep cap deleted others and a client kept posting; a second tab",
-            f"resending each decision on its old version got {_counts(review['second_tab'])}, decisions on images",
-            "the cap had just deleted and names of 300 and 10,000 characters got 404 (all answers:",
-            f"{_counts(review['statuses'])}). {review['folder']['decided']} decisions saved, labels lost:",
-            f"{outcome['labels_lost']}. Two",
-            f"processes on one models store converged after a promotion in {fleet['steps']['promote']['seconds']} s",
-            f"and a roll-back in {fleet['steps']['rollback']['seconds']} s. Answers with status 500 in every probe:",
-            f"{outcome['status_500']}.",
+        page.prose(
+            "the-line-s-probes-bench",
+            review_what_split_0=review["what"].split(":")[0],
+            counts_review_second_tab=_counts(review["second_tab"]),
+            counts_review_statuses=_counts(review["statuses"]),
+            review_folder_decided=review["folder"]["decided"],
+            outcome_labels_lost=outcome["labels_lost"],
+            fleet_steps_promote_seconds=fleet["steps"]["promote"]["seconds"],
+            fleet_steps_rollback_seconds=fleet["steps"]["rollback"]["seconds"],
+            outcome_status_500=outcome["status_500"],
         )
 
 
@@ -246,14 +240,15 @@ def section_loop_shift(page: Page) -> None:
     doc = result.doc
     figures = doc["figures"]
     shifted = figures["loop_on_shifted"]["models"]
-    page.para(
-        "A line whose lamp changes: a model trained on line A (synthetic boards with templates) meets boards",
-        "under a new lamp. `serve --keep` keeps the images worth a second look, an operator labels",
-        f"{doc['settings']['new_images']} of them, `train --from` fine-tunes the deployed model on them mixed",
-        "with the old data, and `compare` decides. The control fine-tunes the same steps on line A's images only.",
-        f"On the shifted line the fine-tuned model goes from mAP@0.5 {f3(shifted['old']['mAP50'])} to",
-        f"{f3(shifted['new']['mAP50'])} and `compare` says {figures['loop_on_shifted']['verdict']}; the control",
-        f"does not fix the shift ({result.machine}, {threads_text(result.threads)}; {page.cite('loop_shift')}).",
+    page.prose(
+        "a-line-whose-lamp-changes",
+        doc_settings_new_images=doc["settings"]["new_images"],
+        f3_shifted_old_map50=f3(shifted["old"]["mAP50"]),
+        f3_shifted_new_map50=f3(shifted["new"]["mAP50"]),
+        figures_loop_on_shifted_verdict=figures["loop_on_shifted"]["verdict"],
+        result_machine=result.machine,
+        threads_text_result_threads=threads_text(result.threads),
+        page_cite_loop_shift=page.cite("loop_shift"),
     )
     rows = []
     for key, label in (
@@ -288,15 +283,22 @@ def section_drift(page: Page) -> None:
     delays = [fault["after"]["images_to_alert"] for fault in faults.values()]
     training = doc["training_run"]
     minutes = re.search(r"--time (\d+)", training["command"]).group(1)
-    page.para(
-        f"A DeepPCB {training['preset']} bundle (trained {minutes} minutes on five board groups, held-out mAP@0.5",
-        f"{f3(training['val_metrics']['mAP50'])}) and the drift reference it stores. False alarms: streams of",
-        f"{alarms['stream_images_per_group']} clean images per board group the reference never saw, with camera",
-        f"noise ({doc['camera_noise']}). The bundle's reference raised {bundle['groups_alarmed']} alarms on",
-        f"{bundle['groups']} held-out groups, and a reference built the same way from six groups raised",
-        f"{loo['groups_alarmed']} on the seventh, for each of the {loo['groups']} groups. Every lens or lamp fault",
-        f"below alerts within {min(delays)}-{max(delays)} images (goal: at most {doc['goal']['images_to_alert_max']}),",
-        f"before accuracy has gone ({result.machine}; {page.cite('drift')}).",
+    page.prose(
+        "a-deeppcb-training-preset-bundle",
+        training_preset=training["preset"],
+        minutes=minutes,
+        f3_training_val_metrics_map50=f3(training["val_metrics"]["mAP50"]),
+        alarms_stream_images_per_group=alarms["stream_images_per_group"],
+        doc_camera_noise=doc["camera_noise"],
+        bundle_groups_alarmed=bundle["groups_alarmed"],
+        bundle_groups=bundle["groups"],
+        loo_groups_alarmed=loo["groups_alarmed"],
+        loo_groups=loo["groups"],
+        min_delays=min(delays),
+        max_delays=max(delays),
+        doc_goal_images_to_alert_max=doc["goal"]["images_to_alert_max"],
+        result_machine=result.machine,
+        page_cite_drift=page.cite("drift"),
     )
     rows = [
         [
@@ -319,6 +321,7 @@ def section_drift(page: Page) -> None:
         ),
         [["none (camera noise only)", "no alert", "-", f3(clean), "-"], *rows],
     )
-    page.para(
-        f"Image statistics cost p50 {f2(doc['image_statistics_ms_640']['p50'])} ms per 640 x 640 image.",
+    page.prose(
+        "image-statistics-cost-p50-f2",
+        f2_doc_image_statistics_ms_640_p50=f2(doc["image_statistics_ms_640"]["p50"]),
     )
