@@ -59,24 +59,11 @@ __all__ = [
 
 def page_index(results: dict[str, Result], plots: list[Callable[[], None]]) -> Page:
     page = Page("index", "Benchmarks", results)
-    page.para(
-        "What to conclude: on a 2-core CPU without a GPU, defectdet trains a useful detector in 10 to 20 minutes,",
-        "answers in milliseconds per image and serves a line over HTTP. With golden templates it comes near the",
-        "published results on real PCBs; without them, and on hard real surfaces, it needs more time or a",
-        "second capture, as the [real data](real-data.md) page shows. Each page below opens with its own",
-        "conclusion and plot; the per-run tables follow.",
-    )
+    page.prose("what-to-conclude-on-a")
     page.image(
         "peers.png", "held-out mAP@0.5 against minutes of training on one CPU core, defectdet and YOLO"
     )
-    page.heading(2, "How these figures are made")
-    page.para(
-        "Every figure in these pages is read from a result file in `bench/results/`, written by a script in",
-        "`bench/` with the machine, the versions, the settings and the commit it ran at; `python -m bench.pages`",
-        "turns those files into these pages and plots, and a test fails when a page no longer matches its files.",
-        "The [manifest](manifest.md) lists every result file with the command that made it and where it is",
-        "cited. The machines are small cloud boxes (2 cores, no GPU) like a PC beside a line.",
-    )
+    page.prose("every-figure-in-these-pages")
     nano = results["train_deeppcb_nano_20min"]
     current = [page.results[name] for name in CURRENT_DEFAULT_RUNS]
     checked = [
@@ -166,15 +153,9 @@ def page_index(results: dict[str, Result], plots: list[Callable[[], None]]) -> P
             ["[Result files](manifest.md)", "every result file: command, commit, machine, where it is cited"],
         ],
     )
-    page.para(
-        "mAP@0.5 is the COCO mean average precision at box overlap (IoU) 0.5 over the defect classes, on images",
-        "no run trained on; the [glossary](../glossary.md) explains the terms.",
-    )
+    page.prose("map-0-5-is-the")
     kept_off = [r for name, r in results.items() if r.dirty or name in DERIVED_FROM_UNCOMMITTED]
-    page.para(
-        f"`bench/results/` holds {len(results)} result files; {len(kept_off)} of them were made from code that was not",
-        "committed when they ran, and are listed in the manifest but not used here.",
-    )
+    page.prose("how-many-result-files", len_results=len(results), len_kept_off=len(kept_off))
     return page
 
 
