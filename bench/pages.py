@@ -1,7 +1,8 @@
 """Write the benchmark pages of the documentation site from the result files in bench/results/.
 
 Every figure on docs/benchmarks/*.md and in docs/benchmarks/img/*.png is read from a result file here; the
-prose between the tables says what the figures mean, with the figures themselves inserted from the files.
+prose between the tables says what the figures mean, with the figures themselves inserted from the files. The
+prose lives in bench/benchpages/prose/<page>.md (`Page.prose` fills in a section's `{name}` slots).
 A result file whose run recorded uncommitted code is listed in the manifest but kept off the pages.
 
 Run: python -m bench.pages            (writes the pages and plots)
