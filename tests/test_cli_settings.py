@@ -150,3 +150,33 @@ def test_serve_settings_come_from_the_given_options(monkeypatch: pytest.MonkeyPa
 def test_an_option_for_a_field_the_model_lacks_is_refused() -> None:
     with pytest.raises(ValueError, match="no field 'no_such_setting'"):
         _app_of(TrainConfig, {"no_such_setting": CliOption(help="?")})
+
+
+def test_val_settings_come_from_the_given_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    import defectdet.engine.validate as validate_module
+
+    seen: list[Any] = []
+
+    def record(checkpoint: Path, data: Path, settings: Any, console: Any) -> dict[str, str]:
+        seen.append(settings)
+        return {"report": "report.html"}
+
+    monkeypatch.setattr(validate_module, "validate", record)
+    given = ["--threshold-from", "train", "--no-register", "--no-merge-fragments", "--clean-shift", "1.5"]
+
+    result = runner.invoke(app, ["val", "best.pt", "data.yaml", *given])
+
+    assert result.exit_code == 0, result.output
+    (settings,) = seen
+    assert (settings.threshold_from, settings.register_pairs, settings.merge_fragments) == (
+        "train",
+        False,
+        False,
+    )
+    assert (settings.split, settings.batch, settings.target_escape, settings.repeat_check) == (
+        "val",
+        8,
+        0.01,
+        None,
+    )
+    assert settings.clean_nuisance.shift_px[1] == 1.5

@@ -20,6 +20,7 @@ from defectdet.cli_settings import SETTINGS_OPTIONS, settings_options
 from defectdet.demo import DEMO_MINUTES
 from defectdet.doctor_cli import doctor_app
 from defectdet.engine.config import TRAIN_OPTIONS, TrainConfig
+from defectdet.engine.validate_settings import REPEAT_CHECK_HELP, VALIDATE_OPTIONS, ValidateSettings
 from defectdet.errors import DefectDetError
 from defectdet.serve.settings import LOOPBACK_HOSTS, SERVE_OPTIONS, TOKEN_ENV, ServeSettings
 
@@ -102,20 +103,8 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
     _setup_logging(verbose)
 
 
-_REPEAT_CHECK_HELP = (
-    "Models without templates: drop detections whose surroundings repeat unchanged elsewhere in the image (a drill "
-    "hole drawn on every pad is design, not a pin-hole; runtime.repeat_check)."
-)
 REPEAT_CHECK_OVERRIDE = typer.Option(
-    None,
-    "--repeat-check/--no-repeat-check",
-    help=_REPEAT_CHECK_HELP + " Default: a bundle's own, off for a checkpoint.",
-)
-MERGE_FRAGMENTS_OPTION = typer.Option(
-    True,
-    "--merge-fragments/--no-merge-fragments",
-    help="A bundle's fragment merge: the classes where export found that overlapping pieces of one large defect "
-    "are better reported as one box. --no-merge-fragments scores the bundle without it.",
+    None, "--repeat-check/--no-repeat-check", help=VALIDATE_OPTIONS["repeat_check"].help
 )
 MERGE_FRAGMENTS_EXPORT = typer.Option(
     True,
@@ -124,7 +113,7 @@ MERGE_FRAGMENTS_EXPORT = typer.Option(
     "the split measured on (default); --no-merge-fragments: never.",
 )
 REPEAT_CHECK_EXPORT = typer.Option(
-    False, "--repeat-check", help=_REPEAT_CHECK_HELP + " Written into the bundle."
+    False, "--repeat-check", help=REPEAT_CHECK_HELP + " Written into the bundle."
 )
 OVERWRITE_EXPORT = typer.Option(
     False,
@@ -370,34 +359,13 @@ def fit(
 
 
 @app.command()
+@settings_options(ValidateSettings, VALIDATE_OPTIONS)
 def val(
     checkpoint: Path = typer.Argument(
         ..., help="A checkpoint written by `defectdet train` (best.pt / last.pt) or a bundle (model.onnx)."
     ),
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
-    split: str = typer.Option("val", help="Split to evaluate (a DeepPCB list file stem, e.g. test)."),
-    protocol: str = typer.Option("both", help="coco|deeppcb|both."),
-    out: Path | None = typer.Option(None, help="Output folder (default: runs/val/<run>-<checkpoint stem>)."),
-    threshold: float | None = typer.Option(
-        None, help="Operating threshold (default: the best-F1 threshold)."
-    ),
-    target_recall: float = typer.Option(0.99, help="Also report the threshold that reaches this recall."),
-    threshold_from: str | None = typer.Option(
-        None,
-        help="Choose the operating threshold on this other split of DATA (the highest one whose board escape "
-        "rate there is <= --target-escape) and report the rates on --split; 'bundle': the bundle's stored threshold.",
-    ),
-    target_escape: float = typer.Option(0.01, help="Escape-rate target for --threshold-from."),
-    threshold_rule: str = typer.Option(
-        "escape",
-        help="How --threshold-from chooses: 'escape' (boards, --target-escape) or 'f1' (the "
-        "best box F1 there, for box-scoring protocols such as DeepPCB's F).",
-    ),
-    clean_templates: bool = typer.Option(
-        False,
-        help="Add a clean board per template: a recapture of it (exposure, gamma, noise, JPEG, 0.25-2 px shift, "
-        "<= 0.25 deg rotation) for the false-call rate.",
-    ),
+    settings: dict[str, Any] = SETTINGS_OPTIONS,
     clean_nuisance: bool = typer.Option(
         True,
         "--clean-nuisance/--no-clean-nuisance",
@@ -405,49 +373,17 @@ def val(
     ),
     clean_shift: float | None = typer.Option(None, help="Clean boards: a fixed shift in pixels."),
     clean_rotation: float | None = typer.Option(None, help="Clean boards: a fixed |rotation| in degrees."),
-    register: bool | None = typer.Option(
-        None,
-        "--register/--no-register",
-        help="Align each template to its tested image before the model (default: as trained, on).",
-    ),
-    tiles: bool | None = typer.Option(
-        None,
-        "--tiles/--no-tiles",
-        help="Also run native-resolution tiles of images >= 1.5x the input size and keep their small "
-        "detections (default: as the training run chose from the data).",
-    ),
-    batch: int = typer.Option(8, help="Batch size."),
-    format: str | None = typer.Option(None, "--format", help="Dataset format (default: detected)."),
-    flip_views: str | None = typer.Option(None, help="Test-time flips: none, lr or lr+ud (bundle: its own)."),
-    repeat_check: bool | None = REPEAT_CHECK_OVERRIDE,
-    merge_fragments: bool = MERGE_FRAGMENTS_OPTION,
 ) -> None:
     """Evaluate a checkpoint: COCO mAP, the DeepPCB protocol, operating point, plots and report.html.
 
     Example: defectdet val runs/train/best.pt data/line3/data.yaml --split val --threshold-from train
     """
-    from defectdet.engine.validate import ValidateSettings, validate
+    from defectdet.engine.validate import validate
 
-    settings = ValidateSettings(
-        split=split,
-        protocol=protocol,
-        out=out,
-        threshold=threshold,
-        target_recall=target_recall,
-        threshold_from=threshold_from,
-        target_escape=target_escape,
-        threshold_rule=threshold_rule,
-        clean_templates=clean_templates,
-        clean_nuisance=_recapture_config(clean_nuisance, clean_shift, clean_rotation),
-        register_pairs=register,
-        tiles=tiles,
-        batch=batch,
-        format=format,
-        flip_views=flip_views,
-        repeat_check=repeat_check,
-        merge_fragments=None if merge_fragments else False,
+    recapture = _recapture_config(clean_nuisance, clean_shift, clean_rotation)
+    metrics = validate(
+        checkpoint, data, ValidateSettings(**settings, clean_nuisance=recapture), console=console
     )
-    metrics = validate(checkpoint, data, settings, console=console)
     console.print(f"[green]report[/green]: {metrics['report']}")
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from defectdet.data.sample import Sample
+from defectdet.engine.validate_settings import DEFAULT_EVAL_BATCH
 from defectdet.errors import ImageReadError, InputError
 from defectdet.evaluation.types import ImageRecord
 from defectdet.postprocess import PostprocessSettings
@@ -32,8 +33,6 @@ from defectdet.runtime.spec import ModelSpec
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-DEFAULT_EVAL_BATCH = 8  # images per forward pass in evaluation (the trainer and `val` share it)
 
 
 def _batches(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:

@@ -19,32 +19,27 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from defectdet.compat import Surface, current_keys
 from defectdet.data.recapture import RecaptureConfig, make_clean_boards
 from defectdet.data.sample import DatasetSplit
 from defectdet.engine.checkpoint import load_detector
-from defectdet.engine.predict import DEFAULT_EVAL_BATCH, predict_records, registration_summary
+from defectdet.engine.predict import predict_records, registration_summary
+from defectdet.engine.validate_settings import ValidateSettings
 from defectdet.errors import ConfigError, DatasetError
 from defectdet.evaluation.threshold import (
-    DEFAULT_TARGET_ESCAPE,
     ThresholdChoice,
     board_rates,
     threshold_for_escape,
     threshold_for_f1,
 )
 from defectdet.evaluation.types import ImageRecord
-from defectdet.model.flip_average import check_views, with_flip_views
+from defectdet.model.flip_average import with_flip_views
 from defectdet.runtime.bundle import BundleMetadata
 from defectdet.runtime.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
-
-PROTOCOLS = ("coco", "deeppcb", "both")
-THRESHOLD_RULES = ("escape", "f1")
 
 
 def model_spec(
@@ -85,93 +80,6 @@ def write_registrations(records: Sequence[ImageRecord], path: Path) -> None:
         for record in records:
             if record.registration is not None:
                 writer.writerow((record.image_id, *(record.registration[name] for name in fields)))
-
-
-class ValidateSettings(BaseModel):
-    """How `validate` scores a model: the split and protocol, the output folder, how the operating threshold
-    is chosen, clean boards, and overrides of the model's own input settings (None: as trained/exported).
-
-    - Operating threshold: `threshold` when given; else with `threshold_from` (another split of the data) the
-      highest threshold whose board escape rate there is <= `target_escape` (`threshold_rule="escape"`) or its
-      best pooled box F1 (`threshold_rule="f1"`, for box-scoring protocols such as DeepPCB's F);
-      `threshold_from="bundle"`: a bundle's stored `thresholds.threshold`; else the best-F1 threshold of the reported records themselves
-      (optimistic; the report says so). `metrics["threshold"]` records the value, rule and source.
-    - `clean_templates`: add a clean board per template, a recapture with `clean_nuisance` (default
-      `RecaptureConfig()`; `RecaptureConfig.none()` feeds the template as its own tested image), seeded by `seed`.
-    - `register_pairs`: align each template to its tested image (None: as the model was trained, default on).
-    - `tiles`: also run native-resolution tiles of images much larger than the letterbox (`data.tiling`;
-      None: as the bundle or the training run chose).
-    - `flip_views`: test-time flips averaged per anchor (`model.flip_average`; None: a bundle's own, none for
-      a checkpoint). A bundle runs the views written into its graph; asking it for others is an error.
-    - `repeat_check`: drop detections whose surroundings repeat unchanged elsewhere in the image
-      (`runtime.repeat_check`; models without templates; None: a bundle's own, off for a checkpoint).
-    - `merge_fragments`: False reports a bundle's detections without its fragment merge
-      (`postprocess.merge_fragments`; None: the bundle's own classes, none for a checkpoint).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    split: str = "val"
-    protocol: str = "both"  # one of PROTOCOLS
-    out: str | Path | None = None  # default runs/val/<run folder>-<checkpoint stem> (default_out_dir)
-    threshold: float | None = None
-    threshold_from: str | None = None
-    target_escape: float = DEFAULT_TARGET_ESCAPE
-    threshold_rule: str = "escape"  # one of THRESHOLD_RULES
-    target_recall: float = 0.99
-    clean_templates: bool = False
-    clean_nuisance: RecaptureConfig | None = None
-    register_pairs: bool | None = None
-    tiles: bool | None = None
-    flip_views: str | None = None
-    repeat_check: bool | None = None
-    merge_fragments: bool | None = None
-    seed: int = 0
-    batch: int = DEFAULT_EVAL_BATCH
-    format: str | None = None  # dataset format (None: detected)
-    input_size: int | None = None
-    threads: int | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, values: Any) -> Any:
-        """Keywords retired for one name per concept (`defectdet.compat`) still work."""
-        return (
-            current_keys(values, Surface.VALIDATE, "ValidateSettings", stacklevel=5)
-            if isinstance(values, dict)
-            else values
-        )
-
-    def check(self) -> None:
-        """Raise ConfigError, in the CLI's words, for values or combinations `validate` cannot run."""
-        if self.protocol not in PROTOCOLS:
-            raise ConfigError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
-        if self.threshold is not None and self.threshold_from is not None:
-            raise ConfigError("give either --threshold or --threshold-from, not both")
-        if self.flip_views is not None:
-            try:
-                check_views(self.flip_views)
-            except ValueError as error:
-                raise ConfigError(f"--flip-views: {error}") from None
-        if self.threshold_rule not in THRESHOLD_RULES:
-            raise ConfigError(
-                f"--threshold-rule must be one of {', '.join(THRESHOLD_RULES)}, got {self.threshold_rule!r}"
-            )
-        if self.threshold_from is not None and self.threshold_from == self.split:
-            raise ConfigError(
-                f"--threshold-from {self.threshold_from!r} is the split being reported: choose the threshold on "
-                "another split"
-            )
-
-    @classmethod
-    def merged(cls, settings: ValidateSettings | None, overrides: dict[str, Any]) -> ValidateSettings:
-        """`settings` (default: all defaults) with `overrides` (field name -> value) applied over it."""
-        overrides = current_keys(overrides, Surface.VALIDATE, "validate()")
-        unknown = sorted(set(overrides) - set(cls.model_fields))
-        if unknown:
-            raise TypeError(f"validate() got unexpected keyword argument(s): {', '.join(unknown)}")
-        base = settings if settings is not None else cls()
-        return cls.model_validate({**dict(base), **overrides}) if overrides else base
 
 
 def validate(
