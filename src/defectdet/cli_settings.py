@@ -32,11 +32,10 @@ SETTINGS_OPTIONS: Any = None
 
 @dataclasses.dataclass(frozen=True)
 class SettingsField:
-    """What a settings model says about one field: its type, default and description."""
+    """What a settings model says about one field: its type and default."""
 
     annotation: Any
     default: Any
-    description: str
 
 
 def settings_field(model: type, name: str) -> SettingsField:
@@ -45,14 +44,20 @@ def settings_field(model: type, name: str) -> SettingsField:
         if name not in model.model_fields:
             raise ValueError(f"{model.__name__} has no field {name!r}")
         info = model.model_fields[name]
-        description = info.description or field_comments(model)[0].get(name, "")
-        return SettingsField(info.annotation, info.get_default(call_default_factory=True), description)
+        return SettingsField(info.annotation, info.get_default(call_default_factory=True))
     fields = {field.name: field for field in dataclasses.fields(model)}
     if name not in fields:
         raise ValueError(f"{model.__name__} has no field {name!r}")
     field = fields[name]
     default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-    return SettingsField(typing.get_type_hints(model)[name], default, "")
+    return SettingsField(typing.get_type_hints(model)[name], default)
+
+
+def field_description(model: type, name: str) -> str:
+    """A pydantic field's description, else the comment beside it in the source ("" for a dataclass)."""
+    if not hasattr(model, "model_fields"):
+        return ""
+    return model.model_fields[name].description or field_comments(model)[0].get(name, "")
 
 
 def command_line_type(annotation: Any) -> Any:
@@ -76,7 +81,7 @@ def option_parameter(model: type, name: str, option: CliOption, field_defaults: 
         default = option.default
     else:
         default = field.default if field_defaults else None
-    help_text = option.help or field.description
+    help_text = option.help or field_description(model, name)  # the source is read only when needed
     if not help_text:
         raise ValueError(
             f"{model.__name__}.{name}: no help text (give the field a comment or the option a help)"
