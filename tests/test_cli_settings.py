@@ -180,3 +180,33 @@ def test_val_settings_come_from_the_given_options(monkeypatch: pytest.MonkeyPatc
         None,
     )
     assert settings.clean_nuisance.shift_px[1] == 1.5
+
+
+# commands that still declare more than 8 options by hand (each wants a settings model, as train, val and serve
+# have); the set may only shrink
+NOT_YET_FROM_SETTINGS = {
+    "synth",
+    "export",
+    "predict",
+    "compare",
+    "review",
+    "export_labelstudio",
+    "import_labelstudio",
+    "import_coco",
+}
+
+
+def test_cli_functions_are_short_take_few_parameters_and_skip_no_formatting() -> None:
+    import ast
+
+    import defectdet.cli as cli_module
+
+    source = Path(cli_module.__file__).read_text(encoding="utf-8")
+    assert "fmt: skip" not in source
+    over = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef):
+            parameters = len(node.args.args) + len(node.args.kwonlyargs)
+            if node.end_lineno - node.lineno + 1 > 60 or parameters > 8:
+                over.add(node.name)
+    assert over == NOT_YET_FROM_SETTINGS
