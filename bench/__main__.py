@@ -1,7 +1,7 @@
 """The benchmark runner: `python -m bench` lists the suites, `python -m bench run --suite NAME` runs one.
 
 python -m bench                          # every suite: its commands and rough minutes; then the rest
-python -m bench run --suite quick        # a smoke run, no dataset (about 10 minutes on 2 cores)
+python -m bench run --suite quick        # a smoke run, no dataset (about 4 minutes on 2 cores)
 python -m bench run --suite service --dry-run
 """
 

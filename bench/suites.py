@@ -51,10 +51,10 @@ SUITES = {
             "a smoke run of the training-speed benchmarks on synthetic data, no dataset; results go to "
             "runs/bench_quick/results, not bench/results/; then the pages checked against the committed files",
             (
-                Step("bench.step_speed", ("--threads", "1", "--rounds", "1"), 4),
-                Step("bench.amp_cpu", ("--steps", "5"), 1),
+                Step("bench.step_speed", ("--threads", "1", "--rounds", "1"), 1),
+                Step("bench.amp_cpu", ("--steps", "5"), 0.5),
                 Step("bench.host_memory", ("--steps", "5", "--repeats", "1"), 1),
-                Step("bench.loader", ("--synthetic",), 4),
+                Step("bench.loader", ("--synthetic",), 1.5),
                 Step("bench.pages", ("--check",), 0.2),
             ),
             results_dir="runs/bench_quick/results",

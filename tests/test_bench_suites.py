@@ -63,7 +63,7 @@ def test_a_run_stops_at_the_first_failure_and_sends_results_to_its_folder(
 ) -> None:
     """The second step fails after printing the results folder it was given; the third never runs."""
     probe = "import os, sys; print(os.environ['BENCH_RESULTS_DIR']); sys.exit(3)"
-    suite = Suite("probe", "", (Step("bench.pages", ("--check",)), Step("failing", ()), Step("never", ())))
+    suite = Suite("probe", "", (Step("bench.suites"), Step("failing"), Step("never")))
     original = subprocess.run
 
     def instead(command: list[str], **kwargs: object) -> subprocess.CompletedProcess:
