@@ -62,7 +62,7 @@ def stage_breakdown(split: DatasetSplit, samples: int) -> dict[str, float]:
         "augment": [],
         "to tensor": [],
     }
-    dataset = DetectionDataset(split, imgsz=640, augment=AugmentConfig(), train=True)
+    dataset = DetectionDataset(split, input_size=640, augment=AugmentConfig(), train=True)
     for index, sample in enumerate(split.samples[:samples]):
         start = time.perf_counter()
         if sample.template_path:
@@ -115,7 +115,7 @@ def time_loader(
 ) -> dict:
     dataset = DetectionDataset(
         split,
-        imgsz=640,
+        input_size=640,
         channels=1,
         augment=AugmentConfig(),
         train=True,
@@ -155,7 +155,7 @@ def cache_effect(split: DatasetSplit, batch: int, crop: int | None, batches: int
         split.samples[: batch * batches], split.class_names, split.format, split.split, split.root
     )
     dataset = DetectionDataset(
-        subset, imgsz=640, channels=1, augment=AugmentConfig(), train=True, crop_size=crop,
+        subset, input_size=640, channels=1, augment=AugmentConfig(), train=True, crop_size=crop,
         cache_bytes=4 * 2**30,
     )  # fmt: skip
     loader = build_loader(dataset, batch_size=batch, train=True, workers=0, seed=0)

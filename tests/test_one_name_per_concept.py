@@ -159,6 +159,62 @@ def test_retired_python_names_still_work_with_a_warning() -> None:
         assert meta.thresholds.score == 0.4
 
 
+# Inside the code too: a retired name is read in one place, the table of defectdet.compat, and nowhere else
+# (as an identifier, or in a string or comment: a message, a report, a flag). metrics.json keeps its
+# "iou_threshold" key, the match IoU of an evaluation (not the NMS IoU): a file users read.
+RETIRED_IDENTIFIERS = RETIRED | {
+    "conf_from",
+    "conf_rule",
+    "CONF_RULES",
+    "DEFAULT_SCORE_THRESHOLD",
+    "DEFAULT_IMGSZ",
+}
+_RETIRED_IN_CODE_TEXT = re.compile(
+    r"(?<![\w-])(--conf(?:-from|-rule|-threshold)?|--imgsz|--min-score|--score-threshold|--(?:nms-)?iou-threshold"
+    r"|imgsz|IMGSZ|conf|CONF|conf_threshold|conf_from|conf_rule|min_score|score_threshold|nms_iou_threshold)"
+    r"(?![\w-])"
+)
+SOURCE = ROOT / "src" / "defectdet"
+COMPAT = SOURCE / "compat.py"
+
+
+def retired_in_code(text: str) -> list[str]:
+    """Retired names in Python source `text`: identifiers, and words of its strings and comments."""
+    import io
+    import tokenize
+
+    found = []
+    texts = {tokenize.STRING, tokenize.COMMENT, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.NAME and token.string in RETIRED_IDENTIFIERS:
+            found.append(f"{token.start[0]}: {token.string}")
+        elif token.type in texts:
+            found += [
+                f"{token.start[0]}: {match.group(0)}"
+                for match in _RETIRED_IN_CODE_TEXT.finditer(token.string)
+            ]
+    return found
+
+
+def test_the_code_check_finds_retired_names_and_spares_current_ones() -> None:
+    code = 'def f(conf, imgsz=640):  # min_score\n    return g(score_floor=conf, flag="--conf-from")\n'
+    assert retired_in_code(code) == ["1: conf", "1: imgsz", "1: min_score", "2: conf", "2: --conf-from"]
+    assert retired_in_code('x = "confusion config conference"; input_size = threshold_from = 1\n') == []
+
+
+def test_retired_names_appear_only_in_the_compatibility_table() -> None:
+    found = {}
+    for path in sorted(SOURCE.rglob("*.py")):
+        if path != COMPAT:
+            found[str(path.relative_to(ROOT))] = retired_in_code(path.read_text("utf-8"))
+    for path in sorted(SOURCE.rglob("*.html")):  # templates: the report users open
+        found[str(path.relative_to(ROOT))] = [
+            m.group(0) for m in _RETIRED_IN_CODE_TEXT.finditer(path.read_text("utf-8"))
+        ]
+    assert not any(found.values()), {path: names for path, names in found.items() if names}
+    assert retired_in_code(COMPAT.read_text("utf-8"))  # the table itself names them
+
+
 USER_PAGES = [
     path
     for path in sorted((ROOT / "docs").rglob("*.md"))

@@ -906,7 +906,7 @@ def export_labelstudio(
         document_root=document_root,
         url_prefix=url_prefix,
         images=images,
-        min_score=score_floor,
+        score_floor=score_floor,
     )
     console.print(
         f"[green]wrote[/green] {result.tasks} task(s), {result.annotated} with reviewed labels, "

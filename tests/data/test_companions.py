@@ -170,7 +170,7 @@ def test_companion_draws_leave_the_image_and_template_draws_unchanged() -> None:
 def test_dataset_stacks_image_then_companion(companion_yaml: Path) -> None:
     split = load_dataset(companion_yaml, "train")
     dataset = DetectionDataset(
-        split, imgsz=64, companions=[COMPANION], image_dtype=torch.uint8, cache_bytes=10**6
+        split, input_size=64, companions=[COMPANION], image_dtype=torch.uint8, cache_bytes=10**6
     )
     tensor, target, meta = dataset[0]
     assert dataset.input_channels == 2 and tensor.shape == (2, 64, 64) == dataset.output_shape
@@ -180,9 +180,13 @@ def test_dataset_stacks_image_then_companion(companion_yaml: Path) -> None:
         assert np.array_equal(tensor[plane].numpy(), expected)
     assert meta["companion_paths"] == {COMPANION: str(sample.companion_paths[COMPANION])}
     assert dataset.cache_info["bytes"] == 2 * 64 * 64  # both planes cached
-    rgb = DetectionDataset(split, imgsz=64, channels=3, companions=[COMPANION], crop_size=32, train=True,
+    rgb = DetectionDataset(split, input_size=64, channels=3, companions=[COMPANION], crop_size=32, train=True,
                            augment=AugmentConfig())  # fmt: skip
-    assert rgb[1][0].shape == (6, 32, 32) and DetectionDataset(split, imgsz=64)[0][0].shape == (1, 64, 64)
+    assert rgb[1][0].shape == (6, 32, 32) and DetectionDataset(split, input_size=64)[0][0].shape == (
+        1,
+        64,
+        64,
+    )
 
 
 def test_dataset_planes_are_image_template_companion(companion_yaml: Path) -> None:
@@ -190,7 +194,7 @@ def test_dataset_planes_are_image_template_companion(companion_yaml: Path) -> No
     companion_yaml.write_text(companion_yaml.read_text() + "templates: {train: images/train}\n")
     split = load_dataset(companion_yaml, "train")
     dataset = DetectionDataset(
-        split, imgsz=96, companions=[COMPANION], register_pairs=False, image_dtype=torch.uint8
+        split, input_size=96, companions=[COMPANION], register_pairs=False, image_dtype=torch.uint8
     )
     tensor = dataset[0][0]
     assert dataset.use_template and tensor.shape == (3, 96, 96)
@@ -204,13 +208,13 @@ def test_dataset_leaves_out_samples_without_the_companion(
     (companion_yaml.parent / COMPANION / "train_002.png").unlink()
     split = load_dataset(companion_yaml, "train")
     with caplog.at_level(logging.WARNING, logger="defectdet.data.dataset"):
-        dataset = DetectionDataset(split, imgsz=32, companions=[COMPANION])
+        dataset = DetectionDataset(split, input_size=32, companions=[COMPANION])
     assert len(dataset) == 7 and [Path(p).name for p in dataset.left_out] == ["train_002.png"]
     assert any("leaving out 1 of 8 images" in record.getMessage() for record in caplog.records)
     (companion_yaml.parent / COMPANION / "train_003.png").write_bytes(b"not a png")
     assert dataset[2] is None and dataset.skipped_paths[0].endswith("L2/train_003.png")
     with pytest.raises(DatasetError, match="no image of split 'train' has the companion 'UV'"):
-        DetectionDataset(split, imgsz=32, companions=["UV"])
+        DetectionDataset(split, input_size=32, companions=["UV"])
 
 
 def test_hold_out_keeps_an_image_and_its_companion_together() -> None:
@@ -243,7 +247,7 @@ def test_agdd_second_lighting_as_a_companion(tmp_path: Path) -> None:
     path.write_text(json.dumps(subset))
     split = read_coco(path, image_roots=(AGDD / "images",))
     assert len(split.samples) == 4 and split.companion_names == ["L2"] and not split.problems
-    dataset = DetectionDataset(split, imgsz=160, companions=["L2"], image_dtype=torch.uint8)
+    dataset = DetectionDataset(split, input_size=160, companions=["L2"], image_dtype=torch.uint8)
     tensor, target, _ = dataset[0]
     assert tensor.shape == (2, 160, 160) and len(target) > 0
     sample = dataset.samples[0]

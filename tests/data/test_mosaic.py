@@ -76,7 +76,7 @@ def test_dataset_mosaic_items_keep_planes_aligned_and_boxes_on_their_defects(tmp
         rotate_degrees=0, scale=(1, 1), translate=0, pair_jitter_prob=0, brightness_contrast_prob=0,
         gamma_prob=0, blur_prob=0, noise_prob=0, glare_prob=0, mosaic_prob=1.0,
     )  # fmt: skip
-    dataset = DetectionDataset(split, imgsz=SIDE, augment=still, train=True, companions=["L2"], seed=3)
+    dataset = DetectionDataset(split, input_size=SIDE, augment=still, train=True, companions=["L2"], seed=3)
     levels_seen = set()
     for index in range(len(dataset)):
         tensor, target, _ = dataset[index]
@@ -89,8 +89,11 @@ def test_dataset_mosaic_items_keep_planes_aligned_and_boxes_on_their_defects(tmp
             assert image[int(np.ceil(y0)) : int(y1), int(np.ceil(x0)) : int(x1)].min() == MARK
     assert len(levels_seen) >= 4
     # crops and validation never tile
-    plain = DetectionDataset(split, imgsz=SIDE, augment=still, train=True, companions=["L2"], crop_size=32)
+    plain = DetectionDataset(
+        split, input_size=SIDE, augment=still, train=True, companions=["L2"], crop_size=32
+    )
     assert plain.mosaic_prob == 0.0
     assert (
-        DetectionDataset(split, imgsz=SIDE, augment=still, train=False, companions=["L2"]).mosaic_prob == 0.0
+        DetectionDataset(split, input_size=SIDE, augment=still, train=False, companions=["L2"]).mosaic_prob
+        == 0.0
     )

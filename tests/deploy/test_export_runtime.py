@@ -58,7 +58,7 @@ def test_export_matches_eager_for_every_preset(preset: str, tiny_dataset: Path, 
     model.eval()
     folded = fold_batchnorm(copy.deepcopy(model))
     path = tmp_path / f"{preset}.onnx"
-    export_onnx_graph(folded, path, channels=2, imgsz=PARITY_SIZE)
+    export_onnx_graph(folded, path, channels=2, input_size=PARITY_SIZE)
     graph = onnx.load(str(path))
     assert not any(node.op_type == "BatchNormalization" for node in graph.graph.node)
     assert graph.opset_import[0].version >= 17

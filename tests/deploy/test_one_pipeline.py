@@ -72,7 +72,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     checkpoint = _checkpoint(tiles=True)
     detector = fold_batchnorm(checkpoint["model"])
     path = tmp_path_factory.mktemp("one_pipeline") / "model.onnx"
-    export_onnx_graph(detector, path, channels=2, imgsz=SIZE)
+    export_onnx_graph(detector, path, channels=2, input_size=SIZE)
     write_metadata(path, base_metadata(detector, checkpoint))
     return path, checkpoint
 

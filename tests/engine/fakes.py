@@ -122,7 +122,7 @@ class TinyFileSet:
     """The attributes `engine.loop.evaluate` reads from a `DetectionDataset`."""
 
     samples: list[Sample]
-    imgsz: int
+    input_size: int
     channels: int = 1
     use_template: bool = False
     register_pairs: bool = False

@@ -46,7 +46,7 @@ def test_perfect_detections_score_one():
     assert coco["mAP50"] == pytest.approx(1.0)
     assert coco["mAP50_95"] == pytest.approx(1.0)
     assert coco["class_AP50"] == {"open": pytest.approx(1.0), "short": pytest.approx(1.0)}
-    deeppcb = deeppcb_metrics(records, NAMES, score_threshold=0.5)
+    deeppcb = deeppcb_metrics(records, NAMES, threshold=0.5)
     assert deeppcb["mAP"] == pytest.approx(1.0)
     assert deeppcb["at_threshold"]["f_score"] == pytest.approx(1.0)
     assert deeppcb["best"]["f_score"] == pytest.approx(1.0)
@@ -72,8 +72,8 @@ def test_deeppcb_threshold_is_strict_and_coco_style_is_inclusive():
     half = [100.0, 100.0, 140.0, 120.0]  # IoU exactly 0.5 with BOX_A
     assert box_iou([BOX_A], [half])[0, 0] == pytest.approx(0.5)
     records = [record("a", [BOX_A], [0], [half], [0.9], [0])]
-    assert deeppcb_metrics(records, NAMES, iou_threshold=0.5)["mAP"] == 0.0  # IoU > 0.5 required
-    assert operating_points(records, NAMES, iou_threshold=0.5).summary["chosen"]["recall"] == 1.0  # >= 0.5
+    assert deeppcb_metrics(records, NAMES, match_iou=0.5)["mAP"] == 0.0  # IoU > 0.5 required
+    assert operating_points(records, NAMES, match_iou=0.5).summary["chosen"]["recall"] == 1.0  # >= 0.5
     assert coco_metrics(records, NAMES)["mAP50"] == pytest.approx(1.0)  # pycocotools also uses >=
 
 
@@ -90,7 +90,7 @@ def test_duplicate_detection_is_false_positive_but_ap_stays_one():
     assert coco["mAP50"] == pytest.approx(
         1.0
     )  # pycocotools: the lower-ranked duplicate comes after recall 1.0
-    deeppcb = deeppcb_metrics(records, NAMES, score_threshold=0.5)
+    deeppcb = deeppcb_metrics(records, NAMES, threshold=0.5)
     assert deeppcb["mAP"] == pytest.approx(1.0)
     assert deeppcb["at_threshold"]["precision"] == pytest.approx(0.5)
     assert deeppcb["at_threshold"]["false_positives"] == 1
@@ -174,7 +174,7 @@ def test_confusion_matrix_cells():
             "b", [BOX_A], [1], [shifted(BOX_A, 300), BOX_A], [0.9, 0.2], [1, 1]
         ),  # false alarm; hit below thr
     ]
-    matrix = confusion_matrix(records, 2, score_threshold=0.5)
+    matrix = confusion_matrix(records, 2, threshold=0.5)
     # rows: true open, short, background; columns: predicted open, short, background
     expected = np.array(
         [
@@ -206,7 +206,7 @@ def test_deeppcb_ap_at_05_agrees_with_pycocotools_ap50():
         det_classes = np.concatenate([det_classes, rng.integers(0, 2, noise)])
         scores = rng.uniform(0.05, 1.0, len(det_boxes))
         records.append(ImageRecord(str(index), 640, 640, gt, classes, det_boxes, scores, det_classes))
-    ours = deeppcb_metrics(records, NAMES, iou_threshold=0.5)
+    ours = deeppcb_metrics(records, NAMES, match_iou=0.5)
     theirs = coco_metrics(records, NAMES)
     assert 0.3 < ours["mAP"] < 0.99  # a non-trivial case
     for name in NAMES:

@@ -72,7 +72,7 @@ def test_unknown_override_keys_are_errors() -> None:
 
 
 def test_preset_summaries_one_line_each() -> None:
-    lines = preset_summaries(imgsz=64)
+    lines = preset_summaries(input_size=64)
     assert len(lines) == len(PRESETS)
     assert all(line.startswith(name) and "GFLOPs" in line for line, name in zip(lines, PRESETS, strict=True))
 
@@ -99,9 +99,9 @@ def test_config_rebuilds_identical_model() -> None:
 
 def test_model_info_counts_params_and_flops() -> None:
     model = build_model("nano", 6, 2, True)
-    info = model_info(model, imgsz=320)
+    info = model_info(model, input_size=320)
     assert info["params"] == sum(parameter.numel() for parameter in model.parameters())
-    bigger = model_info(model, imgsz=640)
+    bigger = model_info(model, input_size=640)
     assert bigger["gflops"] == pytest.approx(4 * info["gflops"], rel=0.05)
     assert model.training  # restored
 

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from defectdet.data.augment import AugmentConfig, build_augment, clip_boxes_to_window
 from defectdet.data.imageio import DEFAULT_MAX_PIXELS, read_image, read_planes
-from defectdet.data.letterbox import boxes_to_letterbox, letterbox_image
+from defectdet.data.letterbox import DEFAULT_INPUT_SIZE, boxes_to_letterbox, letterbox_image
 from defectdet.data.mosaic import Planes, mosaic_origin, tile_window
 from defectdet.data.planes import input_array, stack_planes
 from defectdet.data.registration import register_pair
@@ -35,8 +35,8 @@ class DetectionDataset(Dataset):
     """Samples of a `DatasetSplit` as model-ready tensors.
 
     Pipeline per item: read the tested image (+ template, + companion captures) at `channels` -> letterbox
-    every plane to `imgsz` -> (train) augment -> (train, whole images, `augment.mosaic_prob`) sometimes a window
-    onto it and three other augmented samples tiled (`data.mosaic`) -> (train, `crop_size < imgsz`) a
+    every plane to `input_size` -> (train) augment -> (train, whole images, `augment.mosaic_prob`) sometimes a window
+    onto it and three other augmented samples tiled (`data.mosaic`) -> (train, `crop_size < input_size`) a
     `crop_size` window, biased towards defects -> tensor `[C, S, S]`, C = channels x (1 + template + companions), planes in the order
     [tested, template, *companions].
 
@@ -62,7 +62,7 @@ class DetectionDataset(Dataset):
     def __init__(
         self,
         split: DatasetSplit,
-        imgsz: int = 640,
+        input_size: int = DEFAULT_INPUT_SIZE,
         channels: int = 1,
         use_template: bool | None = None,
         augment: AugmentConfig | None = None,
@@ -78,8 +78,8 @@ class DetectionDataset(Dataset):
     ) -> None:
         if channels not in (1, 3):
             raise ValueError(f"channels must be 1 (gray) or 3 (RGB), got {channels}")
-        if imgsz <= 0:
-            raise ValueError(f"imgsz must be positive, got {imgsz}")
+        if input_size <= 0:
+            raise ValueError(f"input_size must be positive, got {input_size}")
         if image_dtype not in (torch.float32, torch.uint8):
             raise ValueError(f"image_dtype must be torch.float32 or torch.uint8, got {image_dtype}")
         if crop_size is not None and crop_size <= 0:
@@ -88,12 +88,12 @@ class DetectionDataset(Dataset):
         self.samples: list[Sample] = list(split.samples)
         self.companions = list(companions)
         self.left_out = self._keep_with_companions()
-        self.imgsz = imgsz
+        self.input_size = input_size
         self.channels = channels
         self.use_template = self._resolve_use_template(use_template)
         self.register_pairs = register_pairs and self.use_template  # data.registration, before letterbox
         self.train = train
-        self.crop_size = crop_size if train and crop_size is not None and crop_size < imgsz else None
+        self.crop_size = crop_size if train and crop_size is not None and crop_size < input_size else None
         self.max_pixels = max_pixels
         self.image_dtype = image_dtype
         self.crop_defect_fraction = crop_defect_fraction
@@ -114,7 +114,7 @@ class DetectionDataset(Dataset):
         self._cache_used = 0
         self._cache_full_logged = False
         if self.cache_bytes:
-            per_sample = imgsz * imgsz * self.input_channels
+            per_sample = input_size * input_size * self.input_channels
             logger.info(
                 "decoded-image cache: up to %.0f MB per loading process, about %d of %d samples",
                 self.cache_bytes / 2**20, min(len(self.samples), self.cache_bytes // per_sample), len(self.samples),
@@ -164,7 +164,7 @@ class DetectionDataset(Dataset):
 
     @property
     def output_size(self) -> int:
-        return self.crop_size or self.imgsz
+        return self.crop_size or self.input_size
 
     @property
     def output_shape(self) -> tuple[int, int, int]:
@@ -214,7 +214,7 @@ class DetectionDataset(Dataset):
         image, template, companions, boxes, classes = (
             part.image, part.template, part.companions, part.boxes, part.classes
         )  # fmt: skip
-        size = self.imgsz
+        size = self.input_size
         offset_x = offset_y = 0
         if self.crop_size is not None:
             size = self.crop_size
@@ -267,8 +267,8 @@ class DetectionDataset(Dataset):
             others.append(self._augmented(self.samples[index], prepared))
         parts = [part, *others]
         order = self._rng.permutation(4)
-        origin = mosaic_origin(self.imgsz, self._rng)
-        return tile_window([parts[i] for i in order], self.imgsz, origin, self.min_visibility)
+        origin = mosaic_origin(self.input_size, self._rng)
+        return tile_window([parts[i] for i in order], self.input_size, origin, self.min_visibility)
 
     def _prepare(self, index: int, sample: Sample) -> tuple | None:
         """Decode (one intensity mapping for all planes), register the template and letterbox one sample: the
@@ -287,10 +287,10 @@ class DetectionDataset(Dataset):
             for name, plane in zip(self.companions, companions, strict=True)
         ]
         height, width = image.shape[:2]
-        image, transform = letterbox_image(image, self.imgsz)
+        image, transform = letterbox_image(image, self.input_size)
         if template is not None:
-            template, _ = letterbox_image(template, self.imgsz)
-        companions = [letterbox_image(plane, self.imgsz)[0] for plane in companions]
+            template, _ = letterbox_image(template, self.input_size)
+        companions = [letterbox_image(plane, self.input_size)[0] for plane in companions]
         prepared = (image, template, companions, transform, registration, (width, height))
         size = sum(plane.nbytes for plane in (image, template, *companions) if plane is not None)
         if self._cache_used + size <= self.cache_bytes:
@@ -361,7 +361,7 @@ class DetectionDataset(Dataset):
     def _crop_origin(self, boxes: np.ndarray) -> tuple[int, int]:
         """Top-left of the crop window: usually one that contains a random box, else uniform."""
         assert self.crop_size is not None
-        crop, limit = self.crop_size, self.imgsz - self.crop_size
+        crop, limit = self.crop_size, self.input_size - self.crop_size
         rng = self._rng
         if len(boxes) and rng.random() < self.crop_defect_fraction:
             x1, y1, x2, y2 = boxes[int(rng.integers(len(boxes)))]

@@ -310,7 +310,7 @@ def _resource_findings(report: EnvironmentReport) -> list[Finding]:
                 "warning",
                 "cpu",
                 "no AVX2: torch and ONNX Runtime run far slower on this CPU",
-                "use the nano preset and a smaller --imgsz on this machine",
+                "use the nano preset and a smaller --input-size on this machine",
             )
         )
     if "CUDAExecutionProvider" in report.onnxruntime_providers and not report.gpus:

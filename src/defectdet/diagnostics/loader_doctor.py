@@ -119,7 +119,7 @@ def _timing_findings(report: LoaderReport) -> list[Finding]:
                     "bottleneck",
                     f"the loader ({loader_rate:.1f} img/s) is slower than the {step.preset} training step "
                     f"({model_rate:.1f} img/s): the model waits for data",
-                    f"train with --workers {best.workers} --batch {best.batch_size}; cache decoded images or lower imgsz",
+                    f"train with --workers {best.workers} --batch {best.batch_size}; cache decoded images or lower --input-size",
                 )
             )
         else:
@@ -233,7 +233,7 @@ def loader_report(
 
     `scan_limit` caps the scanned samples (None: all, 0: no scan); each loader setting runs for up to
     `seconds_per_setting` over `batches_per_setting` batches; `explore` adds variants around the best worker
-    count; `time_model` times a training step. `overrides` are TrainConfig fields (e.g. imgsz).
+    count; `time_model` times a training step. `overrides` are TrainConfig fields (e.g. input_size).
     """
     from defectdet.data.dataset import collate_detections
 

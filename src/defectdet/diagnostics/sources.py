@@ -44,7 +44,7 @@ def nan_batches(
     split: str | None = None,
     format: str | None = None,
 ) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
-    """The first `batches` training batches of `data`, preprocessed as the checkpoint's run did (its imgsz, crop,
+    """The first `batches` training batches of `data`, preprocessed as the checkpoint's run did (its input_size, crop,
     channels; no augmentation, so a rerun sees the same pixels). `format`: the dataset format (default: the run's
     when `data` is the run's dataset, else detected)."""
     from defectdet.data.dataset import DetectionDataset, collate_detections
@@ -66,7 +66,7 @@ def nan_batches(
         raise CheckpointError(f"{data}: split {split_name!r} has no samples")
     dataset = DetectionDataset(
         dataset_split,
-        imgsz=spec.input_size,
+        input_size=spec.input_size,
         channels=spec.channels,
         use_template=spec.template,
         augment=None,

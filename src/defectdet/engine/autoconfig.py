@@ -12,7 +12,7 @@ dozen colour-coded files to tell colour content from gray stored as RGB.
 
 Rules (pixels are at the letterbox size S; `MIN_DEFECT_PX`, `CROP_BASE`, `LARGE_BOX_PX` below):
 - input_size: the median long image side rounded to 32 ("native", never an upsampling default),
-  lowered towards 640 when 90% of defects stay >= MIN_DEFECT_PX there, capped at MAX_AUTO_IMGSZ.
+  lowered towards 640 when 90% of defects stay >= MIN_DEFECT_PX there, capped at MAX_AUTO_INPUT_SIZE.
   With whole-image training (no crops) every pixel is paid for at every step, so the letterbox is
   lowered further, not below WHOLE_IMAGE_FLOOR, while the 25th-percentile defect keeps
   TYPICAL_DEFECT_PX: on a CPU time budget the epochs bought are worth more than resolution the
@@ -58,6 +58,7 @@ from typing import Any, Literal
 import numpy as np
 
 from defectdet.compat import Surface, current_keys
+from defectdet.data.letterbox import DEFAULT_INPUT_SIZE
 from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.engine.config import TrainConfig
 from defectdet.engine.step_speed import StepShape
@@ -65,9 +66,8 @@ from defectdet.errors import ConfigError, ImageReadError
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_IMGSZ = 640  # DeepPCB's native size, where 320 crops reached 0.96+ mAP@0.5
-MAX_AUTO_IMGSZ = 1280  # the CPU budget: larger letterboxes make validation and decode slow
-MIN_AUTO_IMGSZ = 64
+MAX_AUTO_INPUT_SIZE = 1280  # the CPU budget: larger letterboxes make validation and decode slow
+MIN_AUTO_INPUT_SIZE = 64
 MIN_DEFECT_PX = 12  # a defect smaller than ~1.5 stride-8 cells at the input is hard to find
 TYPICAL_DEFECT_PX = 32  # the 25th-percentile defect keeps ~4 stride-8 cells when whole images shrink
 WHOLE_IMAGE_FLOOR = 320  # whole-image letterboxes are not shrunk below this (DeepPCB's training crop)
@@ -145,13 +145,13 @@ class SplitStats:
     def median_long_side(self) -> float | None:
         return float(np.median(self.sizes.max(1))) if len(self.sizes) else None
 
-    def box_long_at(self, imgsz: int) -> np.ndarray:
-        """(M,) long side of each box after letterboxing its image to `imgsz`."""
-        return self.box_wh.max(1) * imgsz / np.maximum(self.box_image_long, 1)
+    def box_long_at(self, input_size: int) -> np.ndarray:
+        """(M,) long side of each box after letterboxing its image to `input_size`."""
+        return self.box_wh.max(1) * input_size / np.maximum(self.box_image_long, 1)
 
-    def box_size_at(self, imgsz: int) -> np.ndarray:
-        """(M,) sqrt(area) of each box after letterboxing to `imgsz` (a thin scratch counts by area)."""
-        return np.sqrt(self.box_wh.prod(1)) * imgsz / np.maximum(self.box_image_long, 1)
+    def box_size_at(self, input_size: int) -> np.ndarray:
+        """(M,) sqrt(area) of each box after letterboxing to `input_size` (a thin scratch counts by area)."""
+        return np.sqrt(self.box_wh.prod(1)) * input_size / np.maximum(self.box_image_long, 1)
 
 
 def collect_split_stats(
@@ -237,12 +237,12 @@ def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else 0.0
 
 
-def auto_imgsz(stats: SplitStats) -> tuple[int, str]:
+def auto_input_size(stats: SplitStats) -> tuple[int, str]:
     median = stats.median_long_side
     if median is None:
-        return DEFAULT_IMGSZ, "no readable image sizes: the default"
-    native = max(MIN_AUTO_IMGSZ, _round32(median))
-    floor, ceiling = min(native, DEFAULT_IMGSZ), min(native, MAX_AUTO_IMGSZ)
+        return DEFAULT_INPUT_SIZE, "no readable image sizes: the default"
+    native = max(MIN_AUTO_INPUT_SIZE, _round32(median))
+    floor, ceiling = min(native, DEFAULT_INPUT_SIZE), min(native, MAX_AUTO_INPUT_SIZE)
     sizes = stats.box_size_at(1)  # relative to the image's long side
     if len(sizes) == 0:
         size = floor
@@ -257,51 +257,51 @@ def auto_imgsz(stats: SplitStats) -> tuple[int, str]:
                 f"(>= {MIN_DEFECT_PX} wanted)"
             )
             if needed > ceiling:
-                why = f"{why[:-1]}, capped at {MAX_AUTO_IMGSZ} for the CPU)"
+                why = f"{why[:-1]}, capped at {MAX_AUTO_INPUT_SIZE} for the CPU)"
         else:
             why = f"median long side {median:.0f} px kept (10th-percentile defect {small:.0f} px)"
-    if size < DEFAULT_IMGSZ and native == size:
-        why += f"; {DEFAULT_IMGSZ} would upsample {DEFAULT_IMGSZ / median:.1f}x"
+    if size < DEFAULT_INPUT_SIZE and native == size:
+        why += f"; {DEFAULT_INPUT_SIZE} would upsample {DEFAULT_INPUT_SIZE / median:.1f}x"
     upsampled = float(np.mean(stats.sizes.max(1) < 0.9 * size)) if len(stats.sizes) else 0.0
     if upsampled >= 0.05:
         why += f"; {upsampled:.0%} of images are upsampled"
     return size, why
 
 
-def shrink_whole_images(stats: SplitStats, imgsz: int) -> tuple[int, str]:
-    """The letterbox for whole-image training: `imgsz` lowered (not below WHOLE_IMAGE_FLOOR) to where
+def shrink_whole_images(stats: SplitStats, input_size: int) -> tuple[int, str]:
+    """The letterbox for whole-image training: `input_size` lowered (not below WHOLE_IMAGE_FLOOR) to where
     the 25th-percentile defect (sqrt of its area) still spans TYPICAL_DEFECT_PX; "" when kept."""
     sizes = stats.box_size_at(1)
     if len(sizes) == 0:
-        return imgsz, ""
+        return input_size, ""
     quartile = _pct(sizes, 25)
-    size = min(imgsz, max(_round32(TYPICAL_DEFECT_PX / max(quartile, 1e-6), up=True), WHOLE_IMAGE_FLOOR))
-    if size >= imgsz:
-        return imgsz, ""
+    size = min(input_size, max(_round32(TYPICAL_DEFECT_PX / max(quartile, 1e-6), up=True), WHOLE_IMAGE_FLOOR))
+    if size >= input_size:
+        return input_size, ""
     lost = float(np.mean(stats.box_size_at(size) < MIN_DEFECT_PX))
     return size, (
         f"whole images pay for every pixel at every step: lowered to {size}, where the 25th-percentile "
-        f"defect is still {quartile * size:.0f} px (>= {TYPICAL_DEFECT_PX} wanted), {(imgsz / size) ** 2:.1f}x "
-        f"the images per second of {imgsz}; {lost:.0%} of defects are under {MIN_DEFECT_PX} px there"
+        f"defect is still {quartile * size:.0f} px (>= {TYPICAL_DEFECT_PX} wanted), {(input_size / size) ** 2:.1f}x "
+        f"the images per second of {input_size}; {lost:.0%} of defects are under {MIN_DEFECT_PX} px there"
     )
 
 
-def auto_crop(stats: SplitStats, imgsz: int) -> tuple[int, str]:
-    if imgsz < 2 * CROP_BASE:
-        return 0, f"letterbox {imgsz} < 2 x {CROP_BASE}: whole images"
-    longs = stats.box_long_at(imgsz)
+def auto_crop(stats: SplitStats, input_size: int) -> tuple[int, str]:
+    if input_size < 2 * CROP_BASE:
+        return 0, f"letterbox {input_size} < 2 x {CROP_BASE}: whole images"
+    longs = stats.box_long_at(input_size)
     if len(longs) == 0:
-        return CROP_BASE, f"no boxes; {CROP_BASE} crops of the {imgsz} letterbox"
+        return CROP_BASE, f"no boxes; {CROP_BASE} crops of the {input_size} letterbox"
     p95 = _pct(longs, 95)
     crop = max(CROP_BASE, _round32(2 * p95, up=True))
-    if crop > imgsz // 2:
+    if crop > input_size // 2:
         return 0, (
-            f"large defects (95th-percentile long side {p95:.0f} px at {imgsz}) would be cut by crops "
-            f"<= {imgsz // 2}: whole images"
+            f"large defects (95th-percentile long side {p95:.0f} px at {input_size}) would be cut by crops "
+            f"<= {input_size // 2}: whole images"
         )
     return crop, (
-        f"defects are small (95% <= {p95:.0f} px at {imgsz}): {crop} crops hold them whole, "
-        f"{(imgsz / crop) ** 2:.0f}x fewer pixels per image"
+        f"defects are small (95% <= {p95:.0f} px at {input_size}): {crop} crops hold them whole, "
+        f"{(input_size / crop) ** 2:.0f}x fewer pixels per image"
     )
 
 
@@ -346,23 +346,26 @@ def auto_preset(template: bool, lite0_step: tuple[int | None, float] | None = No
     )
 
 
-def auto_strides(stats: SplitStats, imgsz: int, preset: str) -> tuple[list[int], str]:
+def auto_strides(stats: SplitStats, input_size: int, preset: str) -> tuple[list[int], str]:
     from defectdet.model.detector import PRESETS, STRIDES_BY_LEVEL
 
     if preset not in PRESETS:
         raise ConfigError(f"field 'preset': unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
     strides = [STRIDES_BY_LEVEL[level] for level in PRESETS[preset]["levels"]]
-    longs = stats.box_long_at(imgsz)
+    longs = stats.box_long_at(input_size)
     share = float(np.mean(longs >= LARGE_BOX_PX)) if len(longs) else 0.0
     listed = ",".join(map(str, strides))
     if 32 not in strides and share >= LARGE_SHARE:
         return sorted({*strides, 32}), (
-            f"{share:.0%} of defects are >= {LARGE_BOX_PX} px at {imgsz} (90th pct {_pct(longs, 90):.0f} px): "
+            f"{share:.0%} of defects are >= {LARGE_BOX_PX} px at {input_size} (90th pct {_pct(longs, 90):.0f} px): "
             f"adds a stride-32 level to the preset's {listed} for their size"
         )
     if 32 in strides:
         return strides, f"the {preset} preset already has a stride-32 level"
-    return strides, f"only {share:.0%} of defects are >= {LARGE_BOX_PX} px at {imgsz}: the preset's {listed}"
+    return (
+        strides,
+        f"only {share:.0%} of defects are >= {LARGE_BOX_PX} px at {input_size}: the preset's {listed}",
+    )
 
 
 def auto_batch(input_size: int, preset: str = "tiny") -> tuple[int, str]:
@@ -510,18 +513,21 @@ def auto_class_balance(stats: SplitStats) -> tuple[str, str]:
     return "off", f"balanced within {ratio:.1f}x ({detail}){note}"
 
 
-def auto_tiles(stats: SplitStats, imgsz: int) -> tuple[bool, str]:
+def auto_tiles(stats: SplitStats, input_size: int) -> tuple[bool, str]:
     from defectdet.data.tiling import MAX_TILES_PER_SIDE, TILE_TRIGGER
 
     if len(stats.box_wh) == 0:
         return False, "no boxes to size defects by"
-    shrunk = stats.box_image_long > TILE_TRIGGER * imgsz
+    shrunk = stats.box_image_long > TILE_TRIGGER * input_size
     if not shrunk.any():
-        return False, f"no image is over {TILE_TRIGGER:g}x the {imgsz} letterbox: whole images are enough"
-    share = float(np.mean(shrunk & (stats.box_size_at(imgsz) < MIN_DEFECT_PX)))
+        return (
+            False,
+            f"no image is over {TILE_TRIGGER:g}x the {input_size} letterbox: whole images are enough",
+        )
+    share = float(np.mean(shrunk & (stats.box_size_at(input_size) < MIN_DEFECT_PX)))
     largest = float(stats.sizes.max()) if len(stats.sizes) else 0.0
     found = (
-        f"{share:.0%} of defects are under {MIN_DEFECT_PX} px at {imgsz} in images the letterbox shrinks "
+        f"{share:.0%} of defects are under {MIN_DEFECT_PX} px at {input_size} in images the letterbox shrinks "
         f"over {TILE_TRIGGER:g}x (up to {largest:.0f} px)"
     )
     if share < TILE_SHARE:
@@ -564,13 +570,13 @@ def choose_settings(
         values[name] = value
         return value
 
-    auto_size, size_reason = auto_imgsz(stats)
+    auto_size, size_reason = auto_input_size(stats)
     if config.input_size is None and (config.crop_size == 0 or auto_crop(stats, auto_size)[0] == 0):
         smaller, why = shrink_whole_images(stats, auto_size)
         if why:
             auto_size, size_reason = smaller, f"{size_reason}; {why}"
-    imgsz = decide("input_size", auto_size, size_reason)
-    crop = decide("crop_size", *auto_crop(stats, imgsz))
+    input_size = decide("input_size", auto_size, size_reason)
+    crop = decide("crop_size", *auto_crop(stats, input_size))
     decide("channels", *auto_channels(stats))
     template = decide("template", *auto_template(stats))
     check_companions(config, stats)
@@ -582,12 +588,12 @@ def choose_settings(
         decide("companions", *auto_companions(stats))
     lite0_step = None
     if config.preset is None and not (previous or {}).get("preset") and not template:
-        lite0_step = _lite0_step(config, values, crop or imgsz, step_seconds)
+        lite0_step = _lite0_step(config, values, crop or input_size, step_seconds)
     preset = decide("preset", *auto_preset(bool(template), lite0_step))
-    decide("strides", *auto_strides(stats, imgsz, preset))
-    decide("batch", *auto_batch(crop or imgsz, preset))
+    decide("strides", *auto_strides(stats, input_size, preset))
+    decide("batch", *auto_batch(crop or input_size, preset))
     decide("class_balance", *auto_class_balance(stats))
-    decide("tiles", *auto_tiles(stats, imgsz))
+    decide("tiles", *auto_tiles(stats, input_size))
     decide("clean_templates", *auto_clean_templates(stats, bool(values["template"])))
     if config.pretrained is None and previous is not None and previous.get("pretrained") is None:
         # a checkpoint from before shipped weights existed: it started from random weights

@@ -303,7 +303,7 @@ def evaluate(
     settings: dict | None = None,
     tiles: bool = False,
 ) -> tuple[list, dict]:
-    """Predict `dataset` (a `DetectionDataset`: its samples, imgsz, channels, use_template, register_pairs)
+    """Predict `dataset` (a `DetectionDataset`: its samples, input_size, channels, use_template, register_pairs)
     with `engine.predict.predict_records`, the very function `defectdet val` runs (with `tiles` as the run
     chose), and score the records against the label-file boxes in original pixels.
 
@@ -320,7 +320,7 @@ def evaluate(
     model.eval()
     try:
         spec = ModelSpec(
-            input_size=dataset.imgsz,
+            input_size=dataset.input_size,
             channels=dataset.channels,
             template=dataset.use_template,
             companions=tuple(getattr(dataset, "companions", ())),

@@ -34,7 +34,8 @@ logger = logging.getLogger(__name__)
 SYNTHETIC_SEED = 5151
 # what of each drawn board trains: the damaged board, its defect-free design (golden template), or both
 MODES = ("defects", "design", "both")
-BOARD_SIZES = (480, 1024)  # the board generator's scale: smaller or larger imgsz gets boards clamped to this
+# the board generator's scale: a smaller or larger input size gets boards clamped to this
+BOARD_SIZES = (480, 1024)
 # other spellings of the synthetic classes in public PCB datasets (normalised: lower case, letters and digits)
 ALIASES = {
     "opencircuit": "open",
@@ -91,9 +92,9 @@ def cache_root() -> Path:
     return Path(base) / "defectdet"
 
 
-def board_size(imgsz: int) -> int:
+def board_size(input_size: int) -> int:
     """The side of the drawn boards: the training size, clamped to the scale the board generator draws at."""
-    return min(max(imgsz, BOARD_SIZES[0]), BOARD_SIZES[1])
+    return min(max(input_size, BOARD_SIZES[0]), BOARD_SIZES[1])
 
 
 def draw_boards(count: int, *, seed: int, color: bool, template: bool, size: int) -> Path:
@@ -197,7 +198,7 @@ def add_synthetic_boards(
     seed: int,
     color: bool,
     template: bool,
-    imgsz: int,
+    input_size: int,
     minutes: float | None = None,
     mode: str = "defects",
 ) -> tuple[DatasetSplit, Choice]:
@@ -233,7 +234,7 @@ def add_synthetic_boards(
         logger.warning("synthetic_boards: a %g-minute budget: %s", minutes, SHORT_BUDGET_COST)
     if mode not in MODES:
         raise ConfigError(f"field 'synthetic_boards_mode': one of {', '.join(MODES)}, got {mode!r}")
-    size = board_size(imgsz)
+    size = board_size(input_size)
     drawn = draw_boards(count, seed=seed, color=color, template=template or mode != "defects", size=size)
     boards = load_dataset(drawn, "train")
     samples = []

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from defectdet.data.letterbox import DEFAULT_INPUT_SIZE
 from defectdet.engine.checkpoint import (
     CHECKPOINT_VERSION,
     capture_rng_state,
@@ -309,7 +310,7 @@ def _with_synthetic_boards(config: TrainConfig, train_split: Any) -> tuple[Any, 
         seed=SYNTHETIC_SEED + config.seed,
         color=config.channels == 3,
         template=bool(config.template),
-        imgsz=int(config.input_size or 640),
+        input_size=int(config.input_size or DEFAULT_INPUT_SIZE),
         minutes=config.time_minutes,
         mode=config.synthetic_boards_mode,
     )

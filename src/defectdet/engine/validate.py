@@ -243,7 +243,7 @@ def _score(
             "checkpoint": str(run.checkpoint),
             "data": str(run.data),
             "split": split,
-            "imgsz": spec.input_size,
+            "input size": spec.input_size,
             "batch": settings.batch,
             "threads": torch.get_num_threads(),
             "operating threshold": threshold_note,
@@ -359,29 +359,29 @@ def _threshold_choice(run: _ValidationRun, settings: ValidateSettings) -> Thresh
     """The operating threshold from --threshold, --threshold-from SPLIT / bundle, or None (best F1 on the records)."""
     from defectdet.data.formats import load_dataset
 
-    conf_from, checkpoint, data = settings.threshold_from, run.checkpoint, run.data
+    threshold_from, checkpoint, data = settings.threshold_from, run.checkpoint, run.data
     if settings.threshold is not None:
         return ThresholdChoice(float(settings.threshold), "given", "--threshold")
-    if conf_from is None:
+    if threshold_from is None:
         return None
-    if conf_from == "bundle":
+    if threshold_from == "bundle":
         stored = run.metadata.thresholds
         return ThresholdChoice(
             float(stored.threshold),
             "bundle",
             f"{checkpoint} thresholds.threshold ({stored.threshold_source})",
         )
-    calibration = load_dataset(data, conf_from, format=settings.format)
+    calibration = load_dataset(data, threshold_from, format=settings.format)
     _check_templates(calibration, run.spec.template, checkpoint)
     calibration = _with_companions(calibration, run.spec.companions, checkpoint)
     records, _ = run.predict(list(calibration.samples))
-    source = f"split {conf_from!r} of {data}"
+    source = f"split {threshold_from!r} of {data}"
     try:
         if settings.threshold_rule == "f1":
             return threshold_for_f1(records, len(run.class_names), source=source)
         return threshold_for_escape(records, settings.target_escape, source=source)
     except ValueError as error:
-        raise ConfigError(f"--threshold-from {conf_from}: {error}") from None
+        raise ConfigError(f"--threshold-from {threshold_from}: {error}") from None
 
 
 def _clean_note(clean_templates: bool, recapture: RecaptureConfig, seed: int) -> str:

@@ -49,15 +49,15 @@ _DEEPPCB_ALIASES = {
 def deeppcb_metrics(
     records: Sequence[ImageRecord],
     class_names: Sequence[str],
-    iou_threshold: float = 0.33,
-    score_threshold: float = 0.5,
+    match_iou: float = 0.33,
+    threshold: float = 0.5,
 ) -> dict:
-    """DeepPCB mAP, per-class AP and pooled P/R/F at `score_threshold` and at the best threshold.
+    """DeepPCB mAP, per-class AP and pooled P/R/F at `threshold` and at the best threshold.
 
     Classes without ground truth get AP None and are left out of the mean.
     """
     num_classes = len(class_names)
-    match = match_detections(records, num_classes, iou_threshold, strict=True)
+    match = match_detections(records, num_classes, match_iou, strict=True)
     curves = class_pr_curves(match, num_classes)
     class_ap = {name: curve.ap for name, curve in zip(class_names, curves, strict=True)}
     valid = [ap for ap in class_ap.values() if ap is not None]
@@ -72,10 +72,10 @@ def deeppcb_metrics(
             "recall": None,
             "f1": 0.0 if match.gt_counts.sum() else None,
         }
-    at_given = pooled_at_threshold(match, score_threshold)
+    at_given = pooled_at_threshold(match, threshold)
     return {
-        "protocol": f"DeepPCB (IoU > {iou_threshold}, same class, greedy by score; AP all-point interpolated)",
-        "iou_threshold": iou_threshold,
+        "protocol": f"DeepPCB (IoU > {match_iou}, same class, greedy by score; AP all-point interpolated)",
+        "iou_threshold": match_iou,
         "mAP": float(np.mean(valid)) if valid else None,
         "class_ap": class_ap,
         "at_threshold": _rename_f(at_given),

@@ -45,7 +45,7 @@ class MatchResult:
 
 
 def match_detections(
-    records: Sequence[ImageRecord], num_classes: int, iou_threshold: float = 0.5, strict: bool = False
+    records: Sequence[ImageRecord], num_classes: int, match_iou: float = 0.5, strict: bool = False
 ) -> MatchResult:
     """Greedy same-class matching of detections to ground truth (see module docstring)."""
     scores, classes, positives, image_index = [], [], [], []
@@ -69,7 +69,7 @@ def match_detections(
             candidate = np.where(taken, -1.0, ious[row])
             best = int(np.argmax(candidate))
             value = candidate[best]
-            passed = value > iou_threshold if strict else value >= iou_threshold
+            passed = value > match_iou if strict else value >= match_iou
             if passed:
                 taken[best] = True
                 hits[row] = True
@@ -213,7 +213,7 @@ def image_verdicts(records: Sequence[ImageRecord], threshold: float) -> dict:
 
 
 def confusion_matrix(
-    records: Sequence[ImageRecord], num_classes: int, score_threshold: float, iou_threshold: float = 0.5
+    records: Sequence[ImageRecord], num_classes: int, threshold: float, match_iou: float = 0.5
 ) -> np.ndarray:
     """(K+1, K+1) counts, rows = true class, columns = predicted class, index K = background.
 
@@ -225,13 +225,13 @@ def confusion_matrix(
     matrix = np.zeros((num_classes + 1, num_classes + 1), dtype=np.int64)
     background = num_classes
     for record in records:
-        kept = record.det_scores >= score_threshold
+        kept = record.det_scores >= threshold
         det_boxes, det_classes = record.det_boxes[kept], record.det_classes[kept]
         ious = box_iou(record.gt_boxes, det_boxes)  # (N, M)
         gt_used = np.zeros(len(record.gt_boxes), dtype=bool)
         det_used = np.zeros(len(det_boxes), dtype=bool)
         if ious.size:
-            rows, cols = np.nonzero(ious >= iou_threshold)
+            rows, cols = np.nonzero(ious >= match_iou)
             for pair in np.argsort(-ious[rows, cols], kind="stable"):
                 gt_index, det_index = rows[pair], cols[pair]
                 if gt_used[gt_index] or det_used[det_index]:
@@ -257,7 +257,7 @@ class OperatingPointResult:
 def operating_points(
     records: Sequence[ImageRecord],
     class_names: Sequence[str],
-    iou_threshold: float = 0.5,
+    match_iou: float = 0.5,
     target_recall: float = 0.99,
     threshold: float | None = None,
 ) -> OperatingPointResult:
@@ -269,9 +269,9 @@ def operating_points(
     - `chosen`: `threshold` when given, else the best-F1 threshold; the one the plots mark.
     """
     num_classes = len(class_names)
-    match = match_detections(records, num_classes, iou_threshold)
+    match = match_detections(records, num_classes, match_iou)
     cuts = pooled_cut_points(match)
-    summary: dict = {"iou_threshold": iou_threshold, "target_recall": target_recall}
+    summary: dict = {"iou_threshold": match_iou, "target_recall": target_recall}
 
     best_threshold = cuts.best_f1_threshold if len(cuts.thresholds) else 0.5
     summary["best_f1"] = {
@@ -295,7 +295,7 @@ def operating_points(
             "reachable": False,
             "threshold": None,
             "max_recall": best_recall,
-            "note": f"not reachable: the highest recall at IoU {iou_threshold} is {best_recall:.4f} < {target_recall}",
+            "note": f"not reachable: the highest recall at IoU {match_iou} is {best_recall:.4f} < {target_recall}",
         }
 
     chosen = best_threshold if threshold is None else float(threshold)

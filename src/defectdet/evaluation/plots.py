@@ -43,7 +43,7 @@ def plot_pr_curves(
     class_curves: Sequence[ClassCurve],
     class_names: Sequence[str],
     out_path: str | Path,
-    iou_threshold: float = 0.5,
+    match_iou: float = 0.5,
 ) -> Path:
     """Interpolated precision-recall curve per class and their mean over classes (bold)."""
     plt = _pyplot()
@@ -82,7 +82,7 @@ def plot_pr_curves(
     axes.set_ylim(0, 1.02)
     axes.set_xlabel("Recall")
     axes.set_ylabel("Precision")
-    axes.set_title(f"Precision-recall per class (IoU >= {iou_threshold:g}, all-point interpolated)")
+    axes.set_title(f"Precision-recall per class (IoU >= {match_iou:g}, all-point interpolated)")
     axes.grid(alpha=0.3)
     axes.legend(loc="lower left", fontsize=9, framealpha=0.9)
     return _save(figure, out_path)
@@ -122,7 +122,7 @@ def plot_threshold_curves(result: OperatingPointResult, out_path: str | Path) ->
         for axes in (top, bottom):
             axes.axvline(threshold, color=color, linestyle=style, linewidth=1.2)
         f1 = point.get("f1")
-        text = f"{label}: conf {threshold:.3f}" + (f", F1 {f1:.3f}" if f1 is not None else "")
+        text = f"{label}: threshold {threshold:.3f}" + (f", F1 {f1:.3f}" if f1 is not None else "")
         top.plot([], [], color=color, linestyle=style, label=text)
     if not target.get("reachable"):
         top.plot([], [], color="none", label=f"recall {summary['target_recall']:g}: not reachable")
@@ -145,8 +145,8 @@ def plot_confusion_matrix(
     matrix: np.ndarray,
     class_names: Sequence[str],
     out_path: str | Path,
-    score_threshold: float,
-    iou_threshold: float = 0.5,
+    threshold: float,
+    match_iou: float = 0.5,
 ) -> Path:
     """Counts and row-normalized (share of each true class) side by side, with a background row/column."""
     plt = _pyplot()
@@ -186,7 +186,7 @@ def plot_confusion_matrix(
         axes.set_title(title)
         figure.colorbar(image, ax=axes, fraction=0.046, pad=0.04)
     figure.suptitle(
-        f"Confusion matrix at conf >= {score_threshold:.3f}, IoU >= {iou_threshold:g} "
+        f"Confusion matrix at threshold {threshold:.3f}, IoU >= {match_iou:g} "
         "(background column = missed, background row = false alarm)",
         fontsize=11,
     )
@@ -204,11 +204,11 @@ def _read_with_cv2(record: ImageRecord) -> np.ndarray | None:
 
 
 def _misses_and_false_alarms(
-    record: ImageRecord, num_classes: int, score_threshold: float, iou_threshold: float
+    record: ImageRecord, num_classes: int, threshold: float, match_iou: float
 ) -> tuple[int, int]:
     """Same-class greedy matching (as the operating point uses) restricted to detections >= threshold."""
-    match = match_detections([record], num_classes, iou_threshold)
-    kept = match.scores >= score_threshold
+    match = match_detections([record], num_classes, match_iou)
+    kept = match.scores >= threshold
     hits = int(match.true_positive[kept].sum())
     return len(record.gt_boxes) - hits, int(kept.sum()) - hits
 
@@ -218,8 +218,8 @@ def _draw_record(
     record: ImageRecord,
     load: Callable[[ImageRecord], np.ndarray | None],
     class_names: Sequence[str],
-    score_threshold: float,
-    iou_threshold: float,
+    threshold: float,
+    match_iou: float,
 ) -> int:
     """Draw one record on `axes`: the image, ground truth (green, dashed; a missed one named under its box) and
     the predictions >= threshold (red, class + score). Returns how many predictions were drawn."""
@@ -234,9 +234,9 @@ def _draw_record(
     axes.set_yticks([])
     for spine in axes.spines.values():
         spine.set_edgecolor("#9e9e9e")
-    kept = record.det_scores >= score_threshold
+    kept = record.det_scores >= threshold
     same_class = record.gt_classes[:, None] == record.det_classes[kept][None, :]
-    found = ((box_iou(record.gt_boxes, record.det_boxes[kept]) >= iou_threshold) & same_class).any(axis=1)
+    found = ((box_iou(record.gt_boxes, record.det_boxes[kept]) >= match_iou) & same_class).any(axis=1)
     for box, class_id, was_found in zip(record.gt_boxes, record.gt_classes, found, strict=True):
         if not was_found:  # name the missed defect under its box
             name = class_names[class_id] if 0 <= class_id < len(class_names) else str(class_id)
@@ -290,12 +290,12 @@ def plot_prediction_grid(
     records: Sequence[ImageRecord],
     class_names: Sequence[str],
     out_path: str | Path,
-    score_threshold: float,
+    threshold: float,
     load_image: Callable[[ImageRecord], np.ndarray | None] | None = None,
     max_images: int = 6,
     columns: int = 2,
     worst_first: bool = True,
-    iou_threshold: float = 0.5,
+    match_iou: float = 0.5,
 ) -> Path:
     """Images with ground truth (green, dashed) and predictions >= threshold (red, class + score).
 
@@ -307,7 +307,7 @@ def plot_prediction_grid(
 
     load = load_image or _read_with_cv2
     errors = {
-        id(record): _misses_and_false_alarms(record, len(class_names), score_threshold, iou_threshold)
+        id(record): _misses_and_false_alarms(record, len(class_names), threshold, match_iou)
         for record in records
     }
     chosen = list(records)
@@ -322,14 +322,14 @@ def plot_prediction_grid(
         axes.axis("off")
     for axes, record in zip(panels.flat, chosen, strict=False):
         missed, false_alarms = errors[id(record)]
-        kept = _draw_record(axes, record, load, class_names, score_threshold, iou_threshold)
+        kept = _draw_record(axes, record, load, class_names, threshold, match_iou)
         axes.set_title(
             f"{record.image_id}\n{len(record.gt_boxes)} gt, {kept} pred: "
             f"{missed} missed, {false_alarms} false",
             fontsize=10,
         )
     selection = "images with the most errors" if worst_first else "first images"
-    _legend_and_title(figure, f"Validation predictions at conf >= {score_threshold:.3f} ({selection})")
+    _legend_and_title(figure, f"Validation predictions at threshold {threshold:.3f} ({selection})")
     return _save(figure, out_path)
 
 
@@ -340,7 +340,7 @@ def plot_comparison_grid(
     thresholds: tuple[float, float],
     labels: tuple[str, str] = ("OLD", "NEW"),
     load_image: Callable[[ImageRecord], np.ndarray | None] | None = None,
-    iou_threshold: float = 0.5,
+    match_iou: float = 0.5,
 ) -> Path:
     """One row per image, the two models side by side: (left record, right record, why they are shown).
 
@@ -355,13 +355,11 @@ def plot_comparison_grid(
     figure, panels = plt.subplots(rows, 2, figsize=(5.8 * 2, 6.3 * rows), squeeze=False)
     for row, (left, right, reason) in zip(panels, pairs, strict=True):
         for axes, record, label, threshold in zip(row, (left, right), labels, thresholds, strict=True):
-            missed, false_alarms = _misses_and_false_alarms(
-                record, len(class_names), threshold, iou_threshold
-            )
-            kept = _draw_record(axes, record, load, class_names, threshold, iou_threshold)
+            missed, false_alarms = _misses_and_false_alarms(record, len(class_names), threshold, match_iou)
+            kept = _draw_record(axes, record, load, class_names, threshold, match_iou)
             flagged = "defective" if kept else "clean"
             axes.set_title(
-                f"{label} (conf >= {threshold:.3f}): {record.image_id}\n{flagged}, {len(record.gt_boxes)} gt, "
+                f"{label} (threshold {threshold:.3f}): {record.image_id}\n{flagged}, {len(record.gt_boxes)} gt, "
                 f"{kept} pred: {missed} missed, {false_alarms} false",
                 fontsize=10,
                 pad=14,  # above the labels of boxes at the top edge

@@ -274,7 +274,7 @@ def _metric_cards(metrics: dict) -> list[str]:
             _card(
                 "DeepPCB F-score",
                 _fmt(best.get("f_score")),
-                f"best at conf {_fmt(best.get('threshold'))}; "
+                f"best at threshold {_fmt(best.get('threshold'))}; "
                 f"at chosen {_fmt(deeppcb.get('at_threshold', {}).get('f_score'))}",
             )
         )

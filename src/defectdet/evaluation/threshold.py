@@ -70,15 +70,15 @@ def threshold_for_escape(
 def threshold_for_f1(
     records: Sequence[ImageRecord],
     num_classes: int,
-    iou_threshold: float = 0.5,
+    match_iou: float = 0.5,
     source: str = "calibration records",
 ) -> ThresholdChoice:
-    """The threshold with the best pooled box F1 (same class, IoU >= `iou_threshold`) on `records`: the
+    """The threshold with the best pooled box F1 (same class, IoU >= `match_iou`) on `records`: the
     rule for protocols that score boxes (DeepPCB's F) rather than boards."""
     defective = [record for record in records if not record.is_clean]
     if not defective:
         raise ValueError(f"{source}: no defective board to choose a threshold on")
-    threshold = pooled_cut_points(match_detections(records, num_classes, iou_threshold)).best_f1_threshold
+    threshold = pooled_cut_points(match_detections(records, num_classes, match_iou)).best_f1_threshold
     if threshold is None:
         raise ValueError(f"{source}: the model made no detection there")
     escape_rate = float(np.mean([record.max_score < threshold for record in defective]))

@@ -86,7 +86,7 @@ def fold_batchnorm(model: nn.Module) -> nn.Module:
     return model
 
 
-def export_onnx_graph(detector: nn.Module, path: Path, channels: int, imgsz: int) -> None:
+def export_onnx_graph(detector: nn.Module, path: Path, channels: int, input_size: int) -> None:
     """Write the bare graph: input (B, C, S, S) with a dynamic batch, outputs predictions and features."""
     import onnx
 
@@ -95,7 +95,7 @@ def export_onnx_graph(detector: nn.Module, path: Path, channels: int, imgsz: int
     with torch.inference_mode(False), torch.no_grad():
         torch.onnx.export(
             graph,
-            (torch.rand(1, channels, imgsz, imgsz),),
+            (torch.rand(1, channels, input_size, input_size),),
             str(path),
             opset_version=ONNX_OPSET,
             input_names=[INPUT_NAME],

@@ -196,13 +196,15 @@ class Service:
                 raise ImageReadError(f"{name}: decoded to an unexpected shape {array.shape}")
         return planes, (time.perf_counter() - started) * 1e3
 
-    def infer(self, live: ServedModel, planes: Planes, conf: float | None) -> tuple[PredictionResult, dict]:
+    def infer(
+        self, live: ServedModel, planes: Planes, threshold: float | None
+    ) -> tuple[PredictionResult, dict]:
         """Predict with `live` and update its drift charts (runs in a worker thread)."""
-        options: dict[str, Any] = {"threshold": conf}
+        options: dict[str, Any] = {"threshold": threshold}
         if self.capture is not None and "uncertain" in self.settings.keep:  # see near misses too
             floor = max(0.0, live.metadata.thresholds.threshold - self.settings.keep_margin)
             # never above the request's own threshold: keeping must not change the verdict
-            options["score_floor"] = floor if conf is None else min(floor, conf)
+            options["score_floor"] = floor if threshold is None else min(floor, threshold)
         result = predict_planes(live.predictor, planes.image, planes.template, planes.companions, **options)
         drift_started = time.perf_counter()
         monitor = live.monitor
@@ -211,17 +213,17 @@ class Service:
         return result, drift
 
     def _timed_infer(
-        self, upload: Upload, conf: float | None
+        self, upload: Upload, threshold: float | None
     ) -> tuple[PredictionResult, dict, float, bool, str]:
         """(result, drift, started, kept, model version). The live model is taken once, here: a promotion
         while this runs changes the model of the next request, not of this one."""
         started = time.perf_counter()  # a worker took it: the wait in the executor's queue ends here
         live = self.live
         planes, decode_ms = self.decode(upload, live.metadata)
-        result, drift = self.infer(live, planes, conf)
+        result, drift = self.infer(live, planes, threshold)
         result.timings["decode"] = result.timings.get("decode", 0.0) + decode_ms
         kept = self.keep(live, upload, result, drift)
-        if conf is None:  # the shadow is compared at both models' own thresholds
+        if threshold is None:  # the shadow is compared at both models' own thresholds
             self.deployment.observe(planes.image, planes.template, result, planes.companions)
         return result, drift, started, kept, live.version
 
@@ -263,9 +265,9 @@ class Service:
         self.check_ready()
         arrived = time.perf_counter()
         form = await self._read_upload(request)
-        upload, conf = upload_of(form, self.metadata)
+        upload, threshold = upload_of(form, self.metadata)
         received = time.perf_counter()
-        result, drift, queued, kept, version = await self._run(upload, conf)
+        result, drift, queued, kept, version = await self._run(upload, threshold)
         finished = time.perf_counter()
         timings = {
             "receive": (received - arrived) * 1e3,
@@ -299,13 +301,13 @@ class Service:
             self.metrics.reading.set(self.reading)
 
     async def _run(
-        self, upload: Upload, conf: float | None
+        self, upload: Upload, threshold: float | None
     ) -> tuple[PredictionResult, dict, float, bool, str]:
         """Take a place (503 when full) and infer on a worker thread: (result, drift, queued, kept)."""
         self.admit()
         submitted = False
         try:
-            job = self.executor.submit(self._timed_infer, upload, conf)
+            job = self.executor.submit(self._timed_infer, upload, threshold)
             submitted = True
             # the place is given back when the work ends, not when this coroutine does: a client that
             # hangs up cannot leave work behind that the queue limit no longer counts. Given back on the

@@ -140,7 +140,7 @@ def export_tasks(
     document_root: Path | None = None,
     url_prefix: str = LOCAL_FILES,
     images: Path | None = None,
-    min_score: float | None = None,
+    score_floor: float | None = None,
 ) -> TasksExport:
     """Write Label Studio import tasks for the images of `source`, and the labelling config of `classes`.
 
@@ -149,14 +149,14 @@ def export_tasks(
     `templates/`); or a folder of images with a prediction JSON beside each (`<stem>.json` holding
     `detections`, as `PredictionResult.to_dict` writes them), where images without one become tasks without
     predictions. An image the operator reviewed carries its labels as an annotation; the others carry the
-    model's detections as a prediction, those under `min_score` (default: the threshold a record states) left
+    model's detections as a prediction, those under `score_floor` (default: the threshold a record states) left
     out. `classes`: the model's full class list (default: the source's, then the names used). Image and
     template URLs are `url_prefix` + the path below `document_root` (default: the folder holding them all),
     which is what Label Studio's local-files storage serves when LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT is that
     folder. `images` is where to find the files predictions.jsonl names when they moved since.
     """
     source = Path(source)
-    records, class_hint, skipped = read_predictions(source, images, min_score)
+    records, class_hint, skipped = read_predictions(source, images, score_floor)
     if not records:
         raise DatasetError(f"{source}: no images to export")
     names = _task_classes(records, classes, class_hint)
@@ -277,25 +277,25 @@ def _region(
 
 
 def read_predictions(
-    source: Path, images: Path | None = None, min_score: float | None = None
+    source: Path, images: Path | None = None, score_floor: float | None = None
 ) -> tuple[list[Predicted], list[str], list[str]]:
     """(images with their detections, class names in the model's order when known, failed files)."""
     source = Path(source)
     if source.is_dir() and (source / "predictions.jsonl").is_file():
         source = source / "predictions.jsonl"
     if source.is_file() and source.suffix.lower() == ".jsonl":
-        return _read_jsonl(source, images, min_score)
+        return _read_jsonl(source, images, score_floor)
     if source.is_dir() and (source / "predictions").is_dir() and any((source / "predictions").glob("*.json")):
-        return _read_keep_folder(source, min_score)
+        return _read_keep_folder(source, score_floor)
     if source.is_dir():
-        return _read_sidecars(source, min_score)
+        return _read_sidecars(source, score_floor)
     raise DatasetError(
         f"{source}: expected `defectdet predict`'s output folder, its predictions.jsonl, or a folder of images"
     )
 
 
 def _read_jsonl(
-    path: Path, images: Path | None, min_score: float | None
+    path: Path, images: Path | None, score_floor: float | None
 ) -> tuple[list[Predicted], list[str], list[str]]:
     classes_file = path.parent / "classes.txt"
     class_names = (
@@ -323,7 +323,7 @@ def _read_jsonl(
                 f"{path}:{number}: image {entry['file']!r} not found (relative to here, to {path.parent}{where}); "
                 "pass --images DIR"
             )
-        record = _predicted(image, entry, class_names, f"{path}:{number}", min_score)
+        record = _predicted(image, entry, class_names, f"{path}:{number}", score_floor)
         template = entry.get("template")
         if isinstance(template, str):
             record.template = _find_predicted_image(template, path, images)
@@ -344,7 +344,9 @@ def _find_predicted_image(name: str, jsonl: Path, images: Path | None) -> Path |
     return next((option for option in options if option.is_file()), None)
 
 
-def _read_keep_folder(folder: Path, min_score: float | None) -> tuple[list[Predicted], list[str], list[str]]:
+def _read_keep_folder(
+    folder: Path, score_floor: float | None
+) -> tuple[list[Predicted], list[str], list[str]]:
     """The keep folder the service writes and the review labels: each sidecar's detections, the image's
     template (`templates/`) and, where the operator decided (not skip) or a label file exists, their labels."""
     records, names = [], _folder_classes(folder)
@@ -360,7 +362,7 @@ def _read_keep_folder(folder: Path, min_score: float | None) -> tuple[list[Predi
             raise DatasetError(f"{sidecar}: its image {name!r} is not in {folder}")
         if not names and isinstance(entry.get("class_names"), list):
             names = [str(value) for value in entry["class_names"]]
-        record = _predicted(image, entry, names, str(sidecar), min_score)
+        record = _predicted(image, entry, names, str(sidecar), score_floor)
         bundle = entry.get("bundle")
         record.model_version = str(bundle) if bundle else None
         record.template = _kept_template(folder, image)
@@ -451,7 +453,7 @@ def _read_json_file(path: Path) -> Any:
         ) from None
 
 
-def _read_sidecars(folder: Path, min_score: float | None) -> tuple[list[Predicted], list[str], list[str]]:
+def _read_sidecars(folder: Path, score_floor: float | None) -> tuple[list[Predicted], list[str], list[str]]:
     records = []
     images = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     if not images:
@@ -465,7 +467,7 @@ def _read_sidecars(folder: Path, min_score: float | None) -> tuple[list[Predicte
             records.append(Predicted(image, [], predicted=False))
             continue
         entry = _prediction_record(_read_json_file(sidecar), sidecar)
-        records.append(_predicted(image, entry, [], str(sidecar), min_score))
+        records.append(_predicted(image, entry, [], str(sidecar), score_floor))
     return records, [], []
 
 
@@ -481,9 +483,9 @@ def _prediction_record(entry: Any, where: Path) -> dict[str, Any]:
 
 
 def _predicted(
-    image: Path, entry: dict[str, Any], class_names: list[str], where: str, min_score: float | None
+    image: Path, entry: dict[str, Any], class_names: list[str], where: str, score_floor: float | None
 ) -> Predicted:
-    floor = min_score if min_score is not None else entry.get("threshold")
+    floor = score_floor if score_floor is not None else entry.get("threshold")
     floor = float(floor) if _number(floor) else 0.0
     detections = []
     for index, detection in enumerate(entry.get("detections") or []):
