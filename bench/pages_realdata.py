@@ -403,10 +403,11 @@ def _good_only(page: Page, results: dict[str, Result]) -> None:
                 f3(doc.get("escape_rate")),
                 f3(floor_ap),
                 f1((doc.get("model_ms") or {}).get("p50")),
+                f1(((doc.get("environment") or {}).get("machine") or {}).get("load_average", [None])[0]),
                 page.cite(result.name),
             ]
         )
-    rows.append([PATCHCORE_ROW, "-", "a GPU", "-", "-", "-", "0.99", "-", "-", "-", "-", "-"])
+    rows.append([PATCHCORE_ROW, "-", "a GPU", "-", "-", "-", "0.99", "-", "-", "-", "-", "-", "-"])
     page.table(
         (
             "data",
@@ -420,6 +421,7 @@ def _good_only(page: Page, results: dict[str, Result]) -> None:
             "escapes",
             "box AP@0.5",
             "model ms (p50)",
+            "load",
             "file",
         ),
         rows,
