@@ -16,6 +16,7 @@ import numpy as np
 # the square input side when neither the settings nor the data choose one: DeepPCB's native size, where 320
 # crops reached 0.96+ mAP@0.5; a run saved without an input size was trained at it
 DEFAULT_INPUT_SIZE = 640
+DEFAULT_PAD_VALUE = 114  # the canvas fill around a letterboxed image
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def compute_letterbox(width: int, height: int, size: int) -> LetterboxTransform:
 
 
 def letterbox_image(
-    image: np.ndarray, size: int, pad_value: int = 114
+    image: np.ndarray, size: int, pad_value: int = DEFAULT_PAD_VALUE
 ) -> tuple[np.ndarray, LetterboxTransform]:
     """Resize `image` (HxW or HxWxC, any dtype) into a `size` x `size` canvas; returns it and the transform."""
     height, width = image.shape[:2]

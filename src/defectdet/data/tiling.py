@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from defectdet.data.letterbox import LetterboxTransform, boxes_from_letterbox
+from defectdet.data.letterbox import DEFAULT_PAD_VALUE, LetterboxTransform, boxes_from_letterbox
 from defectdet.postprocess import Detections
 
 TILE_TRIGGER = 1.5  # tile when the long side is over this many letterbox sizes
@@ -117,7 +117,7 @@ def resize_for_tiles(image: np.ndarray, plan: TilePlan) -> np.ndarray:
     return resized.reshape((plan.resized_height, plan.resized_width) + image.shape[2:])
 
 
-def tile_canvas(resized: np.ndarray, tile: Tile, size: int, pad_value: int = 114) -> np.ndarray:
+def tile_canvas(resized: np.ndarray, tile: Tile, size: int, pad_value: int = DEFAULT_PAD_VALUE) -> np.ndarray:
     """The tile's pixels from the image `resize_for_tiles` returned, at the top-left of a `size` x `size`
     canvas padded with `pad_value` (never resized: a tile keeps its scale, and tile pixels are canvas pixels)."""
     canvas = np.full((size, size) + resized.shape[2:], pad_value, dtype=resized.dtype)
@@ -128,7 +128,11 @@ def tile_canvas(resized: np.ndarray, tile: Tile, size: int, pad_value: int = 114
 
 
 def tile_canvases(
-    image: np.ndarray, template: np.ndarray | None, plan: TilePlan, size: int, pad_value: int = 114
+    image: np.ndarray,
+    template: np.ndarray | None,
+    plan: TilePlan,
+    size: int,
+    pad_value: int = DEFAULT_PAD_VALUE,
 ) -> list[tuple[np.ndarray, np.ndarray | None]]:
     """(image canvas, template canvas or None) per tile of `plan`; the template is cut exactly as the image."""
     if not plan.tiles:

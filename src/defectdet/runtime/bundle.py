@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from defectdet.compat import Surface, current_keys, retired_attributes
+from defectdet.data.letterbox import DEFAULT_PAD_VALUE
 from defectdet.data.sample import companion_name_problem
 from defectdet.errors import CheckpointError
 from defectdet.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_FLOOR
@@ -50,7 +51,7 @@ class Normalization(BaseModel):
 
 class Letterbox(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    pad_value: int = Field(114, ge=0, le=255)
+    pad_value: int = Field(DEFAULT_PAD_VALUE, ge=0, le=255)
 
 
 class Thresholds(BaseModel, retired_attributes(Surface.BUNDLE_THRESHOLDS, "thresholds")):

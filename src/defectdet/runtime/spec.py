@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from defectdet.compat import Surface, current_keys
-from defectdet.data.letterbox import DEFAULT_INPUT_SIZE
+from defectdet.data.letterbox import DEFAULT_INPUT_SIZE, DEFAULT_PAD_VALUE
 from defectdet.data.planes import INPUT_SCALE
 from defectdet.errors import CheckpointError, ConfigError
 from defectdet.postprocess import (
@@ -28,7 +28,6 @@ from defectdet.postprocess import (
 )
 from defectdet.runtime.bundle import BundleMetadata, check_companion_names
 
-DEFAULT_PAD_VALUE = 114  # data.letterbox's canvas fill
 HEAD_STRIDES = (8, 16, 32)  # model.detector.STRIDES_BY_LEVEL: a head level is an index into it
 
 
