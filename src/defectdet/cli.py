@@ -474,21 +474,25 @@ def export(
     for name, path in result.extra_files.items():
         console.print(f"[green]{name}[/green]: {path}")
     if result.int8 is not None:
-        report = result.int8
-        verdict = "[green]written[/green]" if report["written"] else "[red]refused[/red]"
-        console.print(
-            f"int8 {verdict}: mAP@0.5 {report['mAP50_fp32']:.4f} -> {report['mAP50_int8']:.4f} "
-            f"(drop {report['mAP50_drop']:+.4f}, limit {report['max_drop']}), p50 {report['p50_ms_fp32']} -> "
-            f"{report['p50_ms_int8']} ms (x{report['speedup']})"
-            + (f": {report['path']}" if report["path"] else "")
-        )
-        if report["written"] and report["speedup"] < 1.0:
-            console.print(
-                f"[yellow]int8 is {1 / report['speedup']:.1f}x slower than fp32 on this CPU[/yellow]: "
-                "deploy the fp32 bundle here; int8 may pay on CPUs with fast int8 kernels (VNNI/AMX)"
-            )
-        if not report["written"]:
+        _print_int8_report(result.int8)
+        if not result.int8["written"]:
             raise typer.Exit(1)
+
+
+def _print_int8_report(report: dict[str, Any]) -> None:
+    """The int8 model's accuracy and speed against fp32, and whether it was written."""
+    verdict = "[green]written[/green]" if report["written"] else "[red]refused[/red]"
+    console.print(
+        f"int8 {verdict}: mAP@0.5 {report['mAP50_fp32']:.4f} -> {report['mAP50_int8']:.4f} "
+        f"(drop {report['mAP50_drop']:+.4f}, limit {report['max_drop']}), p50 {report['p50_ms_fp32']} -> "
+        f"{report['p50_ms_int8']} ms (x{report['speedup']})"
+        + (f": {report['path']}" if report["path"] else "")
+    )
+    if report["written"] and report["speedup"] < 1.0:
+        console.print(
+            f"[yellow]int8 is {1 / report['speedup']:.1f}x slower than fp32 on this CPU[/yellow]: "
+            "deploy the fp32 bundle here; int8 may pay on CPUs with fast int8 kernels (VNNI/AMX)"
+        )
 
 
 @app.command()
