@@ -7,7 +7,9 @@ module `defectdet/cli.py` -> `cli`, the package root `defectdet/__init__.py` -> 
 import only packages of a strictly lower layer. docs/design/architecture.md draws the same table.
 
 Not counted: the string paths that `_lazy.lazy_exports` resolves on first attribute access (the package root
-and `diagnostics` re-export names that way); they run no import until a caller asks for the name.
+and `diagnostics` re-export names that way); they run no import until a caller asks for the name. Nor the package
+root's `TYPE_CHECKING` block, which names the same exports for type checkers and the API reference and never
+runs: a test holds it to exactly the lazy exports, so it cannot hide another dependency.
 """
 
 from __future__ import annotations
@@ -75,8 +77,12 @@ def imported_modules(path: Path, src: Path) -> list[tuple[str, int]]:
     """(absolute module name, line) of every defectdet import in the file, wherever it sits in the file."""
     module = _module_name(path, src)
     is_package = path.name == "__init__.py"
+    tree = ast.parse(path.read_text(), filename=str(path))
+    skipped = {id(node) for node in _root_type_checking_imports(tree)} if module == PACKAGE else set()
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -90,6 +96,29 @@ def imported_modules(path: Path, src: Path) -> list[tuple[str, int]]:
                 child = f"{base}.{alias.name}"
                 found.append((child if _is_module(child, src) else base, node.lineno))
     return [(name, line) for name, line in found if name == PACKAGE or name.startswith(PACKAGE + ".")]
+
+
+def _root_type_checking_imports(tree: ast.Module) -> list[ast.ImportFrom]:
+    """The `from ... import ...` statements of the module's top-level `if TYPE_CHECKING:` blocks."""
+    return [
+        node
+        for block in tree.body
+        if isinstance(block, ast.If) and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+    ]
+
+
+def test_the_roots_type_checking_names_are_exactly_its_lazy_exports() -> None:
+    import defectdet
+
+    root = SRC / PACKAGE / "__init__.py"
+    named = {
+        alias.asname or alias.name: node.module
+        for node in _root_type_checking_imports(ast.parse(root.read_text()))
+        for alias in node.names
+    }
+    assert named == defectdet._EXPORTS
 
 
 def package_edges(src: Path) -> dict[tuple[str, str], list[str]]:
