@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import typer
+import typer.main
 from pydantic import Field
 from typer.testing import CliRunner
 
@@ -95,10 +96,19 @@ def test_a_bad_stride_list_is_one_line_naming_the_option() -> None:
     assert "--strides" in str(result.exception)
 
 
+def _command_paths(command: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    paths = [path]
+    for name, sub in getattr(command, "commands", {}).items():
+        paths += _command_paths(sub, (*path, name))
+    return paths
+
+
 def test_switches_show_as_pairs_not_as_values() -> None:
     shown = _help(app, "train")
     assert "--amp --no-amp" in shown and "--template --no-template" in shown
-    assert "<bool>" not in shown and "BOOLEAN" not in shown
+    for path in _command_paths(typer.main.get_command(app)):
+        shown = _help(app, *path)
+        assert "<bool>" not in shown and "BOOLEAN" not in shown, path
 
 
 def test_train_passes_the_given_options_to_the_configuration(monkeypatch: pytest.MonkeyPatch) -> None:

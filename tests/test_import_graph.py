@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     # leaf modules: import nothing from defectdet (postprocess: NumPy + OpenCV NMS, shared by data, runtime, ...)
     "_lazy": 0,
     "_limits": 0,
+    "cli_app": 0,  # the typer app classes (help shows flags without a value type); imports only typer
     "cli_option": 0,  # how a settings field shows on the command line (read by cli_settings)
     "errors": 0,
     "postprocess": 0,

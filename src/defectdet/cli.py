@@ -13,9 +13,9 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from typer.core import TyperCommand, TyperGroup
 
 from defectdet import compat
+from defectdet.cli_app import CommandApp, FlagHelpGroup
 from defectdet.cli_settings import SETTINGS_OPTIONS, settings_options
 from defectdet.demo import DEMO_MINUTES
 from defectdet.doctor_cli import doctor_app
@@ -34,44 +34,14 @@ def _note_retired(message: str) -> None:
     Console(stderr=True).print(f"[yellow]{message}[/yellow]")
 
 
-def _flags_without_value(params: list[Any]) -> list[Any]:
-    """`params`, each flag without a value type in help: a switch shows as `--amp / --no-amp`, not `<bool>`."""
-    for param in params:
-        if getattr(param, "is_flag", False) and param.metavar is None:
-            param.metavar = ""
-    return params
-
-
-class _Command(TyperCommand):
-    """A command whose help shows flags by their names alone."""
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        return _flags_without_value(super().get_params(ctx))
-
-
-class _Group(TyperGroup):
-    """A command group whose help shows flags by their names alone."""
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        return _flags_without_value(super().get_params(ctx))
-
-
-class _Commands(_Group):
+class _Commands(FlagHelpGroup):
     """The root command group; it reads retired option names as their current ones."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         return super().parse_args(ctx, current_option_names(args))
 
 
-class _Typer(typer.Typer):
-    """A typer app whose commands show flags by their names alone in help."""
-
-    def command(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("cls", _Command)
-        return super().command(*args, **kwargs)
-
-
-app = _Typer(
+app = CommandApp(
     cls=_Commands,
     name="defectdet",
     help="Industrial visual defect detection: synth -> check -> train -> val, on a CPU.",
@@ -807,8 +777,7 @@ def demo(
     run_demo(out, minutes=minutes, boards=boards, console=console)
 
 
-labels_app = _Typer(
-    cls=_Group,
+labels_app = CommandApp(
     help="Interchange with labelling tools: Label Studio tasks and exports, CVAT's COCO 1.0, COCO json.",
     no_args_is_help=True,
 )

@@ -13,7 +13,9 @@ from typing import Any
 
 import typer
 
-doctor_app = typer.Typer(
+from defectdet.cli_app import CommandApp
+
+doctor_app = CommandApp(
     help="Diagnose the environment, checkpoints, loaders, NaNs and tensors. Without a command: the environment.",
     invoke_without_command=True,
     no_args_is_help=False,
