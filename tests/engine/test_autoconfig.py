@@ -234,8 +234,16 @@ def test_table_and_model_overrides() -> None:
     console = Console(record=True, width=200)
     console.print(choices_table(choices))
     text = console.export_text()
-    for name in ("input_size", "crop_size", "strides", "channels", "template", "class_balance"):
-        assert name in text
+    labels = (
+        "input size (px) (--input-size)",
+        "training crops (px) (--crop)",  # the option's own flag
+        "colour channels (--channels)",
+        "golden template (--template)",
+        "rare classes shown more (--set class_balance=...)",  # no option of its own
+    )
+    for label in labels:
+        assert label in text
+    assert "regression ranges" not in text and "softplus" not in text  # a design fact, not a setting
     assert model_overrides(config) == {"levels": (0, 1, 2), "frozen_stem": True}  # lite0 from ImageNet
     assert model_overrides(TrainConfig()) == {}
 

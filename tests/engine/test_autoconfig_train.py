@@ -81,15 +81,18 @@ def test_train_cli_prints_the_table_and_levels_travel_to_validate(tmp_path) -> N
         + ["--clean-images", str(clean)],
     )
     assert result.exit_code == 0, result.output
-    for text in (
+    for text in (  # each within one cell's line at any terminal width
         "settings chosen for this run",
-        "input_size",
-        "crop_size",
-        "strides",
-        "template",
-        "class_balance",
+        "input size (px)",
+        "(--input-size)",
+        "(--crop)",
+        "(--strides)",
+        "golden template",
+        "rare classes shown",
     ):
         assert text in result.output, text
+    for internal in ("grad step", "glibc", "world size", "softplus"):  # details wait for -v
+        assert internal not in result.output, internal
     checkpoint = load_checkpoint(tmp_path / "run" / "last.pt")
     chosen = {c["name"]: c for c in checkpoint["settings_chosen"]}
     assert (

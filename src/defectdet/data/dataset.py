@@ -115,7 +115,7 @@ class DetectionDataset(Dataset):
         self._cache_full_logged = False
         if self.cache_bytes:
             per_sample = input_size * input_size * self.input_channels
-            logger.info(
+            logger.debug(
                 "decoded-image cache: up to %.0f MB per loading process, about %d of %d samples",
                 self.cache_bytes / 2**20, min(len(self.samples), self.cache_bytes // per_sample), len(self.samples),
             )  # fmt: skip

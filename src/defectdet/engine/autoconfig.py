@@ -743,17 +743,53 @@ def model_overrides(config: TrainConfig) -> dict[str, Any]:
     return overrides
 
 
+# each setting of the table in words, for people who have not read the configuration reference
+PLAIN_NAMES: dict[str, str] = {
+    "input_size": "input size (px)",
+    "crop_size": "training crops (px)",
+    "channels": "colour channels",
+    "template": "golden template",
+    "companions": "companion captures",
+    "preset": "model size",
+    "strides": "detection grids (px per cell)",
+    "batch": "images per step",
+    "class_balance": "rare classes shown more",
+    "tiles": "large images cut in tiles",
+    "clean_templates": "templates as good parts",
+    "clean_images": "defect-free images",
+    "synthetic_boards": "synthetic boards added",
+    "pretrained": "starts from shipped weights",
+    "backbone_lr_scale": "backbone learning-rate factor",
+    "frozen_stem": "first layers kept as shipped",
+}
+
+
+def train_option(name: str) -> str:
+    """How `train` sets the field `name`: its own option (the first of a --x/--no-x pair), else `--set`."""
+    from defectdet.engine.config import TRAIN_OPTIONS
+
+    option = TRAIN_OPTIONS.get(name)
+    if option is None:
+        return f"--set {name}=..."
+    return (option.flag or "--" + name.replace("_", "-")).split("/")[0]
+
+
 def choices_table(choices: list[Choice], title: str = "settings chosen for this run"):
-    """A rich Table: setting | value | why (who decided)."""
+    """A rich Table: the setting in words with the option that changes it | value | why (who decided).
+    Fixed design facts (source "fixed", nothing to change) stay out: config.yaml's notes keep them."""
     from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title, show_lines=False)
-    table.add_column("setting")
+    table.add_column("setting (option)")
     table.add_column("value", justify="right")
     table.add_column("why")
     for choice in choices:
+        if choice.source == "fixed":
+            continue
         who = "" if choice.source in ("auto", "model") else f" [{choice.source}]"  # model: in the reason
+        option = train_option(choice.name)
+        label = f"{PLAIN_NAMES[choice.name]} ({option})" if choice.name in PLAIN_NAMES else option
         # escaped: "[from model]" and the " [user]" suffix are text, not rich markup
-        table.add_row(choice.name, escape(_show(choice.value)), escape(choice.reason + who))
+        table.add_row(escape(label), escape(_show(choice.value)), escape(choice.reason + who))
     return table

@@ -108,7 +108,7 @@ class GradStatsMonitor:
         stats = gradient_stats(model, step, total_norm)
         if stats is None:
             return None
-        self.log.info(
+        self.log.debug(
             "grad step %d: total %.4g, max %.4g (%s), min %.3g (%s)",
             step,
             stats.total_norm,

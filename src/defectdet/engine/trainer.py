@@ -563,7 +563,7 @@ class Trainer:
 
             kept = keep_freed_memory()  # fewer page faults per step; results unchanged
             if kept:
-                self.log.info("%s", kept)
+                self.log.debug("%s", kept)
         self.run_dir = resolve_run_dir(config)
         barrier(context)
         if context.is_main:
@@ -592,8 +592,8 @@ class Trainer:
             from defectdet.engine.autoconfig import auto_preset
 
             config = config.model_copy(update={"preset": auto_preset(data.template)[0]})
-        if data.choices:
-            self.log.info(
+        if data.choices:  # the table the command prints says it in words; this line is for logs (-v)
+            self.log.debug(
                 "settings: %s (reasons in %s)",
                 ", ".join(f"{c.name}={c.value} [{c.source}]" for c in data.choices if c.source != "fixed"),
                 run_dir / "config.yaml",
@@ -699,12 +699,12 @@ class Trainer:
         self.last_path, self.best_path = run_dir / "last.pt", run_dir / "best.pt"
         self.saved_best = self.best_path.is_file() and resumed
         log.info(
-            "training on %s (world size %d): %d train batches/epoch, %s, amp=%s, run dir %s",
+            "training on %s%s: %d batches per epoch, %s%s, run folder %s",
             self.device,
-            self.context.world_size,
+            f" ({self.context.world_size} processes)" if self.context.world_size > 1 else "",
             self.batches_per_epoch,
-            f"{config.epochs} epochs" if config.epochs else f"{config.time_minutes} min",
-            self.amp.enabled,
+            f"{config.epochs} epochs" if config.epochs else f"{config.time_minutes:g} minutes",
+            ", mixed precision" if self.amp.enabled else "",
             run_dir,
         )
 
