@@ -82,9 +82,8 @@ def test_val_writes_both_protocols_and_clean_board_rates(
     trained_run: Path, tiny_data: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "val"
-    result = runner.invoke(
-        app, ["val", str(trained_run / "best.pt"), str(tiny_data), "--clean-templates", "--out", str(out)]
-    )
+    args = ["val", str(trained_run / "best.pt"), str(tiny_data), "--clean-templates", "--protocol", "both"]
+    result = runner.invoke(app, [*args, "--out", str(out)])
     assert result.exit_code == 0, result.output
     metrics = json.loads((out / "metrics.json").read_text())
     assert 0.0 <= metrics["coco"]["mAP50"] <= 1.0 and 0.0 <= metrics["deeppcb"]["mAP"] <= 1.0
@@ -255,3 +254,16 @@ def test_every_command_that_takes_data_has_a_format_option(
     result = runner.invoke(app, [*command.split(), *args, "--format", "coco"])
     assert isinstance(result.exception, _Stop), result.output
     assert seen["format"] == "coco"
+
+
+def test_val_reports_deeppcb_figures_only_on_deeppcb_data(
+    trained_run: Path, tiny_data: Path, tmp_path: Path
+) -> None:
+    """Synthetic boards in YOLO layout: COCO's figures only, nothing of DeepPCB's in the report (its cards were
+    shown on every dataset); `--protocol both` still asks for them (test above)."""
+    out = tmp_path / "val"
+    result = runner.invoke(app, ["val", str(trained_run / "best.pt"), str(tiny_data), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert "deeppcb" not in metrics and not (out / "deeppcb_results").exists()
+    assert "DeepPCB" not in (out / "report.html").read_text()

@@ -91,6 +91,7 @@ def test_clean_boards_and_threshold_from_another_split(trained) -> None:
         out=root / "f1",
         threshold_from="train",
         threshold_rule="f1",
+        protocol="both",
     )
     assert by_f1["threshold"]["rule"] == "f1" and "'train'" in by_f1["threshold"]["source"]
     assert by_f1["headline"]["threshold"] == pytest.approx(by_f1["threshold"]["threshold"])

@@ -114,7 +114,7 @@ class TrainConfig(BaseModel):
     progress: bool = True  # progress bars
 
     # validation
-    protocol: Literal["coco", "deeppcb", "both"] = "both"  # the metrics validation reports
+    protocol: Literal["coco", "deeppcb", "both"] | None = None  # metrics; None: coco (both on DeepPCB data)
     # epochs between validations; None: every epoch, or with a time budget at the first epoch end after
     # each VAL_BUDGET_SHARE of the budget, so validation does not eat a third of a short CPU budget
     val_every: int | None = Field(None, ge=1)

@@ -193,6 +193,13 @@ def build_train_data(config: TrainConfig) -> TrainData:
     )
 
 
+def _protocol(config: TrainConfig, dataset: Any) -> str:
+    """The run's validation protocol: the one configured, else COCO's (plus DeepPCB's on DeepPCB data)."""
+    from defectdet.evaluation.report import protocol_for
+
+    return protocol_for(config.protocol, getattr(getattr(dataset, "split", None), "format", None))
+
+
 def _step_timer(config: TrainConfig) -> Any:
     """Times one training step of a shape on the device the run will use (engine.step_speed)."""
     from defectdet.engine.distributed import resolve_device
@@ -786,7 +793,7 @@ class Trainer:
             amp=self.amp,
             postprocess_settings=PostprocessSettings.from_config(config.to_dict()),
             out_dir=self.run_dir if stopped else self.run_dir / "val",
-            protocol=config.protocol,
+            protocol=_protocol(config, self.val_set),
             plots=stopped,
             settings=config.to_dict(),
             tiles=bool(config.tiles),
@@ -807,7 +814,7 @@ class Trainer:
             amp=self.amp,
             postprocess_settings=PostprocessSettings.from_config(self.config.to_dict()),
             out_dir=self.run_dir / "val_old",
-            protocol=self.config.protocol,
+            protocol=_protocol(self.config, self.data.old_val),
             plots=False,
             settings=self.config.to_dict(),
             tiles=bool(self.config.tiles),

@@ -222,8 +222,11 @@ def _score(
     """evaluate_records (metrics, plots, report) plus the threshold's source, board rates, registration."""
     from defectdet.evaluation.report import evaluate_records
 
+    from defectdet.evaluation.report import protocol_for
+
     spec, split = run.spec, settings.split
-    deeppcb_dir = run.out_dir / "deeppcb_results" if settings.protocol in ("deeppcb", "both") else None
+    protocol = protocol_for(settings.protocol, run.dataset.format)
+    deeppcb_dir = run.out_dir / "deeppcb_results" if protocol in ("deeppcb", "both") else None
     threshold_note = (
         f"{choice.threshold:.4g} ({choice.rule}: {choice.source})"
         if choice is not None
@@ -233,7 +236,7 @@ def _score(
         records,
         run.class_names,
         run.out_dir,
-        settings.protocol,
+        protocol,
         target_recall=settings.target_recall,
         threshold=None if choice is None else choice.threshold,
         timing=timer.summary(),

@@ -47,7 +47,7 @@ class ValidateSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     split: str = "val"
-    protocol: str = "both"  # one of PROTOCOLS
+    protocol: str | None = None  # one of PROTOCOLS; None: coco, plus deeppcb on DeepPCB data
     out: str | Path | None = None  # default runs/val/<run folder>-<checkpoint stem> (default_out_dir)
     threshold: float | None = None
     threshold_from: str | None = None
@@ -79,7 +79,7 @@ class ValidateSettings(BaseModel):
 
     def check(self) -> None:
         """Raise ConfigError, in the CLI's words, for values or combinations `validate` cannot run."""
-        if self.protocol not in PROTOCOLS:
+        if self.protocol is not None and self.protocol not in PROTOCOLS:
             raise ConfigError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
         if self.threshold is not None and self.threshold_from is not None:
             raise ConfigError("give either --threshold or --threshold-from, not both")
@@ -120,7 +120,7 @@ REPEAT_CHECK_HELP = (
 # three options make one RecaptureConfig).
 VALIDATE_OPTIONS: dict[str, CliOption] = {
     "split": CliOption(help="Split to evaluate (a DeepPCB list file stem, e.g. test)."),
-    "protocol": CliOption(help="coco|deeppcb|both."),
+    "protocol": CliOption(help="coco|deeppcb|both (default: coco, and both on DeepPCB data)."),
     "out": CliOption(help="Output folder (default: runs/val/<run>-<checkpoint stem>).", type=Path),
     "threshold": CliOption(help="Operating threshold (default: the best-F1 threshold)."),
     "target_recall": CliOption(help="Also report the threshold that reaches this recall."),

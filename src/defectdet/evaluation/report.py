@@ -26,6 +26,14 @@ from defectdet.evaluation.types import ImageRecord
 logger = logging.getLogger(__name__)
 
 Protocol = Literal["coco", "deeppcb", "both"]
+
+
+def protocol_for(requested: str | None, data_format: str | None) -> str:
+    """The protocol asked for, else (None) COCO's, plus DeepPCB's own on DeepPCB data only: its figures mean
+    nothing to a user of other data."""
+    if requested is not None:
+        return requested
+    return "both" if data_format == "deeppcb" else "coco"
 PLOT_CAPTIONS = {
     "pr_curve": "Precision-recall per class at IoU 0.5; the bold line is the mean over classes.",
     "threshold_curves": "Box-level precision/recall/F1 and image-level escape/false-call rates against the "
@@ -212,6 +220,14 @@ def _image_data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
 
 
+# the report's definition of DeepPCB's figures, shown only where they are (DeepPCB data or --protocol)
+DEEPPCB_DEFINITION = (
+    "<dt>DeepPCB mAP / F-score</dt><dd>A detection is correct when IoU &gt; 0.33 with an unmatched ground truth "
+    "of the same class (greedy by score); AP is the all-point interpolated area under the PR curve; "
+    "F = 2PR/(P+R) pooled over classes.</dd>\n"
+)
+
+
 def write_report(
     out_dir: str | Path, metrics: dict, plots: Mapping[str, Path], title: str, settings: Mapping
 ) -> Path:
@@ -245,6 +261,7 @@ def write_report(
         size_rows=size_rows,
         figures="".join(_figures(plots)) or '<p class="muted">no plots</p>',
         settings=f"<table>{settings_rows}</table>" if settings_rows else '<p class="muted">none recorded</p>',
+        deeppcb_definition=DEEPPCB_DEFINITION if "deeppcb" in metrics else "",
     )
     path = out_dir / "report.html"
     path.write_text(document, encoding="utf-8")
