@@ -220,9 +220,7 @@ def _score(
     timer: Any,
 ) -> dict[str, Any]:
     """evaluate_records (metrics, plots, report) plus the threshold's source, board rates, registration."""
-    from defectdet.evaluation.report import evaluate_records
-
-    from defectdet.evaluation.report import protocol_for
+    from defectdet.evaluation.report import evaluate_records, protocol_for
 
     spec, split = run.spec, settings.split
     protocol = protocol_for(settings.protocol, run.dataset.format)
