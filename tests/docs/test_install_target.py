@@ -34,5 +34,7 @@ def test_torch_comes_from_the_cpu_index_before_anything_else() -> None:
 
 
 def test_another_torch_index_is_one_setting() -> None:
-    torch_line = next(line for line in _install_commands("TORCH_INDEX=https://pypi.org/simple") if "torch==" in line)
+    torch_line = next(
+        line for line in _install_commands("TORCH_INDEX=https://pypi.org/simple") if "torch==" in line
+    )
     assert "--index-url https://pypi.org/simple" in torch_line and CPU_INDEX not in torch_line

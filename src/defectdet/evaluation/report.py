@@ -34,6 +34,8 @@ def protocol_for(requested: str | None, data_format: str | None) -> str:
     if requested is not None:
         return requested
     return "both" if data_format == "deeppcb" else "coco"
+
+
 PLOT_CAPTIONS = {
     "pr_curve": "Precision-recall per class at IoU 0.5; the bold line is the mean over classes.",
     "threshold_curves": "Box-level precision/recall/F1 and image-level escape/false-call rates against the "
