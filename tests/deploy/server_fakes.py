@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import cv2
 import numpy as np
@@ -94,3 +98,30 @@ class FakePredictor:
             image_stats=image_statistics(image),
             features=self.features,
         )
+
+
+@contextlib.contextmanager
+def uvicorn_on_loopback(app: Any, settings: Any) -> Iterator[tuple[str, int, Any]]:
+    """The app under uvicorn, configured as `serve` does (`serve.launch.uvicorn_config`), on a free loopback port
+    in a thread: yields (host, port, server)."""
+    import uvicorn
+
+    from defectdet.serve.launch import uvicorn_config
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn_config(app, "127.0.0.1", port, settings)
+    config.log_level = "warning"
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield "127.0.0.1", port, server
+    finally:
+        server.should_exit = True
+        thread.join(10)

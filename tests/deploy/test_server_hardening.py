@@ -7,7 +7,6 @@ Event-driven: stalled uploads wait on an Event, servers are polled until they an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import json
 import logging
@@ -18,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,13 +25,11 @@ import cv2
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from PIL import Image
-from server_fakes import FakePredictor, board, encode
+from server_fakes import FakePredictor, board, encode, uvicorn_on_loopback
 
 from defectdet.serve import launch
-from defectdet.serve.launch import uvicorn_config
 from defectdet.serve.server import create_app
 from defectdet.serve.settings import ServeSettings
 
@@ -402,26 +398,7 @@ def test_overload_message_counts_only_inferences() -> None:
     assert "1 waiting" in body["error"]
 
 
-@contextlib.contextmanager
-def _uvicorn(app, settings: ServeSettings) -> Iterator[tuple[str, int, uvicorn.Server]]:  # noqa: ANN001
-    """The app under uvicorn, configured as `serve` does, on a free loopback port in a thread."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    config = uvicorn_config(app, "127.0.0.1", port, settings)
-    config.log_level = "warning"
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield "127.0.0.1", port, server
-    finally:
-        server.should_exit = True
-        thread.join(10)
+_uvicorn = uvicorn_on_loopback  # the app under uvicorn as `serve` runs it, on a free loopback port
 
 
 def _raw(host: str, port: int, data: bytes) -> bytes:

@@ -13,9 +13,8 @@ from collections.abc import Iterator
 
 import httpx
 import uvicorn
-from server_fakes import FakePredictor
+from server_fakes import FakePredictor, uvicorn_on_loopback
 
-from defectdet.serve.launch import uvicorn_config
 from defectdet.serve.protocol import BODY_GRACE_S
 from defectdet.serve.server import create_app
 from defectdet.serve.settings import ServeSettings
@@ -29,23 +28,8 @@ def _uvicorn(settings: ServeSettings) -> Iterator[tuple[str, int, uvicorn.Server
     app = create_app(FakePredictor(), settings)
     app.state.service.start()
     assert app.state.service.ready.wait(10)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    config = uvicorn_config(app, "127.0.0.1", port, settings)
-    config.log_level = "warning"
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield "127.0.0.1", port, server
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with uvicorn_on_loopback(app, settings) as served:
+        yield served
 
 
 def _trickle(host: str, port: int, head: bytes, every_s: float, stop_after_s: float) -> tuple[bytes, float]:
