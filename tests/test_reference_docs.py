@@ -140,3 +140,17 @@ def test_every_configuration_key_has_a_meaning() -> None:
         line.split("`")[1] for line in page.splitlines() if line.startswith("| `") and line.endswith("|  |")
     ]
     assert not empty, f"configuration keys without a comment in the code: {empty}"
+
+
+def test_the_configuration_page_speaks_in_values_not_in_code() -> None:
+    """Defaults a user can read (the learning rates themselves), no internal module paths or constant names."""
+    from defectdet.engine.config import DEFAULT_LEARNING_RATES, DEFAULT_WEIGHT_DECAY, VAL_BUDGET_SHARE
+
+    page = (ROOT / "docs" / "reference" / "configuration.md").read_text("utf-8")
+    rows = {line.split("`")[1]: line for line in page.splitlines() if line.startswith("| `")}
+    for key, defaults in (("lr", DEFAULT_LEARNING_RATES), ("weight_decay", DEFAULT_WEIGHT_DECAY)):
+        for optimizer, value in defaults.items():
+            assert f"{value:g} ({optimizer})" in rows[key], (key, optimizer)
+    assert VAL_BUDGET_SHARE == 0.1 and "each tenth of the budget" in rows["val_every"]
+    internal = re.compile(r"\((?:engine|model|data|runtime|serve|evaluation)\.\w+|\b[A-Z]{2,}_[A-Z_]{2,}\b")
+    assert not [key for key, line in rows.items() if internal.search(line)]

@@ -41,7 +41,7 @@ class AugmentConfig(BaseModel):
     glare_radius: tuple[float, float] = (0.05, 0.25)  # ellipse semi-axis, fraction of the shorter side
     # boxes cut by the border keep their visible part if at least this fraction of them remains
     min_visibility: float = Field(0.4, ge=0.0, le=1.0)
-    # whole-image training: the probability that an item is a window onto four images tiled 2 x 2 (data.mosaic)
+    # whole-image training: the probability that an item is a window onto four images tiled 2 x 2
     mosaic_prob: float = Field(0.0, ge=0.0, le=1.0)
 
     @model_validator(mode="after")

@@ -37,7 +37,7 @@ class TrainConfig(BaseModel):
     train_split: str = "train"  # the split trained on
     val_split: str | None = "val"  # the split validated on; None: no validation
     format: str | None = None  # yolo, coco, voc or deeppcb; None: detected
-    # None = chosen from the data before the first step (engine.autoconfig), printed as a table
+    # None = chosen from the data before the first step, printed as a table
     input_size: int | None = Field(None, ge=32)  # letterbox size S (the model's input side), a multiple of 32
     crop_size: int | None = Field(None, ge=0)  # train on random crops of this size; 0 = whole images
     channels: Literal[1, 3] | None = None  # 1 gray, 3 RGB
@@ -55,12 +55,12 @@ class TrainConfig(BaseModel):
     # as images without defects, so what they show (a drill hole drawn on purpose) stops drawing false calls
     clean_images: Path | None = None
     # synthetic PCB boards (`defectdet synth`) drawn into the training split, classes matched by name: they show
-    # drilled pads and vias of many designs as design (engine.synthetic_boards); 0 = none
+    # drilled pads and vias of many designs as design; 0 = none
     synthetic_boards: int = Field(0, ge=0, le=10000)
     # what of each synthetic board trains: 'defects' the damaged board; 'design' its defect-free design only (an
     # image without boxes); 'both' the two (2 N images)
     synthetic_boards_mode: Literal["defects", "design", "both"] = "defects"
-    batch: int | None = Field(None, ge=1)  # None: ~16 x 320^2 pixels per step (engine.autoconfig)
+    batch: int | None = Field(None, ge=1)  # None: ~16 x 320^2 pixels per step
     workers: int | None = Field(None, ge=0)  # data loader processes; None: from the CPU count
     # decoded + registered + letterboxed training pairs kept in RAM (MB per loading process); None: a quarter
     # of the available memory, at most 4096; 0: off
@@ -69,12 +69,12 @@ class TrainConfig(BaseModel):
 
     # model
     preset: str | None = None  # None: from the data: nano with templates; without, lite0 or tiny (step time)
-    # start from the weights shipped for the preset and input layout (model.pretrained); None: when they exist
+    # start from the weights shipped for the preset and input layout; None: when they exist
     pretrained: bool | None = None
     # continue from a deployed model (checkpoint .pt or bundle .onnx, `train --from`): its architecture and
-    # weights, classes matched by name (engine.start_model); a tenth of the default lr unless lr is set
+    # weights, classes matched by name; a tenth of the default lr unless lr is set
     start_from: Path | None = None
-    old_data: Path | None = None  # with start_from: old training data mixed with `data` (engine.data_mix)
+    old_data: Path | None = None  # with start_from: old training data mixed with `data`
     # with old_data: the least share of each epoch drawn from `data` (new images repeated); the default lets a
     # few dozen captures count while most of each epoch keeps showing the old line
     new_share: float = Field(0.3, gt=0, lt=1)
@@ -86,13 +86,13 @@ class TrainConfig(BaseModel):
 
     # optimisation
     optimizer: Literal["adamw", "sgd"] = "adamw"  # AdamW, or SGD with momentum
-    lr: float | None = Field(None, gt=0)  # None: DEFAULT_LEARNING_RATES[optimizer], a tenth with start_from
-    weight_decay: float | None = Field(None, ge=0)  # None: DEFAULT_WEIGHT_DECAY[optimizer]
-    # the backbone's learning rate as a share of lr; None: chosen with the preset (engine.autoconfig): smaller
+    lr: float | None = Field(None, gt=0)  # None: 0.008 (adamw) or 0.01 (sgd), a tenth with start_from
+    weight_decay: float | None = Field(None, ge=0)  # None: 0.05 (adamw) or 0.0005 (sgd)
+    # the backbone's learning rate as a share of lr; None: chosen with the preset: smaller
     # for a backbone that starts from ImageNet features, so the new neck and head learn without erasing them
     backbone_lr_scale: float | None = Field(None, gt=0, le=1)
     # lite0: keep the ImageNet stem and the blocks at strides 2 and 4 as they are; None: chosen from the
-    # input layout (engine.autoconfig)
+    # input layout
     frozen_stem: bool | None = None
     momentum: float = Field(0.9, ge=0, lt=1)  # SGD momentum, AdamW beta1
     warmup_epochs: float = Field(1.0, ge=0)  # linear learning-rate warm-up
@@ -116,13 +116,13 @@ class TrainConfig(BaseModel):
     # validation
     protocol: Literal["coco", "deeppcb", "both"] | None = None  # metrics; None: coco (both on DeepPCB data)
     # epochs between validations; None: every epoch, or with a time budget at the first epoch end after
-    # each VAL_BUDGET_SHARE of the budget, so validation does not eat a third of a short CPU budget
+    # each tenth of the budget, so validation does not eat a third of a short CPU budget
     val_every: int | None = Field(None, ge=1)
     # the score floor: lowest score kept as a proposal (defaults: defectdet.postprocess)
     score_floor: float = Field(DEFAULT_SCORE_FLOOR, ge=0, le=1)
     nms_iou: float = Field(DEFAULT_NMS_IOU, gt=0, le=1)  # IoU above which NMS drops the lower-scoring box
     max_detections: int = Field(DEFAULT_MAX_DETECTIONS, ge=1)  # the most detections kept per image
-    # align each template to its tested image (data.registration) in training and evaluation
+    # align each template to its tested image in training and evaluation
     register_pairs: bool = True
 
     # diagnostics
