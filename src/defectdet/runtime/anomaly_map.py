@@ -17,6 +17,9 @@ import numpy as np
 from defectdet.runtime.bundle import BundleMetadata
 
 STRIDE = 8  # the bundle's cell side in input pixels
+# the input pixel cell 0 answers for in bundles that do not record it (`cell_centre_px`): their boxes sat at the
+# middle of each cell
+UNRECORDED_CELL_CENTRE_PX = (STRIDE - 1) / 2
 MAX_OVERLAY_SIDE = 1024  # the overlay is stretched over the image by the page: no need for more pixels
 SHOWN_FROM = 0.25  # the median good image's score: fully transparent at or below it
 OPAQUE_AT = 0.5  # the bundle's threshold: full colour from it up
@@ -42,7 +45,14 @@ def anomaly_scores(predictor: Any, image: Any) -> np.ndarray:
     if raw.shape[1] != side * side:
         raise ValueError(f"the model answers {raw.shape[1]} cells, expected {side} x {side}")
     grid = raw[0, :, 4].reshape(side, side).astype(np.float32)
-    full = cv2.resize(grid, (size, size), interpolation=cv2.INTER_LINEAR)
+    full = cv2.resize(grid, (size, size), interpolation=cv2.INTER_LINEAR)  # cell c's value at pixel 8c + 3.5
+    centre = float(predictor.metadata.train_config.get("cell_centre_px", UNRECORDED_CELL_CENTRE_PX))
+    shift = centre - UNRECORDED_CELL_CENTRE_PX
+    if shift:  # to the pixel the cell's features answer for
+        move = np.float32([[1, 0, shift], [0, 1, shift]])
+        full = cv2.warpAffine(
+            full, move, (size, size), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+        )
     transform = prepared.transform
     x0, y0 = int(math.floor(transform.pad_x)), int(math.floor(transform.pad_y))
     content = full[y0 : y0 + transform.resized_height, x0 : x0 + transform.resized_width]
