@@ -190,8 +190,8 @@ def test_the_threshold_allows_the_target_share_of_held_out_good_images() -> None
 
 def test_the_map_and_the_boxes_sit_on_the_defect(good_only_bundle: Path) -> None:
     """A small bright dot on a good surface, at six places: the highest-scoring cell's box and the map's hottest
-    pixel are typically within a few pixels of it (they sat 12-13 px to its lower right: the cells' features
-    answer for the content around 8c - 3, and the stride-16 map was resampled half a cell off)."""
+    pixel are typically within a few pixels of it (they sat 10-18 px to its lower right: a cell's patch vector
+    answers for the content around 8c - 9, and the boxes were centred at 8c + 4)."""
     import cv2
     import numpy as np
 

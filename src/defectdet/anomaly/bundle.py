@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from defectdet.anomaly.graph import BOX_CELLS, FINE_CENTRE_PX, OPERATING_SCORE, STRIDE
+from defectdet.anomaly.graph import BOX_CELLS, CELL_CENTRE_PX, OPERATING_SCORE, STRIDE
 from defectdet.anomaly.memory import Calibration
 from defectdet.errors import DefectDetError
 from defectdet.runtime.bundle import BundleMetadata, Thresholds, config_hash, write_metadata
@@ -39,7 +39,7 @@ def fit_config(spec: ModelSpec, settings: FitSettings, memory: int) -> dict[str,
         "template": False,
         "strides": [STRIDE],
         "box_cells": BOX_CELLS,
-        "cell_centre_px": FINE_CENTRE_PX,  # cell c answers for input pixel STRIDE x c + this (the map's place)
+        "cell_centre_px": CELL_CENTRE_PX,  # cell c answers for input pixel STRIDE x c + this (the map's place)
         "memory_vectors": memory,
         "false_call_rate": settings.false_call_rate,
         "holdout": settings.holdout,

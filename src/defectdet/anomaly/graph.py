@@ -11,10 +11,10 @@ bank (``|f|^2 - 2 f M^T + |M|^2``, minimum over the bank), mapped to [0, 1] by t
 good images (a logistic curve in log distance through the operating threshold), and one box of `BOX_CELLS` cells centred on the
 cell: the standard predictions ``(B, A, 4 + 1)`` with the single class "anomaly".
 
-Where a cell looks: the features of stride-8 cell c answer for the content around input pixel
-``8c + FINE_CENTRE_PX``, those of stride-16 cell j around ``16j + COARSE_CENTRE_PX`` (measured with a small bright
-dot; `tests/anomaly` measures it again). The stride-16 map is resampled at exactly those positions and each
-cell's box is centred there, so a map and its boxes sit on the defect, not a cell and a half beside it.
+Where a cell looks: the patch vector of cell c answers for the content around input pixel ``8c + CELL_CENTRE_PX``
+(measured with a small bright dot; `tests/anomaly` measures it again: the ImageNet maps' cells look a little
+before their own middle, and the upsampled stride-16 map further still). Each cell's box is centred there, so the
+map and its boxes sit on the defect, not a cell and a half beside it.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ FEATURE_CHANNELS = 40 + 112  # the stride-8 map and the upsampled stride-16 map
 MIN_DISTANCE = 1e-6  # distances are clamped here before their logarithm
 BOX_CELLS = 3.5  # a cell's box side in cells: neighbouring boxes overlap enough for the fragment merge
 OPERATING_SCORE = 0.5  # the calibrated score at the operating distance: the bundle's threshold
-FINE_CENTRE_PX = -3.0  # the input pixel (index) stride-8 cell 0 answers for; cell c: 8c + this
-COARSE_CENTRE_PX = -5.0  # the same for stride-16 cell 0; cell j: 16j + this
+CELL_CENTRE_PX = -9.0  # the input pixel (index) the patch vector of cell 0 answers for; cell c: 8c + this
 
 
 class PatchFeatures(nn.Module):
@@ -46,36 +45,18 @@ class PatchFeatures(nn.Module):
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         maps = self.backbone(self.fusion(images))
         fine, coarse = maps[0], maps[1]
-        upsampled = upsample_aligned(coarse, (FINE_CENTRE_PX - COARSE_CENTRE_PX) / (2 * STRIDE))
+        upsampled = F.interpolate(coarse, scale_factor=2.0, mode="bilinear", align_corners=False)
         patches = F.avg_pool2d(torch.cat([fine, upsampled], 1), 3, 1, 1, count_include_pad=False)
         pooled = torch.cat([level.float().mean((2, 3)) for level in maps], 1)
         return patches.flatten(2).transpose(1, 2), pooled
 
 
-def upsample_aligned(coarse: torch.Tensor, offset: float) -> torch.Tensor:
-    """``(B, C, H, W)`` -> ``(B, C, 2H, 2W)``: output cell c takes the input linearly at position ``c / 2 +
-    offset`` (0 <= offset <= 0.5; the last row and column repeat at the edge). Bilinear upsampling without corner
-    alignment reads ``c / 2 - 0.25`` instead, half a fine cell off where the maps' cells sit."""
-    if not 0.0 <= offset <= 0.5:
-        raise ValueError(f"offset {offset} outside [0, 0.5]")
-
-    def along(x: torch.Tensor, dim: int) -> torch.Tensor:
-        following = torch.cat([x.narrow(dim, 1, x.shape[dim] - 1), x.narrow(dim, x.shape[dim] - 1, 1)], dim)
-        even = (1.0 - offset) * x + offset * following  # position m + offset
-        odd = (0.5 - offset) * x + (0.5 + offset) * following  # position m + 0.5 + offset
-        shape = list(x.shape)
-        shape[dim] *= 2
-        return torch.stack([even, odd], dim + 1).reshape(shape)
-
-    return along(along(coarse, 3), 2)
-
-
 def cell_boxes(input_size: int, stride: int = STRIDE, cells: float = BOX_CELLS) -> torch.Tensor:
     """``(N, 4)`` xyxy boxes in input pixels, one per stride cell in row-major order, `cells` cells wide and
-    high, centred where the cell's features look (``stride x c + FINE_CENTRE_PX``, that pixel's middle)."""
+    high, centred where the cell's features look (``stride x c + CELL_CENTRE_PX``, that pixel's middle)."""
     side = input_size // stride
     ys, xs = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
-    centres = torch.stack([xs, ys], -1).reshape(-1, 2).float() * stride + FINE_CENTRE_PX + 0.5
+    centres = torch.stack([xs, ys], -1).reshape(-1, 2).float() * stride + CELL_CENTRE_PX + 0.5
     half = cells * stride / 2
     return torch.cat([centres - half, centres + half], 1)
 
