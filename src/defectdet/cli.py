@@ -344,7 +344,7 @@ def val(
     clean_shift: float | None = typer.Option(None, help="Clean boards: a fixed shift in pixels."),
     clean_rotation: float | None = typer.Option(None, help="Clean boards: a fixed |rotation| in degrees."),
 ) -> None:
-    """Evaluate a checkpoint: COCO mAP, the DeepPCB protocol, operating point, plots and report.html.
+    """Evaluate a checkpoint: COCO mAP (DeepPCB's protocol too on DeepPCB data), operating point, report.html.
 
     Example: defectdet val runs/train/best.pt data/line3/data.yaml --split val --threshold-from train
     """
