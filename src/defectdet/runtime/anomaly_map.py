@@ -45,14 +45,10 @@ def anomaly_scores(predictor: Any, image: Any) -> np.ndarray:
     if raw.shape[1] != side * side:
         raise ValueError(f"the model answers {raw.shape[1]} cells, expected {side} x {side}")
     grid = raw[0, :, 4].reshape(side, side).astype(np.float32)
-    full = cv2.resize(grid, (size, size), interpolation=cv2.INTER_LINEAR)  # cell c's value at pixel 8c + 3.5
+    # cell c's value at input pixel STRIDE x c + centre, the one its features answer for; linear in between
     centre = float(predictor.metadata.train_config.get("cell_centre_px", UNRECORDED_CELL_CENTRE_PX))
-    shift = centre - UNRECORDED_CELL_CENTRE_PX
-    if shift:  # to the pixel the cell's features answer for
-        move = np.float32([[1, 0, shift], [0, 1, shift]])
-        full = cv2.warpAffine(
-            full, move, (size, size), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
-        )
+    place = np.float32([[STRIDE, 0, centre], [0, STRIDE, centre]])
+    full = cv2.warpAffine(grid, place, (size, size), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
     transform = prepared.transform
     x0, y0 = int(math.floor(transform.pad_x)), int(math.floor(transform.pad_y))
     content = full[y0 : y0 + transform.resized_height, x0 : x0 + transform.resized_width]
