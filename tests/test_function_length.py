@@ -1,12 +1,14 @@
-"""No function or method under src/defectdet is longer than 80 lines (issue 21): a function that long does
-several things, and the next engineer should be able to read each of them by name.
+"""House rules for src/defectdet: no function or method longer than 60 lines, none with more than 8 parameters
+(pydantic models excepted: their fields are their parameters), no `# fmt: skip`. A function that long, or
+that wide, does several things, and the next engineer should be able to read each of them by name; a line
+kept from the formatter hides a layout problem instead of solving it.
 
 A function's length runs from its `def` line to its last line (decorators excluded, its docstring, comments
 and nested functions included); nested functions and methods are checked on their own as well.
 
 Allowed: the plotting modules (`PLOTTING`), whose functions are long lists of matplotlib calls, and
-`NOT_YET_SHORTENED`, functions another change is rewriting right now. The second list may only shrink: an
-entry that is no longer over the limit (or no longer exists) fails the test until it is removed.
+`NOT_YET_SHORTENED`, `NOT_YET_NARROWED` and `FMT_SKIPS_LEFT`, what is still being rewritten. Those lists may only
+shrink: an entry that no longer breaks the rule (or no longer exists) fails the test until it is removed.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "defectdet"
-MAX_LINES = 80
+MAX_LINES = 60
+MAX_PARAMETERS = 8  # self and cls not counted
 
 # module (relative to src/defectdet) -> why its functions may be longer
 PLOTTING: dict[str, str] = {
@@ -24,9 +27,98 @@ PLOTTING: dict[str, str] = {
     "data/visualize.py": "matplotlib figures",
 }
 
-# "module:qualified.name" -> why it is still long (empty: issue 21 part 2 shortened predict_records, create_app
-# and Service.detect; a new entry needs a reason)
-NOT_YET_SHORTENED: dict[str, str] = {}
+# "module:qualified.name" -> why it is still long (shrink-only)
+NOT_YET_SHORTENED: dict[str, str] = {
+    "cli.py:compare": "over 60 lines, being split",
+    "cli.py:export": "over 60 lines, being split",
+    "cli.py:export_labelstudio": "over 60 lines, being split",
+    "cli.py:import_labelstudio": "over 60 lines, being split",
+    "cli.py:predict": "over 60 lines, being split",
+    "cli.py:synth": "over 60 lines, being split",
+    "data/formats/coco.py:_image_sample": "over 60 lines, being split",
+    "data/formats/interchange.py:_plan": "over 60 lines, being split",
+    "data/formats/interchange.py:write_yolo": "over 60 lines, being split",
+    "data/formats/yolo.py:_read_sample": "over 60 lines, being split",
+    "data/registration.py:register_pair": "over 60 lines, being split",
+    "data/synth/render.py:render_image": "over 60 lines, being split",
+    "data/synth/surface.py:generate_surface": "over 60 lines, being split",
+    "data/synth/writer.py:synthesize_dataset": "over 60 lines, being split",
+    "demo.py:run_demo": "over 60 lines, being split",
+    "diagnostics/loader_doctor.py:loader_report": "over 60 lines, being split",
+    "diagnostics/render.py:render_checkpoint": "over 60 lines, being split",
+    "doctor_cli.py:checkpoint": "over 60 lines, being split",
+    "engine/autoconfig.py:choose_settings": "over 60 lines, being split",
+    "engine/autoconfig.py:collect_split_stats": "over 60 lines, being split",
+    "engine/synthetic_boards.py:add_synthetic_boards": "over 60 lines, being split",
+    "engine/validate.py:_score": "over 60 lines, being split",
+    "engine/validate.py:validate": "over 60 lines, being split",
+    "evaluation/operating_point.py:operating_points": "over 60 lines, being split",
+    "evaluation/report.py:evaluate_records": "over 60 lines, being split",
+    "export/compare.py:compare_models": "over 60 lines, being split",
+    "export/exporter.py:export_bundle": "over 60 lines, being split",
+    "model/assigner.py:TaskAlignedAssigner.__call__": "over 60 lines, being split",
+    "runtime/monitor.py:DriftMonitor.__init__": "over 60 lines, being split",
+    "runtime/predict.py:predict_source": "over 60 lines, being split",
+    "runtime/predictor.py:Predictor.predict": "over 60 lines, being split",
+    "serve/launch.py:serve_bundle": "over 60 lines, being split",
+    "serve/review.py:ReviewFolder.export_coco": "over 60 lines, being split",
+    "serve/review.py:review_router": "over 60 lines, being split",
+    "serve/server.py:create_app": "over 60 lines, being split",
+}
+
+# "module:qualified.name" -> why it still takes more than MAX_PARAMETERS parameters (shrink-only)
+NOT_YET_NARROWED: dict[str, str] = {
+    "cli.py:compare": "being grouped into a parameter object",
+    "cli.py:export": "being grouped into a parameter object",
+    "cli.py:export_labelstudio": "being grouped into a parameter object",
+    "cli.py:import_coco": "being grouped into a parameter object",
+    "cli.py:import_labelstudio": "being grouped into a parameter object",
+    "cli.py:predict": "being grouped into a parameter object",
+    "cli.py:review": "being grouped into a parameter object",
+    "cli.py:synth": "being grouped into a parameter object",
+    "data/dataset.py:DetectionDataset.__init__": "being grouped into a parameter object",
+    "data/formats/cvat.py:_import_one": "being grouped into a parameter object",
+    "data/formats/cvat.py:import_coco": "being grouped into a parameter object",
+    "data/formats/interchange.py:write_yolo": "being grouped into a parameter object",
+    "data/formats/labelstudio.py:export_tasks": "being grouped into a parameter object",
+    "data/formats/labelstudio.py:import_export": "being grouped into a parameter object",
+    "data/formats/labelstudio.py:import_export_held_out": "being grouped into a parameter object",
+    "data/registration.py:register_pair": "being grouped into a parameter object",
+    "data/synth/writer.py:synthesize_dataset": "being grouped into a parameter object",
+    "diagnostics/loader_doctor.py:loader_report": "being grouped into a parameter object",
+    "diagnostics/loader_timing.py:sweep": "being grouped into a parameter object",
+    "diagnostics/sources.py:checkpoint_nan_report": "being grouped into a parameter object",
+    "doctor_cli.py:checkpoint": "being grouped into a parameter object",
+    "doctor_cli.py:loader": "being grouped into a parameter object",
+    "doctor_cli.py:nan": "being grouped into a parameter object",
+    "engine/loader.py:build_loader": "being grouped into a parameter object",
+    "engine/loop.py:evaluate": "being grouped into a parameter object",
+    "engine/trainer.py:_checkpoint_payload": "being grouped into a parameter object",
+    "evaluation/plots.py:plot_prediction_grid": "being grouped into a parameter object",
+    "evaluation/report.py:evaluate_records": "being grouped into a parameter object",
+    "export/compare.py:compare_models": "being grouped into a parameter object",
+    "export/exporter.py:export_bundle": "being grouped into a parameter object",
+    "runtime/predict.py:predict_source": "being grouped into a parameter object",
+}
+
+# module -> `# fmt: skip` lines still in it (shrink-only: the count may only fall)
+FMT_SKIPS_LEFT: dict[str, int] = {
+    "data/dataset.py": 5,
+    "data/formats/cvat.py": 2,
+    "data/formats/interchange.py": 3,
+    "data/formats/labelstudio.py": 2,
+    "data/visualize.py": 1,
+    "engine/synthetic_boards.py": 1,
+    "engine/trainer.py": 1,
+    "export/compare_view.py": 1,
+    "model/flip_average.py": 1,
+    "runtime/compare_rule.py": 3,
+    "runtime/predict.py": 2,
+    "serve/capture.py": 1,
+    "serve/deployment.py": 6,
+    "serve/launch.py": 2,
+    "serve/metrics.py": 15,
+}
 
 
 def long_functions(source: str, max_lines: int = MAX_LINES) -> dict[str, int]:
@@ -50,18 +142,69 @@ def long_functions(source: str, max_lines: int = MAX_LINES) -> dict[str, int]:
     return found
 
 
+def _is_pydantic_model(node: ast.ClassDef) -> bool:
+    names = {base.id if isinstance(base, ast.Name) else getattr(base, "attr", "") for base in node.bases}
+    return bool(names & {"BaseModel", "BaseSettings"})
+
+
+def wide_functions(source: str, max_parameters: int = MAX_PARAMETERS) -> dict[str, int]:
+    """Qualified name -> parameter count (self/cls not counted), of every function in `source` with more than
+    `max_parameters`, methods of pydantic models excepted."""
+    found: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str, in_model: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                name = f"{prefix}{child.name}"
+                args = child.args
+                count = len(args.posonlyargs) + len(args.args) + len(args.kwonlyargs)
+                if args.args and args.args[0].arg in {"self", "cls"}:
+                    count -= 1
+                if count > max_parameters and not in_model:
+                    found[name] = count
+                visit(child, f"{name}.", False)
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.", _is_pydantic_model(child))
+            else:
+                visit(child, prefix, in_model)
+
+    visit(ast.parse(source), "", False)
+    return found
+
+
+def _modules() -> list[tuple[str, str]]:
+    return [
+        (path.relative_to(PACKAGE).as_posix(), path.read_text(encoding="utf-8"))
+        for path in sorted(PACKAGE.rglob("*.py"))
+    ]
+
+
 def package_long_functions() -> dict[str, int]:
     found: dict[str, int] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        module = path.relative_to(PACKAGE).as_posix()
+    for module, source in _modules():
         if module in PLOTTING:
             continue
-        for name, length in long_functions(path.read_text(encoding="utf-8")).items():
+        for name, length in long_functions(source).items():
             found[f"{module}:{name}"] = length
     return found
 
 
-def test_no_function_is_longer_than_80_lines() -> None:
+def package_wide_functions() -> dict[str, int]:
+    return {
+        f"{module}:{name}": count
+        for module, source in _modules()
+        for name, count in wide_functions(source).items()
+    }
+
+
+def package_fmt_skips() -> dict[str, int]:
+    counts = {
+        module: sum("fmt: skip" in line for line in source.splitlines()) for module, source in _modules()
+    }
+    return {module: count for module, count in counts.items() if count}
+
+
+def test_no_function_is_longer_than_60_lines() -> None:
     found = package_long_functions()
     too_long = {name: length for name, length in found.items() if name not in NOT_YET_SHORTENED}
     assert not too_long, f"functions over {MAX_LINES} lines (split them into named steps): " + ", ".join(
@@ -69,11 +212,38 @@ def test_no_function_is_longer_than_80_lines() -> None:
     )
 
 
+def test_no_function_takes_more_than_8_parameters() -> None:
+    wide = {name: count for name, count in package_wide_functions().items() if name not in NOT_YET_NARROWED}
+    assert not wide, f"functions with more than {MAX_PARAMETERS} parameters (group them): " + ", ".join(
+        f"{name} ({count})" for name, count in sorted(wide.items())
+    )
+
+
+def test_no_line_is_kept_from_the_formatter() -> None:
+    grown = {
+        module: count
+        for module, count in package_fmt_skips().items()
+        if count > FMT_SKIPS_LEFT.get(module, 0)
+    }
+    assert not grown, f"new `# fmt: skip` lines (let the formatter lay the code out): {grown}"
+
+
 def test_the_allow_lists_name_only_what_they_must() -> None:
     for module in PLOTTING:
         assert (PACKAGE / module).is_file(), f"PLOTTING names a missing module {module}"
     stale = sorted(set(NOT_YET_SHORTENED) - set(package_long_functions()))
     assert not stale, f"no longer over {MAX_LINES} lines (or gone): remove from NOT_YET_SHORTENED: {stale}"
+    narrowed = sorted(set(NOT_YET_NARROWED) - set(package_wide_functions()))
+    assert not narrowed, (
+        f"no longer over {MAX_PARAMETERS} parameters (or gone): remove from NOT_YET_NARROWED: {narrowed}"
+    )
+    skips = package_fmt_skips()
+    fewer = {
+        module: skips.get(module, 0)
+        for module, count in FMT_SKIPS_LEFT.items()
+        if skips.get(module, 0) < count
+    }
+    assert not fewer, f"fewer `# fmt: skip` lines now: lower FMT_SKIPS_LEFT to {fewer} (drop zeros)"
 
 
 def test_the_checker_counts_methods_nested_functions_and_the_limit_exactly() -> None:
@@ -82,13 +252,26 @@ def test_the_checker_counts_methods_nested_functions_and_the_limit_exactly() -> 
         return f"{indent}def {name}():\n{body}"
 
     source = (
-        function("fits", 80)
+        function("fits", 60)
         + "@decorator\n"  # not counted
-        + function("too_long", 81)
+        + function("too_long", 61)
         + "class Box:\n"
-        + function("method", 81, "    ")
+        + function("method", 61, "    ")
         + "def outer():\n"
-        + function("inner", 81, "    ")
+        + function("inner", 61, "    ")
     )
     found = long_functions(source)
-    assert found == {"too_long": 81, "Box.method": 81, "outer": 82, "outer.inner": 81}
+    assert found == {"too_long": 61, "Box.method": 61, "outer": 62, "outer.inner": 61}
+
+
+def test_the_parameter_checker_skips_self_and_pydantic_models() -> None:
+    source = (
+        "def fits(a, b, c, d, e, f, g, h): pass\n"
+        "def wide(a, b, c, d, e, f, g, h, *, i): pass\n"
+        "class Box:\n"
+        "    def method(self, a, b, c, d, e, f, g, h): pass\n"
+        "    def wide(self, a, b, c, d, e, f, g, h, i): pass\n"
+        "class Settings(BaseModel):\n"
+        "    def many(self, a, b, c, d, e, f, g, h, i): pass\n"
+    )
+    assert wide_functions(source) == {"wide": 9, "Box.wide": 9}
