@@ -117,7 +117,6 @@ FMT_SKIPS_LEFT: dict[str, int] = {
     "serve/capture.py": 1,
     "serve/deployment.py": 6,
     "serve/launch.py": 2,
-    "serve/metrics.py": 15,
 }
 
 

@@ -58,6 +58,7 @@ class ServiceMetrics:
         self._drift_metrics(self.registry)
         self._keep_metrics(self.registry)
         self._model_metrics(self.registry)
+        self._store_metrics(self.registry)
         for name in class_names:
             self.detections.labels(name)
         for verdict in ("defective", "clean"):
@@ -102,9 +103,11 @@ class ServiceMetrics:
             registry=registry,
         )
         self.queue = Histogram(
-            "defectdet_queue_seconds", "Time a detect request waited for a worker", buckets=LATENCY_BUCKETS,
+            "defectdet_queue_seconds",
+            "Time a detect request waited for a worker",
+            buckets=LATENCY_BUCKETS,
             registry=registry,
-        )  # fmt: skip
+        )
         self.compute = Histogram(
             "defectdet_compute_seconds",
             "Time a worker spent on a detect request (decode, model, postprocess, drift)",
@@ -116,13 +119,17 @@ class ServiceMetrics:
         )
         self.verdicts = Counter("defectdet_verdicts", "Image verdicts", ["verdict"], registry=registry)
         self.admitted = Gauge(
-            "defectdet_requests_in_service", "Detect requests queued or running (an inference place)",
-            registry=registry, multiprocess_mode="livesum",
-        )  # fmt: skip
+            "defectdet_requests_in_service",
+            "Detect requests queued or running (an inference place)",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
         self.reading = Gauge(
-            "defectdet_uploads_in_progress", "Detect uploads still being read (they hold no place)",
-            registry=registry, multiprocess_mode="livesum",
-        )  # fmt: skip
+            "defectdet_uploads_in_progress",
+            "Detect uploads still being read (they hold no place)",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
         self.ready = Gauge(
             "defectdet_ready",
             "1 once the warm-up inference ran",
@@ -133,9 +140,11 @@ class ServiceMetrics:
     def _drift_metrics(self, registry: CollectorRegistry) -> None:
         """The drift monitor's overall level and, per statistic, its EWMA, z, limit and level."""
         self.drift_level = Gauge(
-            "defectdet_drift_level", "Overall drift state: 0 ok, 1 warn, 2 alert", registry=registry,
+            "defectdet_drift_level",
+            "Overall drift state: 0 ok, 1 warn, 2 alert",
+            registry=registry,
             multiprocess_mode="livemax",
-        )  # fmt: skip
+        )
         self.drift_value = Gauge(
             "defectdet_drift_value",
             "EWMA of each drift statistic, in its own units",
@@ -151,9 +160,12 @@ class ServiceMetrics:
             multiprocess_mode="liveall",
         )
         self.drift_limit = Gauge(
-            "defectdet_drift_limit", "Alert limit of each chart, in reference standard deviations", ["statistic"],
-            registry=registry, multiprocess_mode="max",
-        )  # fmt: skip
+            "defectdet_drift_limit",
+            "Alert limit of each chart, in reference standard deviations",
+            ["statistic"],
+            registry=registry,
+            multiprocess_mode="max",
+        )
         self.drift_chart_level = Gauge(
             "defectdet_drift_chart_level",
             "Per chart: 0 ok, 1 warn, 2 alert",
@@ -165,32 +177,43 @@ class ServiceMetrics:
     def _keep_metrics(self, registry: CollectorRegistry) -> None:
         """What `serve --keep` kept, failed to keep, dropped and evicted, and the bytes it holds."""
         self.kept = Counter(
-            "defectdet_kept", "Answers kept (serve --keep) by the policy that kept them", ["reason"],
+            "defectdet_kept",
+            "Answers kept (serve --keep) by the policy that kept them",
+            ["reason"],
             registry=registry,
-        )  # fmt: skip
+        )
         self.keep_errors = Counter(
-            "defectdet_keep_errors", "Answers that could not be kept (a disk error; logged)",
+            "defectdet_keep_errors",
+            "Answers that could not be kept (a disk error; logged)",
             registry=registry,
-        )  # fmt: skip
+        )
         self.keep_dropped = Counter(
-            "defectdet_keep_dropped", "Answers a policy chose but not kept: queue full or at the disk cap",
-            ["why"], registry=registry,
-        )  # fmt: skip
-        self.keep_evicted = Counter(
-            "defectdet_keep_evicted", "Unreviewed kept items deleted to stay under --keep-max-mb",
+            "defectdet_keep_dropped",
+            "Answers a policy chose but not kept: queue full or at the disk cap",
+            ["why"],
             registry=registry,
-        )  # fmt: skip
+        )
+        self.keep_evicted = Counter(
+            "defectdet_keep_evicted",
+            "Unreviewed kept items deleted to stay under --keep-max-mb",
+            registry=registry,
+        )
         self.kept_bytes = Gauge(
-            "defectdet_kept_bytes", "Bytes of kept images, templates and sidecars", registry=registry,
+            "defectdet_kept_bytes",
+            "Bytes of kept images, templates and sidecars",
+            registry=registry,
             multiprocess_mode="livemax",
-        )  # fmt: skip
+        )
 
     def _model_metrics(self, registry: CollectorRegistry) -> None:
         """Which models are live, shadow and previous; the shadow's disagreements; promotions and roll-backs."""
         self.model_info = Gauge(
-            "defectdet_model", "1 for each served model, by role (live, shadow, previous) and version",
-            ["role", "version"], registry=registry, multiprocess_mode="liveall",
-        )  # fmt: skip
+            "defectdet_model",
+            "1 for each served model, by role (live, shadow, previous) and version",
+            ["role", "version"],
+            registry=registry,
+            multiprocess_mode="liveall",
+        )
         self.shadow_images = Counter(
             "defectdet_shadow_images",
             "Images the shadow model answered beside the live one",
@@ -219,27 +242,39 @@ class ServiceMetrics:
         self.promotions = Counter(
             "defectdet_model_changes", "Promotions and roll-backs", ["action"], registry=registry
         )
-        self.generation = Gauge(
-            "defectdet_model_generation", "The models-store generation this process serves (0: no store)",
-            registry=registry, multiprocess_mode="liveall",
-        )  # fmt: skip
-        self.store_generation = Gauge(
-            "defectdet_store_generation", "The models store's newest generation, as this process last read it",
-            registry=registry, multiprocess_mode="livemax",
-        )  # fmt: skip
-        self.model_behind_store = Gauge(
-            "defectdet_model_behind_store", "1 while this process serves another generation than the store's "
-            "current one and failed to load it (or is behind for over a minute): /readyz answers 503",
-            registry=registry, multiprocess_mode="livemax",
-        )  # fmt: skip
-        self.serving = Gauge(
-            "defectdet_model_serving", "1 for the bundle this process serves, by sha256 and store generation",
-            ["sha256", "generation"], registry=registry, multiprocess_mode="liveall",
-        )  # fmt: skip
         for kind in ("any", "verdict", "boxes"):
             self.shadow_disagreements.labels(kind)
         for action in ("promote", "rollback"):
             self.promotions.labels(action)
+
+    def _store_metrics(self, registry: CollectorRegistry) -> None:
+        """The models-store generation served and seen, whether this process lags it, and the bundle served."""
+        self.generation = Gauge(
+            "defectdet_model_generation",
+            "The models-store generation this process serves (0: no store)",
+            registry=registry,
+            multiprocess_mode="liveall",
+        )
+        self.store_generation = Gauge(
+            "defectdet_store_generation",
+            "The models store's newest generation, as this process last read it",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.model_behind_store = Gauge(
+            "defectdet_model_behind_store",
+            "1 while this process serves another generation than the store's "
+            "current one and failed to load it (or is behind for over a minute): /readyz answers 503",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.serving = Gauge(
+            "defectdet_model_serving",
+            "1 for the bundle this process serves, by sha256 and store generation",
+            ["sha256", "generation"],
+            registry=registry,
+            multiprocess_mode="liveall",
+        )
 
     def set_models(self, deployment: Any) -> None:
         """`defectdet_model{role, version}` for the deployment's live, shadow and previous models; the
