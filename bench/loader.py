@@ -27,13 +27,13 @@ import numpy as np
 import torch
 
 from bench.common import machine_info, print_table, write_result
-from defectdet.data.augment import AugmentConfig, build_augment
-from defectdet.data.dataset import DetectionDataset
 from defectdet.data.formats import available_splits, load_dataset
 from defectdet.data.imageio import read_image, read_pair
 from defectdet.data.letterbox import boxes_to_letterbox, letterbox_image
 from defectdet.data.sample import DatasetSplit
 from defectdet.engine.loader import SampleIndex, build_loader, start_epoch
+from defectdet.trainingdata.augment import AugmentConfig, build_augment
+from defectdet.trainingdata.dataset import DetectionDataset
 
 DEEPPCB = Path("/work/shared/datasets/deeppcb")
 

@@ -26,13 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import print_table, write_result
-from defectdet.data.dataset import DetectionDataset
 from defectdet.data.formats import load_dataset
 from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.engine.checkpoint import load_detector
 from defectdet.engine.config import TrainConfig
 from defectdet.engine.trainer import TrainData, cache_budget_bytes, train
 from defectdet.model.pretrained import WEIGHTS_DIR, layout_name, save_weights
+from defectdet.trainingdata.dataset import DetectionDataset
 
 ROOT = Path(__file__).resolve().parents[1]
 PCB_SEEDS = {"gray": 1001, "color": 1002}

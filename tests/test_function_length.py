@@ -24,7 +24,7 @@ MAX_PARAMETERS = 8  # self and cls not counted
 # module (relative to src/defectdet) -> why its functions may be longer
 PLOTTING: dict[str, str] = {
     "evaluation/plots.py": "matplotlib figures",
-    "data/visualize.py": "matplotlib figures",
+    "trainingdata/visualize.py": "matplotlib figures",
 }
 
 # "module:qualified.name" -> why it is still long (shrink-only)
@@ -76,7 +76,6 @@ NOT_YET_NARROWED: dict[str, str] = {
     "cli.py:predict": "being grouped into a parameter object",
     "cli.py:review": "being grouped into a parameter object",
     "cli.py:synth": "being grouped into a parameter object",
-    "data/dataset.py:DetectionDataset.__init__": "being grouped into a parameter object",
     "data/formats/cvat.py:_import_one": "being grouped into a parameter object",
     "data/formats/cvat.py:import_coco": "being grouped into a parameter object",
     "data/formats/interchange.py:write_yolo": "being grouped into a parameter object",
@@ -99,15 +98,14 @@ NOT_YET_NARROWED: dict[str, str] = {
     "export/compare.py:compare_models": "being grouped into a parameter object",
     "export/exporter.py:export_bundle": "being grouped into a parameter object",
     "runtime/predict.py:predict_source": "being grouped into a parameter object",
+    "trainingdata/dataset.py:DetectionDataset.__init__": "being grouped into a parameter object",
 }
 
 # module -> `# fmt: skip` lines still in it (shrink-only: the count may only fall)
 FMT_SKIPS_LEFT: dict[str, int] = {
-    "data/dataset.py": 5,
     "data/formats/cvat.py": 2,
     "data/formats/interchange.py": 3,
     "data/formats/labelstudio.py": 2,
-    "data/visualize.py": 1,
     "engine/synthetic_boards.py": 1,
     "engine/trainer.py": 1,
     "export/compare_view.py": 1,
@@ -117,6 +115,8 @@ FMT_SKIPS_LEFT: dict[str, int] = {
     "serve/capture.py": 1,
     "serve/deployment.py": 6,
     "serve/launch.py": 2,
+    "trainingdata/dataset.py": 5,
+    "trainingdata/visualize.py": 1,
 }
 
 

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import ast
 import pickletools
+import subprocess
+import sys
+import textwrap
 import zipfile
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from torch_blocker import BLOCK_TORCH
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -39,9 +43,11 @@ LAYERS: dict[str, int] = {
     "defectdet": 1,
     "compat": 1,  # the retired names (threshold, score floor, NMS IoU, input size) read as the current ones
     "data": 2,
-    # model (torch) and runtime (torch-free: reads and runs bundles) sit side by side, neither imports the other
+    # model (torch), runtime (torch-free: reads and runs bundles) and trainingdata (torch: the training dataset,
+    # augmentation, mosaic) sit side by side, none imports another; data is the torch-free part they share
     "model": 3,
     "runtime": 3,
+    "trainingdata": 3,
     "evaluation": 4,
     # engine wraps a runtime Predictor as a model (engine.bundle_model) so that `val model.onnx` works
     "engine": 5,
@@ -209,6 +215,41 @@ def test_the_checker_sees_the_known_edges() -> None:
     assert ("engine", "diagnostics") not in edges and ("data", "model") not in edges
     assert ("serve", "runtime") in edges
     assert {source for source, target in edges if target == "serve"} == {"cli"}  # the service's one user
+
+
+def test_the_runtime_and_data_never_import_trainingdata() -> None:
+    """`trainingdata` is the torch part of the data pipeline; the torch-free runtime and the `data` package it
+    shares with training import none of it, not even lazily."""
+    edges = package_edges(SRC)
+    assert ("trainingdata", "data") in edges  # the dataset reads through data's readers
+    assert ("runtime", "trainingdata") not in edges and ("data", "trainingdata") not in edges
+
+
+def test_data_and_the_runtime_import_with_torch_unimportable() -> None:
+    """Every module of `data` and of `runtime` imports on a line PC without PyTorch, and pulls in no module of
+    `trainingdata`, torch or albumentations; the augmentation settings (`trainingdata.augment_config`) read a
+    training configuration without them too."""
+    script = BLOCK_TORCH + textwrap.dedent(
+        """
+        import importlib, pkgutil
+        import defectdet.data, defectdet.runtime
+        names = [
+            info.name
+            for package in (defectdet.data, defectdet.runtime)
+            for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+        ]
+        for name in names:
+            importlib.import_module(name)
+        loaded = sorted(name for name in sys.modules if name.startswith(("defectdet.trainingdata", "albumentations")))
+        assert not loaded and "torch" not in sys.modules, loaded
+        import defectdet.trainingdata.augment_config
+        assert "torch" not in sys.modules and "albumentations" not in sys.modules
+        print(len(names))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) >= 20  # data: formats, synth, imageio, ...; runtime: predictor, ...
 
 
 def test_architecture_doc_draws_the_same_table() -> None:

@@ -25,12 +25,12 @@ def run_demo(
     (checkpoints, metrics.csv, plots, report.html).
     """
     from defectdet.data.check import run_check
-    from defectdet.data.dataset import collate_detections
     from defectdet.data.synth import synthesize_dataset
-    from defectdet.data.visualize import save_batch_grid
     from defectdet.engine.config import TrainConfig
     from defectdet.engine.trainer import build_train_data, train
     from defectdet.engine.validate import validate
+    from defectdet.trainingdata.dataset import collate_detections
+    from defectdet.trainingdata.visualize import save_batch_grid
 
     console = console or Console()
     out = Path(out)

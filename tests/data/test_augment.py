@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from defectdet.data.augment import AugmentConfig, build_augment, clip_boxes_to_window
+from defectdet.trainingdata.augment import AugmentConfig, build_augment, clip_boxes_to_window
 
 GEOMETRY_ONLY = {
     "brightness_contrast_prob": 0.0,

@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from defectdet.data.check import check_dataset
-from defectdet.data.dataset import DetectionDataset
 from defectdet.data.formats import load_dataset
 from defectdet.runtime.predict import companion_files
+from defectdet.trainingdata.dataset import DetectionDataset
 
 
 def _one_folder(root: Path, parts: int = 3) -> Path:

@@ -12,9 +12,7 @@ import pytest
 import torch
 from companion_data import COMPANION, make_companion_dataset
 
-from defectdet.data.augment import AugmentConfig, build_augment
 from defectdet.data.check import check_dataset
-from defectdet.data.dataset import DetectionDataset
 from defectdet.data.formats import load_dataset
 from defectdet.data.formats.coco import read_coco
 from defectdet.data.holdout import grouped_hold_out
@@ -22,6 +20,8 @@ from defectdet.data.letterbox import letterbox_image
 from defectdet.data.planes import input_array, stack_planes
 from defectdet.data.sample import DatasetSplit, Sample, common_companions, companion_name_problem
 from defectdet.errors import DatasetError
+from defectdet.trainingdata.augment import AugmentConfig, build_augment
+from defectdet.trainingdata.dataset import DetectionDataset
 
 AGDD = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "agdd"  # ../shared beside the repo
 PLANES_ONLY = {  # no photometric change and no pair jitter: every plane gets exactly the image's geometry
@@ -207,7 +207,7 @@ def test_dataset_leaves_out_samples_without_the_companion(
 ) -> None:
     (companion_yaml.parent / COMPANION / "train_002.png").unlink()
     split = load_dataset(companion_yaml, "train")
-    with caplog.at_level(logging.WARNING, logger="defectdet.data.dataset"):
+    with caplog.at_level(logging.WARNING, logger="defectdet.trainingdata.dataset"):
         dataset = DetectionDataset(split, input_size=32, companions=[COMPANION])
     assert len(dataset) == 7 and [Path(p).name for p in dataset.left_out] == ["train_002.png"]
     assert any("leaving out 1 of 8 images" in record.getMessage() for record in caplog.records)

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from defectdet.data.augment import AugmentConfig
-from defectdet.data.dataset import DetectionDataset, collate_detections
 from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.engine.loader import SampleIndex, build_loader, default_workers, start_epoch
 from defectdet.errors import DatasetError
+from defectdet.trainingdata.augment import AugmentConfig
+from defectdet.trainingdata.dataset import DetectionDataset, collate_detections
 
 CLASS_NAMES = ["open", "short", "spur"]
 
@@ -119,7 +119,7 @@ def test_template_of_another_size_is_resized_with_one_warning(
         template = cv2.imread(str(sample.template_path))
         cv2.imwrite(str(sample.template_path), cv2.resize(template, (50, 50)))
     dataset = DetectionDataset(split, input_size=64)
-    with caplog.at_level(logging.WARNING, logger="defectdet.data.dataset"):
+    with caplog.at_level(logging.WARNING, logger="defectdet.trainingdata.dataset"):
         shapes = [dataset[index][0].shape for index in range(3)]
     assert shapes == [(2, 64, 64)] * 3
     assert sum("resizing templates" in record.getMessage() for record in caplog.records) == 1
@@ -144,7 +144,7 @@ def test_corrupt_image_is_skipped_with_one_warning(
     broken.write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
     dataset = DetectionDataset(split, input_size=64)
     loader = build_loader(dataset, batch_size=3, train=False, workers=0)
-    with caplog.at_level(logging.WARNING, logger="defectdet.data.dataset"):
+    with caplog.at_level(logging.WARNING, logger="defectdet.trainingdata.dataset"):
         for _ in range(2):  # two epochs: the file is named once
             (images, targets, metas) = next(iter(loader))
             assert images.shape == (2, 2, 64, 64)

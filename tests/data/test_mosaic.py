@@ -8,10 +8,10 @@ import cv2
 import numpy as np
 import pytest
 
-from defectdet.data.augment import AugmentConfig
-from defectdet.data.dataset import DetectionDataset
 from defectdet.data.formats import load_dataset
-from defectdet.data.mosaic import Planes, mosaic_origin, tile_window
+from defectdet.trainingdata.augment import AugmentConfig
+from defectdet.trainingdata.dataset import DetectionDataset
+from defectdet.trainingdata.mosaic import Planes, mosaic_origin, tile_window
 
 SIDE = 64
 MARK = 250  # the defect's gray level; each image's background is its own level

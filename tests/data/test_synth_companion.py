@@ -12,12 +12,12 @@ import torch
 from typer.testing import CliRunner
 
 from defectdet.cli import app
-from defectdet.data.dataset import DetectionDataset
 from defectdet.data.formats import load_dataset
 from defectdet.data.sample import common_companions
 from defectdet.data.synth import generate_surface, synthesize_dataset
 from defectdet.data.synth.companion import GAIN, companion_capture, faint_defects
 from defectdet.errors import DefectDetError
+from defectdet.trainingdata.dataset import DetectionDataset
 
 
 def test_synth_companions_are_aligned_captures_the_dataset_reads(tmp_path: Path) -> None:

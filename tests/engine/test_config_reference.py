@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from defectdet.data.augment import AugmentConfig
 from defectdet.engine.config import TrainConfig
 from defectdet.engine.config_reference import END_MARKER, START_MARKER, config_reference, field_comments
+from defectdet.trainingdata.augment import AugmentConfig
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "configuration.md"
 

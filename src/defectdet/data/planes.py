@@ -1,7 +1,7 @@
 """The model input from uint8 canvases: planes stacked as channels ``[tested, template, *companions]``, scaled
 to [0, 1].
 
-NumPy only (no torch, no OpenCV): the training dataset (`data.dataset.to_input_tensor`) and the one inference
+NumPy only (no torch, no OpenCV): the training dataset (`trainingdata.dataset.to_input_tensor`) and the one inference
 pipeline (`runtime.pipeline`, which `engine.predict` and `runtime.predictor` share) build every input here.
 """
 

@@ -235,7 +235,7 @@ def loader_report(
     `seconds_per_setting` over `batches_per_setting` batches; `explore` adds variants around the best worker
     count; `time_model` times a training step. `overrides` are TrainConfig fields (e.g. input_size).
     """
-    from defectdet.data.dataset import collate_detections
+    from defectdet.trainingdata.dataset import collate_detections
 
     dataset, data_collate, config_batch, name, training = _resolve_dataset(
         data, preset, config, overrides or {}

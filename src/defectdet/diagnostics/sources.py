@@ -47,9 +47,9 @@ def nan_batches(
     """The first `batches` training batches of `data`, preprocessed as the checkpoint's run did (its input_size, crop,
     channels; no augmentation, so a rerun sees the same pixels). `format`: the dataset format (default: the run's
     when `data` is the run's dataset, else detected)."""
-    from defectdet.data.dataset import DetectionDataset, collate_detections
     from defectdet.data.formats import load_dataset
     from defectdet.runtime.spec import ModelSpec
+    from defectdet.trainingdata.dataset import DetectionDataset, collate_detections
 
     config = checkpoint.get("config") or {}
     spec = ModelSpec.from_checkpoint(checkpoint)

@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from defectdet.cli_option import CliOption
 from defectdet.compat import Surface, current_keys
-from defectdet.data.augment_config import AugmentConfig
 from defectdet.errors import ConfigError
 from defectdet.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_FLOOR
+from defectdet.trainingdata.augment_config import AugmentConfig
 
 DEFAULT_EPOCHS = 50
 VAL_BUDGET_SHARE = 0.1  # with a time budget and no val_every: about ten validations per run

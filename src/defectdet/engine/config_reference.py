@@ -56,7 +56,7 @@ def field_comments(model: type[BaseModel]) -> tuple[dict[str, str], dict[str, st
 def _type_name(annotation: Any) -> str:
     text = str(annotation).replace("typing.", "").replace("pathlib.", "").replace("NoneType", "None")
     text = re.sub(r"<class '([\w.]+)'>", lambda m: m.group(1).rsplit(".", 1)[-1], text)
-    return text.replace("defectdet.data.augment.", "")
+    return text.replace("defectdet.trainingdata.augment.", "")
 
 
 def _default(model: type[BaseModel], name: str) -> str:
@@ -85,8 +85,8 @@ def _rows(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 def config_reference() -> str:
     """The markdown table of every training option (YAML key, `--set key=value`)."""
-    from defectdet.data.augment_config import AugmentConfig
     from defectdet.engine.config import TrainConfig
+    from defectdet.trainingdata.augment_config import AugmentConfig
 
     lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
     lines += _rows(TrainConfig)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from defectdet.data.dataset import collate_detections
+from defectdet.trainingdata.dataset import collate_detections
 
 
 class SampleIndex(int):

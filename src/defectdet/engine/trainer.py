@@ -139,10 +139,10 @@ def build_train_data(config: TrainConfig) -> TrainData:
 
     The returned `TrainData.config` is `config` with those settings filled in; `choices` says why.
     """
-    from defectdet.data.dataset import DetectionDataset
     from defectdet.data.formats import load_dataset
     from defectdet.data.holdout import same_images
     from defectdet.engine.autoconfig import choose_settings, collect_split_stats
+    from defectdet.trainingdata.dataset import DetectionDataset
 
     if config.data is None:
         raise ConfigError(
@@ -334,7 +334,7 @@ def _with_start_rows(config: TrainConfig, choices: list) -> list:
 
 def _val_set(split: Any, config: TrainConfig, template: bool) -> Dataset | None:
     """A validation DetectionDataset of `split` (None when it is missing or empty)."""
-    from defectdet.data.dataset import DetectionDataset
+    from defectdet.trainingdata.dataset import DetectionDataset
 
     if split is None or not split.samples:
         return None

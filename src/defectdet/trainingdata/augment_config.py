@@ -1,4 +1,4 @@
-"""`AugmentConfig`, the training augmentation settings, apart from the augmentation itself (`data.augment`)
+"""`AugmentConfig`, the training augmentation settings, apart from the augmentation itself (`trainingdata.augment`)
 so that reading a training configuration imports neither albumentations nor torch."""
 
 from __future__ import annotations

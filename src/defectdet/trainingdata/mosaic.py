@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from defectdet.data.augment import clip_boxes_to_window
+from defectdet.trainingdata.augment import clip_boxes_to_window
 
 
 @dataclass

@@ -17,14 +17,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from defectdet.data.augment import AugmentConfig, build_augment, clip_boxes_to_window
 from defectdet.data.imageio import DEFAULT_MAX_PIXELS, read_image, read_planes
 from defectdet.data.letterbox import DEFAULT_INPUT_SIZE, boxes_to_letterbox, letterbox_image
-from defectdet.data.mosaic import Planes, mosaic_origin, tile_window
 from defectdet.data.planes import input_array, stack_planes
 from defectdet.data.registration import register_pair
 from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.errors import DatasetError, ImageReadError
+from defectdet.trainingdata.augment import AugmentConfig, build_augment, clip_boxes_to_window
+from defectdet.trainingdata.mosaic import Planes, mosaic_origin, tile_window
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class DetectionDataset(Dataset):
 
     Pipeline per item: read the tested image (+ template, + companion captures) at `channels` -> letterbox
     every plane to `input_size` -> (train) augment -> (train, whole images, `augment.mosaic_prob`) sometimes a window
-    onto it and three other augmented samples tiled (`data.mosaic`) -> (train, `crop_size < input_size`) a
+    onto it and three other augmented samples tiled (`trainingdata.mosaic`) -> (train, `crop_size < input_size`) a
     `crop_size` window, biased towards defects -> tensor `[C, S, S]`, C = channels x (1 + template + companions), planes in the order
     [tested, template, *companions].
 
@@ -256,7 +256,7 @@ class DetectionDataset(Dataset):
         return Planes(*self.augmenter.augment(image, template, companions, boxes, sample.classes))
 
     def _mosaic(self, part: Planes) -> Planes:
-        """`part` and three other random samples, each augmented on its own, tiled (`data.mosaic`); `part` as it
+        """`part` and three other random samples, each augmented on its own, tiled (`trainingdata.mosaic`); `part` as it
         is when one of the others cannot be read."""
         others = []
         for _ in range(3):

@@ -22,7 +22,7 @@ import albumentations as A
 import cv2
 import numpy as np
 
-from defectdet.data.augment_config import AugmentConfig
+from defectdet.trainingdata.augment_config import AugmentConfig
 
 __all__ = ["AugmentConfig", "Augmenter", "build_augment", "clip_boxes_to_window", "transform_boxes"]
 
