@@ -64,9 +64,13 @@ def comparison_table(document: dict[str, Any]) -> Table:
     counts = [
         ("escaped images", "escapes.escaped_images", "escapes.defective_images"),
         ("missed defects", "escapes.missed_defects", "escapes.defects"),
-        ("false calls, split's defect-free images", "false_calls.split_false_calls", "false_calls.split_clean_images"),
+        (
+            "false calls, split's defect-free images",
+            "false_calls.split_false_calls",
+            "false_calls.split_clean_images",
+        ),
         ("false calls, clean boards", "false_calls.clean_board_false_calls", "false_calls.clean_boards"),
-    ]  # fmt: skip
+    ]
     for label, part, whole in counts:
         cells = [f"{_get(model, part)}/{_get(model, whole)}" for model in (old, new)]
         table.add_row(label, *cells, _change(_get(old, part), _get(new, part), True))

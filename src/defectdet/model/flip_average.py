@@ -56,8 +56,11 @@ def with_flip_views(
     for name in untrained_flips(views, config):
         logger.warning(
             "--flip-views %s: %s trained with augment.%s = 0, so it never saw those mirrors; the views may cost "
-            "accuracy", views, source, name,
-        )  # fmt: skip
+            "accuracy",
+            views,
+            source,
+            name,
+        )
     return FlipAveraged(detector, views).eval()
 
 

@@ -46,17 +46,40 @@ class Tolerances:
 def decide(old: dict[str, Any], new: dict[str, Any], tolerances: Tolerances) -> dict[str, Any]:
     """The promotion rule (`RULE`) applied to two `score_model` results."""
     checks = [
-        _check("escape rate", old["escapes"]["escape_rate"], new["escapes"]["escape_rate"], tolerances.escape,
-               lower_is_better=True, missing="the split has no defective image"),
-        _check("missed-defect rate", old["escapes"]["missed_defect_rate"], new["escapes"]["missed_defect_rate"],
-               tolerances.escape, lower_is_better=True, missing="the split has no labelled defect"),
-        _check("mAP@0.5", old["mAP50"], new["mAP50"], tolerances.map50, lower_is_better=False,
-               missing="the split has no labelled defect"),
-        _check("false-call rate", old["false_calls"]["false_call_rate"], new["false_calls"]["false_call_rate"],
-               tolerances.false_call, lower_is_better=True,
-               missing="no defect-free image in the split and no clean board: pass --clean DIR or --clean-auto"),
+        _check(
+            "escape rate",
+            old["escapes"]["escape_rate"],
+            new["escapes"]["escape_rate"],
+            tolerances.escape,
+            lower_is_better=True,
+            missing="the split has no defective image",
+        ),
+        _check(
+            "missed-defect rate",
+            old["escapes"]["missed_defect_rate"],
+            new["escapes"]["missed_defect_rate"],
+            tolerances.escape,
+            lower_is_better=True,
+            missing="the split has no labelled defect",
+        ),
+        _check(
+            "mAP@0.5",
+            old["mAP50"],
+            new["mAP50"],
+            tolerances.map50,
+            lower_is_better=False,
+            missing="the split has no labelled defect",
+        ),
+        _check(
+            "false-call rate",
+            old["false_calls"]["false_call_rate"],
+            new["false_calls"]["false_call_rate"],
+            tolerances.false_call,
+            lower_is_better=True,
+            missing="no defect-free image in the split and no clean board: pass --clean DIR or --clean-auto",
+        ),
         _finds_defects(new),
-    ]  # fmt: skip
+    ]
     failed = [check for check in checks if not check["passed"]]
     decision = PROMOTE if not failed else KEEP
     return {
@@ -89,8 +112,14 @@ def _finds_defects(new: dict[str, Any]) -> dict[str, Any]:
         if low
         else f"NEW's mAP@0.5 and recall are not near zero (at least {NEAR_ZERO_MAP})"
     )
-    return {"name": "NEW finds defects", "old": None, "new": mean_ap, "limit": NEAR_ZERO_MAP, "passed": not low,
-            "reason": reason}  # fmt: skip
+    return {
+        "name": "NEW finds defects",
+        "old": None,
+        "new": mean_ap,
+        "limit": NEAR_ZERO_MAP,
+        "passed": not low,
+        "reason": reason,
+    }
 
 
 def verdict_from_document(document: dict[str, Any]) -> dict[str, Any]:
@@ -104,8 +133,14 @@ def _check(
     name: str, old: float | None, new: float | None, tolerance: float, *, lower_is_better: bool, missing: str
 ) -> dict[str, Any]:
     if old is None or new is None:
-        return {"name": name, "old": old, "new": new, "limit": None, "passed": False,
-                "reason": f"{name} not measured: {missing}"}  # fmt: skip
+        return {
+            "name": name,
+            "old": old,
+            "new": new,
+            "limit": None,
+            "passed": False,
+            "reason": f"{name} not measured: {missing}",
+        }
     limit = old + tolerance if lower_is_better else old - tolerance
     passed = new <= limit + EPSILON if lower_is_better else new >= limit - EPSILON
     relation = ("<=" if lower_is_better else ">=") if passed else (">" if lower_is_better else "<")

@@ -435,8 +435,10 @@ class Capture:
         logger.warning(
             "keep folder %s reached its cap of %.0f MB: deleted %d unreviewed item(s), oldest first; review "
             "them sooner or raise --keep-max-mb",
-            self.folder, self.max_bytes / 2**20 if self.max_bytes else 0, self._evicted_unreported,
-        )  # fmt: skip
+            self.folder,
+            self.max_bytes / 2**20 if self.max_bytes else 0,
+            self._evicted_unreported,
+        )
         self._evicted_unreported = 0
         self._eviction_warned = now
 
