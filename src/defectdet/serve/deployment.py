@@ -355,8 +355,12 @@ class Deployment:
         if entry.sha256 != self.live.sha256:
             logger.warning(
                 "the models store's generation %d is %s (%s): serving it instead of %s (%s)",
-                current["generation"], entry.name, entry.version, self.live.name, self.live.version,
-            )  # fmt: skip
+                current["generation"],
+                entry.name,
+                entry.version,
+                self.live.name,
+                self.live.version,
+            )
             try:
                 self.live = self._load(
                     self.store.verified(entry), entry.sha256, rollback=True, name=entry.name
@@ -383,8 +387,10 @@ class Deployment:
         except OSError as error:
             logger.warning(
                 "cannot write the models store %s (%s): serving %s; promotions will be refused",
-                self.store.root, error.strerror or error, self.live.name,
-            )  # fmt: skip
+                self.store.root,
+                error.strerror or error,
+                self.live.name,
+            )
             return None
 
     # ------------------------------------------------------------------ reading
@@ -528,9 +534,15 @@ class Deployment:
             evidence = shadow.report() if shadow is not None and shadow.model is model else None
             verdict = self._gate(model, force)
             record = self._commit(
-                generation, "promote", model, by, client=client, shadow=_summary(evidence), compare=verdict,
+                generation,
+                "promote",
+                model,
+                by,
+                client=client,
+                shadow=_summary(evidence),
+                compare=verdict,
                 forced=bool(force) and (verdict or {}).get("decision") != "promote",
-            )  # fmt: skip
+            )
             return self._make_live(model, record)
 
     def _no_shadow_here(self) -> str:
@@ -642,8 +654,13 @@ class Deployment:
         self.metrics.promotions.labels(record["action"]).inc()
         logger.info(
             "%s: %s (%s) is live, generation %d; was %s (%s)",
-            record["action"], model.name, model.version, record["generation"], old.name, old.version,
-        )  # fmt: skip
+            record["action"],
+            model.name,
+            model.version,
+            record["generation"],
+            old.name,
+            old.version,
+        )
         return self.report()
 
     def _swap(self, model: ServedModel, record: dict[str, Any]) -> ServedModel:
@@ -710,9 +727,15 @@ class Deployment:
             old = self._swap(model, current)
             logger.info(
                 "store generation %d (%s %s, %s): %s (%s) is live here; was %s (%s)",
-                current["generation"], current["action"], current.get("by") or "", current["time"],
-                model.name, model.version, old.name, old.version,
-            )  # fmt: skip
+                current["generation"],
+                current["action"],
+                current.get("by") or "",
+                current["time"],
+                model.name,
+                model.version,
+                old.name,
+                old.version,
+            )
             return True
         finally:
             self._changing.release()
@@ -726,8 +749,12 @@ class Deployment:
         self.metrics.model_behind_store.set(1)
         logger.error(
             "store generation %d not loaded here (try %d): %s; serving generation %s, trying again in %.0f s",
-            generation, attempts, reason, self.generation, delay,
-        )  # fmt: skip
+            generation,
+            attempts,
+            reason,
+            self.generation,
+            delay,
+        )
 
     def _caught_up(self) -> None:
         self._retry = None

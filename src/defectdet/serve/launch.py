@@ -118,11 +118,35 @@ def serve_bundle(
     list and readiness are kept per worker process; a drift reset reaches all of them. `keep_dir` is one
     folder for every worker (and every replica on a shared volume): one cap, one review queue.
     """
-    from defectdet.runtime.predictor import MAX_DEFAULT_THREADS, physical_cores
-
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    settings = settings or ServeSettings()
+    settings = _served_settings(settings or ServeSettings(), host, workers)
+    _warn_about_exposure(settings, host)
+    logger.info(
+        "serving %s on http://%s:%d: %d process(es) x %d inference worker(s) x %d thread(s), queue %d, "
+        "token %s, hosts %s",
+        bundle,
+        host,
+        port,
+        workers,
+        settings.max_concurrency,
+        settings.threads,
+        settings.max_queue,
+        "on" if settings.token else "off",
+        ", ".join(settings.allowed_hosts),
+    )
+    if workers == 1:
+        app = create_app(bundle, settings)
+        run_uvicorn(uvicorn_config(app, host, port, settings))
+        return
+    _serve_workers(bundle, host, port, settings, workers)
+
+
+def _served_settings(settings: ServeSettings, host: str, workers: int) -> ServeSettings:
+    """`settings` with the threads per worker process filled in and `host` (and, off loopback, this
+    machine's name) added to the allowed hosts."""
+    from defectdet.runtime.predictor import MAX_DEFAULT_THREADS, physical_cores
+
     if settings.threads is None:  # share the cores between the worker processes, each with one session
         # whose intra-op pool its concurrent inferences share (cores split per inference left a lone request
         # on one core: about 1.5x its latency on 2 cores, and less throughput at every concurrency)
@@ -134,29 +158,23 @@ def serve_bundle(
 
         names.append(socket.gethostname().lower())
     hosts = tuple(dict.fromkeys([*settings.allowed_hosts, *names]))
-    settings = replace(settings, allowed_hosts=hosts)
+    return replace(settings, allowed_hosts=hosts)
+
+
+def _warn_about_exposure(settings: ServeSettings, host: str) -> None:
+    """Warn when the service answers beyond loopback without a token, or keeps answers with no disk cap."""
     if not is_loopback(host) and settings.token is None:
         logger.warning(
             "serving on %s without a token: anyone who can reach the port can inspect images and reset "
             "the drift charts; pass --token-file (or set %s), and put TLS in front (docs/guides/serve.md, Security)",
-            host, TOKEN_ENV,
-        )  # fmt: skip
+            host,
+            TOKEN_ENV,
+        )
     if settings.keep and not settings.keep_max_mb:
         logger.warning(
             "--keep-max-mb 0: the keep folder %s has no disk cap and grows until the disk is full",
             settings.keep_dir,
         )
-    logger.info(
-        "serving %s on http://%s:%d: %d process(es) x %d inference worker(s) x %d thread(s), queue %d, "
-        "token %s, hosts %s",
-        bundle, host, port, workers, settings.max_concurrency, settings.threads, settings.max_queue,
-        "on" if settings.token else "off", ", ".join(settings.allowed_hosts),
-    )  # fmt: skip
-    if workers == 1:
-        app = create_app(bundle, settings)
-        run_uvicorn(uvicorn_config(app, host, port, settings))
-        return
-    _serve_workers(bundle, host, port, settings, workers)
 
 
 def _serve_workers(bundle: str | Path, host: str, port: int, settings: ServeSettings, workers: int) -> None:
