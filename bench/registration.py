@@ -22,7 +22,13 @@ import cv2
 import numpy as np
 
 from bench import common
-from defectdet.data.registration import DEFAULT_WORK_SIZE, motion_matrix, register_pair, warp_to
+from defectdet.data.registration import (
+    DEFAULT_WORK_SIZE,
+    RegistrationSettings,
+    motion_matrix,
+    register_pair,
+    warp_to,
+)
 
 METHODS = ("gauss_newton", "opencv_ecc")
 
@@ -41,13 +47,14 @@ def timing(pair: tuple[np.ndarray, np.ndarray], runs: int) -> dict:
     results: dict = {}
     for rotation in (True, False):
         samples: dict[str, list[float]] = {method: [] for method in METHODS}
+        settings = {method: RegistrationSettings(rotation=rotation, method=method) for method in METHODS}
         for _ in range(20):
             for method in METHODS:
-                register_pair(tested, template, rotation=rotation, method=method)
+                register_pair(tested, template, settings[method])
         for _ in range(runs):
             for method in METHODS:
                 start = time.perf_counter()
-                register_pair(tested, template, rotation=rotation, method=method)
+                register_pair(tested, template, settings[method])
                 samples[method].append((time.perf_counter() - start) * 1e3)
         for method in METHODS:
             results[f"{method}{'' if rotation else '_translation_only'}"] = common.summarize(samples[method])
@@ -65,7 +72,7 @@ def accuracy(templates: list[np.ndarray], seed: int) -> dict:
         tested = warp_to(template, motion_matrix(dx, dy, angle, width, height))
         tested = np.clip(tested + rng.normal(0, 4, tested.shape), 0, 255).astype(np.uint8)
         for method in METHODS:
-            _, found = register_pair(tested, template, method=method)
+            _, found = register_pair(tested, template, RegistrationSettings(method=method))
             errors[method].append((found.dx - dx, found.dy - dy, found.angle_deg - angle))
     summary = {}
     for method, values in errors.items():
@@ -95,7 +102,7 @@ def residual_misregistration(pairs: list[tuple[Path, Path]]) -> dict:
     for tested_path, template_path in pairs:
         tested = cv2.imread(str(tested_path), cv2.IMREAD_GRAYSCALE)
         template = cv2.imread(str(template_path), cv2.IMREAD_GRAYSCALE)
-        _, found = register_pair(tested, template, min_correction=0.0)
+        _, found = register_pair(tested, template, RegistrationSettings(min_correction=0.0))
         if not found.applied:  # refused: beyond max_shift, or a weak correlation (near-blank boards)
             refused.append(tested_path.name)
             continue

@@ -204,7 +204,7 @@ def test_flips_are_exact_on_pixels_and_boxes(rgb: bool) -> None:
 
 
 def test_pair_jitter_moves_only_the_template_within_bounds() -> None:
-    from defectdet.data.registration import register_pair
+    from defectdet.data.registration import RegistrationSettings, register_pair
 
     rng = np.random.default_rng(3)
     image = np.zeros((160, 160), np.uint8)
@@ -220,7 +220,7 @@ def test_pair_jitter_moves_only_the_template_within_bounds() -> None:
         out_image, out_template, _, _ = augmenter(image, image.copy(), np.zeros((0, 4)), np.zeros(0))
         assert np.array_equal(out_image, image)  # the tested image is untouched
         assert out_template is not None and not np.array_equal(out_template, image)
-        _, found = register_pair(out_template, image, min_correction=0.0)
+        _, found = register_pair(out_template, image, RegistrationSettings(min_correction=0.0))
         assert abs(found.dx) <= 2.0 + 0.3 and abs(found.dy) <= 2.0 + 0.3 and abs(found.angle_deg) <= 0.4
         shifts.append(found.shift)
     assert max(shifts) > 0.5  # it does move

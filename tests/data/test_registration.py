@@ -9,7 +9,13 @@ import cv2
 import numpy as np
 import pytest
 
-from defectdet.data.registration import Registration, motion_matrix, register_pair, warp_to
+from defectdet.data.registration import (
+    Registration,
+    RegistrationSettings,
+    motion_matrix,
+    register_pair,
+    warp_to,
+)
 
 
 def board(size: int = 640, seed: int = 0) -> np.ndarray:
@@ -49,7 +55,7 @@ def test_recovers_shift_and_rotation() -> None:
 def test_translation_only(method: str) -> None:
     template = board(seed=3)
     tested = warp_to(template, motion_matrix(-1.6, 0.7, 0.0, 640, 640))
-    _, registration = register_pair(tested, template, rotation=False, method=method)
+    _, registration = register_pair(tested, template, RegistrationSettings(rotation=False, method=method))
     assert registration.angle_deg == 0.0
     assert abs(registration.dx + 1.6) < 0.2 and abs(registration.dy - 0.7) < 0.2
 
@@ -64,7 +70,7 @@ def test_identical_pair_is_left_alone() -> None:
 def test_bounded_motion_and_blank_images() -> None:
     template = board(seed=5)
     tested = warp_to(template, motion_matrix(14.0, 0.0, 0.0, 640, 640))
-    aligned, registration = register_pair(tested, template, max_shift=8.0)
+    aligned, registration = register_pair(tested, template, RegistrationSettings(max_shift=8.0))
     assert aligned is template and not registration.applied
     blank = np.zeros((64, 80), np.uint8)
     aligned, registration = register_pair(blank, blank)
@@ -82,7 +88,7 @@ def test_rgb_non_square_and_errors() -> None:
     with pytest.raises(ValueError, match="template is"):
         register_pair(tested, template[:100])
     with pytest.raises(ValueError, match="method"):
-        register_pair(tested, template, method="sift")
+        RegistrationSettings(method="sift")
 
 
 def test_module_does_not_import_torch() -> None:

@@ -37,6 +37,7 @@ DEFAULT_MIN_CORRECTION = 0.05  # pixels; smaller corrections are skipped (no res
 _ITERATIONS = 10  # Gauss-Newton / ECC iterations at most (3-6 from a phase-correlation start)
 _EPSILON = 0.01  # stop when an update moves no pixel by more than this (reduced pixels)
 _MARGIN = 4  # reduced pixels along the border left out of the fit (replicated after a warp)
+METHODS = ("gauss_newton", "opencv_ecc")  # how the motion is refined after phase correlation
 
 
 @dataclass(frozen=True)
@@ -107,71 +108,119 @@ def _reduce(gray: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return gray.astype(np.float32)
 
 
+@dataclass(frozen=True)
+class RegistrationSettings:
+    """How `register_pair` measures a motion and when it applies it."""
+
+    max_shift: float = DEFAULT_MAX_SHIFT  # pixels of the tested image; beyond: left untouched
+    rotation: bool = True  # False: translation only
+    max_angle: float = DEFAULT_MAX_ANGLE  # degrees; beyond: left untouched
+    work_size: int = DEFAULT_WORK_SIZE  # long side of the reduced images the motion is measured on
+    min_correlation: float = DEFAULT_MIN_CORRELATION  # a weaker fit is not trusted
+    min_correction: float = DEFAULT_MIN_CORRECTION  # pixels; a smaller correction is not resampled
+    method: str = "gauss_newton"  # or "opencv_ecc" (`cv2.findTransformECC`)
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be 'gauss_newton' or 'opencv_ecc', got {self.method!r}")
+
+
+_DEFAULT_SETTINGS = RegistrationSettings()
+
+
+@dataclass(frozen=True)
+class _ReducedPair:
+    """Both images in gray float32 at the reduced size the motion is measured on."""
+
+    tested: np.ndarray
+    reference: np.ndarray
+    size: tuple[int, int]  # (width, height)
+    scale_x: float  # full pixels per reduced pixel
+    scale_y: float
+
+    @classmethod
+    def of(cls, image: np.ndarray, template: np.ndarray, work_size: int) -> _ReducedPair:
+        height, width = image.shape[:2]
+        factor = max(1.0, max(width, height) / float(work_size))
+        small = (max(8, round(width / factor)), max(8, round(height / factor)))
+        tested, reference = _reduce(_gray(image), small), _reduce(_gray(template), small)
+        return cls(tested, reference, small, width / small[0], height / small[1])
+
+
 def register_pair(
-    image: np.ndarray,
-    template: np.ndarray,
-    *,
-    max_shift: float = DEFAULT_MAX_SHIFT,
-    rotation: bool = True,
-    max_angle: float = DEFAULT_MAX_ANGLE,
-    work_size: int = DEFAULT_WORK_SIZE,
-    min_correlation: float = DEFAULT_MIN_CORRELATION,
-    min_correction: float = DEFAULT_MIN_CORRECTION,
-    method: str = "gauss_newton",
+    image: np.ndarray, template: np.ndarray, settings: RegistrationSettings | None = None
 ) -> tuple[np.ndarray, Registration]:
     """Warp `template` onto `image` (same HxW; gray or RGB, any dtype OpenCV warps) and say how it moved.
 
     Returns `(aligned_template, Registration)`; `aligned_template` is `template` itself (not a copy) when
-    nothing was applied. Raises ValueError when the two sizes differ. `method`: "gauss_newton" (default,
-    see `_refine_gauss_newton`) or "opencv_ecc" (`cv2.findTransformECC`, same criterion, slower here:
-    bench/registration.py compares them).
+    nothing was applied. Raises ValueError when the two sizes differ. `settings` (default:
+    `RegistrationSettings()`) bound the motion; its `method` is "gauss_newton" (see `_refine_gauss_newton`) or
+    "opencv_ecc" (`cv2.findTransformECC`, same criterion, slower here: bench/registration.py compares them).
     """
     started = time.perf_counter()
+    settings = settings or _DEFAULT_SETTINGS
     height, width = image.shape[:2]
     if template.shape[:2] != (height, width):
         raise ValueError(
             f"template is {template.shape[1]}x{template.shape[0]} but the image is {width}x{height}"
         )
-    factor = max(1.0, max(width, height) / float(work_size))
-    small = (max(8, round(width / factor)), max(8, round(height / factor)))
-    scale_x, scale_y = width / small[0], height / small[1]  # full pixels per reduced pixel
-    tested = _reduce(_gray(image), small)
-    reference = _reduce(_gray(template), small)
-
-    shift_x, shift_y, response = _phase_shift(tested, reference, small)
-    if math.hypot(shift_x * scale_x, shift_y * scale_y) > max_shift + 1.0:  # out of bounds: leave the pair
-        ms = (time.perf_counter() - started) * 1e3
-        dx, dy = float(shift_x * scale_x), float(shift_y * scale_y)
-        return template, Registration(dx, dy, 0.0, float(response), float("nan"), False, ms)
+    pair = _ReducedPair.of(image, template, settings.work_size)
+    shift_x, shift_y, response = _phase_shift(pair.tested, pair.reference, pair.size)
+    if math.hypot(shift_x * pair.scale_x, shift_y * pair.scale_y) > settings.max_shift + 1.0:
+        dx, dy = float(shift_x * pair.scale_x), float(shift_y * pair.scale_y)  # out of bounds: leave the pair
+        return template, Registration(dx, dy, 0.0, float(response), float("nan"), False, _ms_since(started))
 
     # ECC refinement: warp maps tested (reduced) pixel -> template (reduced) pixel
     initial = np.array([[1.0, 0.0, -shift_x], [0.0, 1.0, -shift_y]], dtype=np.float32)
-    if method == "opencv_ecc":
-        warp, correlation = _refine_opencv(tested, reference, initial, rotation)
-    elif method == "gauss_newton":
-        warp, correlation = _refine_gauss_newton(tested, reference, initial, rotation)
-    else:
-        raise ValueError(f"method must be 'gauss_newton' or 'opencv_ecc', got {method!r}")
+    refine = _refine_gauss_newton if settings.method == "gauss_newton" else _refine_opencv
+    warp, correlation = refine(pair.tested, pair.reference, initial, settings.rotation)
     if warp is None:  # did not converge (e.g. a blank image)
-        ms = (time.perf_counter() - started) * 1e3
-        return template, Registration(0.0, 0.0, 0.0, float(response), float("nan"), False, ms)
+        return template, Registration(0.0, 0.0, 0.0, float(response), float("nan"), False, _ms_since(started))
 
-    dx, dy, angle = _full_resolution_motion(warp, scale_x, scale_y, width, height)
-    if not rotation:
-        angle = 0.0
-
-    if not (math.isfinite(dx) and math.isfinite(dy) and math.isfinite(angle)):
-        dx = dy = angle = 0.0
-        correlation = float("nan")
-    trusted = math.hypot(dx, dy) <= max_shift and abs(angle) <= max_angle and correlation >= min_correlation
-    # largest displacement the correction causes anywhere in the image
-    reach = math.hypot(dx, dy) + math.radians(abs(angle)) * math.hypot(width, height) / 2
-    applied = trusted and reach >= min_correction
+    dx, dy, angle, correlation = _checked_motion(warp, correlation, pair, settings.rotation, (width, height))
+    applied = _worth_applying(dx, dy, angle, correlation, settings, (width, height))
     aligned = warp_to(template, motion_matrix(dx, dy, angle, width, height)) if applied else template
-    ms = (time.perf_counter() - started) * 1e3
+    ms = _ms_since(started)
     return aligned, Registration(
         float(dx), float(dy), float(angle), float(response), float(correlation), applied, ms
     )
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1e3
+
+
+def _checked_motion(
+    warp: np.ndarray, correlation: float, pair: _ReducedPair, rotation: bool, size: tuple[int, int]
+) -> tuple[float, float, float, float]:
+    """(dx, dy, angle, correlation) at full resolution; a motion that is not finite becomes none, its
+    correlation NaN (never trusted)."""
+    dx, dy, angle = _full_resolution_motion(warp, pair.scale_x, pair.scale_y, *size)
+    if not rotation:
+        angle = 0.0
+    if not (math.isfinite(dx) and math.isfinite(dy) and math.isfinite(angle)):
+        return 0.0, 0.0, 0.0, float("nan")
+    return dx, dy, angle, correlation
+
+
+def _worth_applying(
+    dx: float,
+    dy: float,
+    angle: float,
+    correlation: float,
+    settings: RegistrationSettings,
+    size: tuple[int, int],
+) -> bool:
+    """Within the bounds, a trusted fit, and a correction of at least `min_correction` pixels somewhere."""
+    shift = math.hypot(dx, dy)
+    trusted = (
+        shift <= settings.max_shift
+        and abs(angle) <= settings.max_angle
+        and correlation >= settings.min_correlation
+    )
+    # largest displacement the correction causes anywhere in the image
+    reach = shift + math.radians(abs(angle)) * math.hypot(*size) / 2
+    return trusted and reach >= settings.min_correction
 
 
 def _phase_shift(

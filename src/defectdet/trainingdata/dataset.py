@@ -115,10 +115,9 @@ class DetectionDataset(Dataset):
         self._cache_full_logged = False
         if self.cache_bytes:
             per_sample = input_size * input_size * self.input_channels
-            logger.debug(
-                "decoded-image cache: up to %.0f MB per loading process, about %d of %d samples",
-                self.cache_bytes / 2**20, min(len(self.samples), self.cache_bytes // per_sample), len(self.samples),
-            )  # fmt: skip
+            fitting = min(len(self.samples), self.cache_bytes // per_sample)
+            message = "decoded-image cache: up to %.0f MB per loading process, about %d of %d samples"
+            logger.debug(message, self.cache_bytes / 2**20, fitting, len(self.samples))
 
     def _keep_with_companions(self) -> list[str]:
         """Leave out the samples that lack one of `companions` (warned once, with the count); their images."""
@@ -137,10 +136,9 @@ class DetectionDataset(Dataset):
             str(sample.image_path) for sample, keep in zip(self.samples, has_all, strict=True) if not keep
         ]
         if left_out:
-            logger.warning(
-                "leaving out %d of %d images of split '%s' without every companion (%s); first: %s",
-                len(left_out), len(self.samples), self.split.split, ", ".join(self.companions), left_out[0],
-            )  # fmt: skip
+            message = "leaving out %d of %d images of split '%s' without every companion (%s); first: %s"
+            names = ", ".join(self.companions)
+            logger.warning(message, len(left_out), len(self.samples), self.split.split, names, left_out[0])
         self.samples = kept
         return left_out
 
@@ -211,9 +209,8 @@ class DetectionDataset(Dataset):
         part = self._augmented(sample, prepared)
         if self.mosaic_prob and self._rng.random() < self.mosaic_prob:
             part = self._mosaic(part)
-        image, template, companions, boxes, classes = (
-            part.image, part.template, part.companions, part.boxes, part.classes
-        )  # fmt: skip
+        image, template, companions = part.image, part.template, part.companions
+        boxes, classes = part.boxes, part.classes
         size = self.input_size
         offset_x = offset_y = 0
         if self.crop_size is not None:
@@ -298,10 +295,10 @@ class DetectionDataset(Dataset):
             self._cache_used += size
         elif self.cache_bytes and not self._cache_full_logged:
             self._cache_full_logged = True
-            logger.info(
-                "decoded-image cache full at %.0f MB (%d of %d samples); the rest are decoded every time",
-                self._cache_used / 2**20, len(self._cache), len(self.samples),
-            )  # fmt: skip
+            message = (
+                "decoded-image cache full at %.0f MB (%d of %d samples); the rest are decoded every time"
+            )
+            logger.info(message, self._cache_used / 2**20, len(self._cache), len(self.samples))
         return prepared
 
     @property
@@ -351,11 +348,12 @@ class DetectionDataset(Dataset):
             return plane
         if kind not in self._warned_resize:
             self._warned_resize.add(kind)
+            message = "%s %s is %dx%d but its image %s is %dx%d; resizing %s to their image (warned once)"
+            (height, width), (image_height, image_width) = plane.shape[:2], image.shape[:2]
+            planes = "templates" if kind == "template" else f"{kind} captures"
             logger.warning(
-                "%s %s is %dx%d but its image %s is %dx%d; resizing %s to their image (warned once)",
-                kind, path, plane.shape[1], plane.shape[0], sample.image_path, image.shape[1], image.shape[0],
-                "templates" if kind == "template" else f"{kind} captures",
-            )  # fmt: skip
+                message, kind, path, width, height, sample.image_path, image_width, image_height, planes
+            )
         return cv2.resize(plane, (image.shape[1], image.shape[0]), interpolation=cv2.INTER_LINEAR)
 
     def _crop_origin(self, boxes: np.ndarray) -> tuple[int, int]:
