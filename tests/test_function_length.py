@@ -59,7 +59,6 @@ NOT_YET_SHORTENED: dict[str, str] = {
     "runtime/monitor.py:DriftMonitor.__init__": "over 60 lines, being split",
     "runtime/predict.py:predict_source": "over 60 lines, being split",
     "runtime/predictor.py:Predictor.predict": "over 60 lines, being split",
-    "serve/launch.py:serve_bundle": "over 60 lines, being split",
     "serve/review.py:ReviewFolder.export_coco": "over 60 lines, being split",
     "serve/review.py:review_router": "over 60 lines, being split",
     "serve/server.py:create_app": "over 60 lines, being split",
@@ -107,8 +106,6 @@ FMT_SKIPS_LEFT: dict[str, int] = {
     "engine/synthetic_boards.py": 1,
     "engine/trainer.py": 1,
     "runtime/predict.py": 2,
-    "serve/deployment.py": 6,
-    "serve/launch.py": 2,
     "trainingdata/visualize.py": 1,
 }
 
