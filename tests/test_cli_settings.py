@@ -200,9 +200,6 @@ NOT_YET_FROM_SETTINGS = {
     "predict",
     "compare",
     "review",
-    "export_labelstudio",
-    "import_labelstudio",
-    "import_coco",
 }
 
 

@@ -5,6 +5,7 @@ User-caused errors (`defectdet.errors.DefectDetError`) are printed as one red li
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -17,6 +18,16 @@ from rich.console import Console
 from defectdet import compat
 from defectdet.cli_app import CommandApp, FlagHelpGroup
 from defectdet.cli_settings import SETTINGS_OPTIONS, settings_options
+from defectdet.data.formats.label_settings import (
+    COCO_EXPORT_OPTIONS,
+    COCO_IMPORT_OPTIONS,
+    LABELSTUDIO_IMPORT_OPTIONS,
+    TASK_EXPORT_OPTIONS,
+    CocoExportSettings,
+    CocoImportSettings,
+    LabelStudioImportSettings,
+    TaskExportSettings,
+)
 from defectdet.demo import DEMO_MINUTES
 from defectdet.doctor_cli import doctor_app
 from defectdet.engine.config import TRAIN_OPTIONS, TrainConfig
@@ -781,20 +792,11 @@ labels_app = CommandApp(
     help="Interchange with labelling tools: Label Studio tasks and exports, CVAT's COCO 1.0, COCO json.",
     no_args_is_help=True,
 )
-_EXISTING_HELP = (
-    "A label file in OUT_DIR that already holds other boxes: refuse (default; nothing is written), merge "
-    "(keep its boxes, add the new ones) or replace."
-)
 
 
-def _names(text: str | None) -> list[str] | None:
-    return [name.strip() for name in text.split(",") if name.strip()] if text else None
-
-
-def _unknown_policy(add_classes: bool, skip_unknown: bool) -> str:
-    if add_classes and skip_unknown:
+def _check_unknown_policy(settings: dict[str, Any]) -> None:
+    if settings.get("add_classes") and settings.get("skip_unknown"):
         raise typer.BadParameter("--add-classes and --skip-unknown exclude each other")
-    return "add" if add_classes else "skip" if skip_unknown else "error"
 
 
 def _print_import(report, split: str) -> None:
@@ -818,6 +820,7 @@ def _print_import(report, split: str) -> None:
 
 
 @labels_app.command("export-labelstudio")
+@settings_options(TaskExportSettings, TASK_EXPORT_OPTIONS)
 def export_labelstudio(
     source: Path = typer.Argument(
         ...,
@@ -825,37 +828,7 @@ def export_labelstudio(
         "folder of images with a prediction <stem>.json beside each.",
     ),
     out: Path = typer.Argument(..., help="Tasks JSON to write (import it in Label Studio)."),
-    config: Path | None = typer.Option(
-        None, help="Labelling config XML to write (default: <OUT stem>_config.xml beside OUT)."
-    ),
-    classes: str | None = typer.Option(
-        None, help="Class names, comma-separated (default: predict's classes.txt, then the predicted names)."
-    ),
-    model: Path | None = typer.Option(
-        None,
-        "--model",
-        help="The model's bundle (.onnx) or checkpoint (.pt): its full class list goes into the labelling config "
-        "(instead of --classes).",
-    ),
-    model_version: str = typer.Option(
-        "defectdet", help="model_version of the pre-annotations (default: the bundle a sidecar names)."
-    ),
-    document_root: Path | None = typer.Option(
-        None,
-        help="Label Studio's LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT: image URLs are paths below it "
-        "(default: the folder holding all the images).",
-    ),
-    url_prefix: str = typer.Option(
-        "/data/local-files/?d=", help="Put before each image's path below --document-root."
-    ),
-    images: Path | None = typer.Option(
-        None, help="Where the images predictions.jsonl names are now, when they moved since."
-    ),
-    score_floor: float | None = typer.Option(
-        None,
-        "--score-floor",
-        help="Leave out detections under this score (default: the threshold each record states).",
-    ),
+    settings: dict[str, Any] = SETTINGS_OPTIONS,
 ) -> None:
     """Images -> Label Studio import tasks (the operator's reviewed labels as annotations, the model's
     detections as predictions where no one reviewed yet, templates as data.template, each companion capture
@@ -864,23 +837,22 @@ def export_labelstudio(
     Example: defectdet labels export-labelstudio runs/line3 tasks.json --document-root /data/line3
     Example: defectdet labels export-labelstudio kept/ tasks.json --model models/line.onnx
     """
-    from defectdet.data.formats.labelstudio import export_tasks
+    from defectdet.data.formats.labelstudio import export_tasks, model_class_names
 
-    if model is not None and classes:
-        raise typer.BadParameter("--model and --classes exclude each other")
-    names = _model_class_names(model) if model is not None else _names(classes)
+    export_settings = TaskExportSettings(**settings)
+    if export_settings.model is not None:
+        if export_settings.classes:
+            raise typer.BadParameter("--model and --classes exclude each other")
+        try:
+            names = model_class_names(export_settings.model)
+        except DefectDetError as error:
+            raise typer.BadParameter(str(error)) from None
+        export_settings = dataclasses.replace(export_settings, model=None, classes=names)
+    _print_task_export(export_tasks(source, out, export_settings))
 
-    result = export_tasks(
-        source,
-        out,
-        config_path=config,
-        classes=names,
-        model_version=model_version,
-        document_root=document_root,
-        url_prefix=url_prefix,
-        images=images,
-        score_floor=score_floor,
-    )
+
+def _print_task_export(result: Any) -> None:
+    """What `export_tasks` wrote (a `TasksExport`)."""
     console.print(
         f"[green]wrote[/green] {result.tasks} task(s), {result.annotated} with reviewed labels, "
         f"{result.predictions} with pre-annotations ({result.regions} box(es)) -> {result.tasks_path}"
@@ -897,52 +869,12 @@ def export_labelstudio(
         console.print(f"[yellow]left out (predict failed)[/yellow] {line}")
 
 
-def _model_class_names(model: Path) -> list[str]:
-    """The class names a bundle's metadata or a checkpoint records, in id order."""
-    if model.suffix.lower() == ".onnx":
-        from defectdet.runtime.bundle import read_metadata
-
-        return list(read_metadata(model).class_names)
-    from defectdet.engine.checkpoint import load_checkpoint
-
-    names = load_checkpoint(model).get("class_names")
-    if not names:
-        raise typer.BadParameter(
-            f"--model {model}: records no class names (a checkpoint of `defectdet train`?)"
-        )
-    return [str(name) for name in names]
-
-
 @labels_app.command("import-labelstudio")
+@settings_options(LabelStudioImportSettings, LABELSTUDIO_IMPORT_OPTIONS)
 def import_labelstudio(
     export: Path = typer.Argument(..., help="Label Studio's 'JSON' export (a list of tasks)."),
     out_dir: Path = typer.Argument(..., help="YOLO dataset folder to import into (made when absent)."),
-    classes: str | None = typer.Option(
-        None,
-        help="Class names, comma-separated, in id order (default: OUT_DIR's data.yaml, else the export's).",
-    ),
-    images: list[Path] = typer.Option(
-        [], help="Folder to find task images in (repeatable; default: the export's folder)."
-    ),
-    split: str | None = typer.Option(
-        None, help="Import every image into this one split (default: train and val, see --val-fraction)."
-    ),
-    val_fraction: float = typer.Option(
-        0.2,
-        "--val-fraction",
-        help="Share of the images held out as the val split (an image and its template, and images sharing a "
-        "template, stay on one side).",
-    ),
-    add_classes: bool = typer.Option(False, "--add-classes", help="Append classes not in the list to it."),
-    skip_unknown: bool = typer.Option(False, "--skip-unknown", help="Drop boxes of classes not in the list."),
-    existing: str = typer.Option("refuse", help=_EXISTING_HELP),
-    skip_missing: bool = typer.Option(
-        False, "--skip-missing", help="Import the rest when images are missing."
-    ),
-    link: bool = typer.Option(False, "--link", help="Symlink images instead of copying them."),
-    image_key: str | None = typer.Option(
-        None, help="The task data field holding the image (default: image)."
-    ),
+    settings: dict[str, Any] = SETTINGS_OPTIONS,
     label_config: Path | None = typer.Option(
         None,
         help="The project's labelling config XML (export-labelstudio's, or Settings > Labeling Interface > Code): "
@@ -957,23 +889,17 @@ def import_labelstudio(
     """
     from defectdet.data.formats.labelstudio import config_classes, import_export, import_export_held_out
 
-    if label_config is not None and classes:
+    if label_config is not None and settings.get("classes"):
         raise typer.BadParameter("--label-config and --classes exclude each other")
-    names = config_classes(label_config) if label_config is not None else _names(classes)
-    options = {
-        "images": images or None,
-        "classes": names,
-        "unknown": _unknown_policy(add_classes, skip_unknown),
-        "existing": existing,
-        "link": link,
-        "skip_missing": skip_missing,
-        "image_key": image_key,
-    }
-    if split is not None:
-        report, unlabelled = import_export(export, out_dir, split=split, **options)
+    _check_unknown_policy(settings)
+    if label_config is not None:
+        settings["classes"] = config_classes(label_config)
+    import_settings = LabelStudioImportSettings(**settings)
+    if import_settings.split is not None:
+        report, unlabelled = import_export(export, out_dir, import_settings)
         reports = [report]
     else:
-        reports, unlabelled = import_export_held_out(export, out_dir, val_fraction=val_fraction, **options)
+        reports, unlabelled = import_export_held_out(export, out_dir, import_settings)
     for report in reports:
         _print_import(report, report.split)
     if unlabelled:
@@ -981,37 +907,13 @@ def import_labelstudio(
 
 
 @labels_app.command("import-coco")
+@settings_options(CocoImportSettings, COCO_IMPORT_OPTIONS)
 def import_coco(
     export: Path = typer.Argument(
         ..., help="CVAT 'COCO 1.0' export: the unzipped folder (annotations/, images/) or a COCO json."
     ),
     out_dir: Path = typer.Argument(..., help="YOLO dataset folder to import into (made when absent)."),
-    classes: str | None = typer.Option(
-        None,
-        help="Class names, comma-separated, in id order (default: OUT_DIR's data.yaml, else the export's).",
-    ),
-    images: list[Path] = typer.Option([], help="More folders to find images in (repeatable)."),
-    split: str | None = typer.Option(
-        None,
-        help="Split for the 'default' subset (or a single json); default: train and val, see --val-fraction. "
-        "Other subsets (train, val, test) go to their own split.",
-    ),
-    val_fraction: float = typer.Option(
-        0.2,
-        "--val-fraction",
-        help="Without --split: the share of the 'default' subset held out as val (an image and its template "
-        "on one side).",
-    ),
-    add_classes: bool = typer.Option(False, "--add-classes", help="Append classes not in the list to it."),
-    skip_unknown: bool = typer.Option(False, "--skip-unknown", help="Drop boxes of classes not in the list."),
-    existing: str = typer.Option("refuse", help=_EXISTING_HELP),
-    skip_missing: bool = typer.Option(
-        False, "--skip-missing", help="Import the rest when images are missing."
-    ),
-    link: bool = typer.Option(False, "--link", help="Symlink images instead of copying them."),
-    crowd: bool = typer.Option(
-        True, "--crowd/--no-crowd", help="Keep iscrowd annotations (CVAT's masks) by their box."
-    ),
+    settings: dict[str, Any] = SETTINGS_OPTIONS,
 ) -> None:
     """A CVAT COCO 1.0 export (or any COCO json) -> YOLO labels + data.yaml, images copied (or linked), with
     each image's template_file_name and companions (into companions/NAME/ and data.yaml's companions:).
@@ -1024,19 +926,8 @@ def import_coco(
     """
     from defectdet.data.formats.cvat import import_coco as run_import
 
-    for result in run_import(
-        export,
-        out_dir,
-        images=images or None,
-        split=split or "train",
-        classes=_names(classes),
-        val_fraction=val_fraction if split is None else 0.0,
-        unknown=_unknown_policy(add_classes, skip_unknown),
-        existing=existing,
-        link=link,
-        skip_missing=skip_missing,
-        keep_crowd=crowd,
-    ):
+    _check_unknown_policy(settings)
+    for result in run_import(export, out_dir, CocoImportSettings(**settings)):
         console.print(f"{result.json_path}:")
         _print_import(result.report, result.split)
         if result.crowd:
@@ -1044,15 +935,11 @@ def import_coco(
 
 
 @labels_app.command("export-coco")
+@settings_options(CocoExportSettings, COCO_EXPORT_OPTIONS)
 def export_coco_command(
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
     out: Path = typer.Argument(..., help="COCO json to write."),
-    split: str = typer.Option("train", help="Split to export."),
-    image_root: Path | None = typer.Option(
-        None,
-        help="file_names are relative to this folder (default: the folder holding all the split's images).",
-    ),
-    format: str | None = typer.Option(None, "--format", help="yolo|coco|voc|deeppcb (default: detected)."),
+    settings: dict[str, Any] = SETTINGS_OPTIONS,
 ) -> None:
     """One split of our dataset -> COCO json (category ids 1..K) for tools that import COCO, e.g. CVAT.
 
@@ -1064,7 +951,7 @@ def export_coco_command(
     """
     from defectdet.data.formats.interchange import export_coco
 
-    result = export_coco(data, out, split=split, format=format, image_root=image_root)
+    result = export_coco(data, out, CocoExportSettings(**settings))
     console.print(
         f"[green]wrote[/green] {result.images} image(s), {result.annotations} box(es), "
         f"{len(result.categories)} categories ({', '.join(result.categories)}) -> {result.path}"

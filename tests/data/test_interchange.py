@@ -21,6 +21,12 @@ from defectdet.data.formats import load_dataset
 from defectdet.data.formats.coco import read_coco
 from defectdet.data.formats.cvat import import_coco
 from defectdet.data.formats.interchange import export_coco
+from defectdet.data.formats.label_settings import (
+    CocoExportSettings,
+    CocoImportSettings,
+    LabelStudioImportSettings,
+    TaskExportSettings,
+)
 from defectdet.data.formats.labelstudio import (
     config_classes,
     export_tasks,
@@ -85,7 +91,7 @@ def _by_name(split) -> dict:
 def test_labelstudio_export_to_yolo_keeps_boxes_within_a_pixel(tmp_path: Path, writers) -> None:
     export = _ls_export(tmp_path, writers)
     out = tmp_path / "dataset"
-    report, unlabelled = import_export(export, out, images=[tmp_path / "ls_files"])
+    report, unlabelled = import_export(export, out, LabelStudioImportSettings(images=[tmp_path / "ls_files"]))
     assert unlabelled == 1  # task 4: no annotation yet, so no label file that would call it clean
     assert (report.images_copied, report.labels_written, report.boxes) == (3, 3, 3)
     assert yaml.safe_load((out / "data.yaml").read_text())["names"] == ["short", "open"]
@@ -136,7 +142,7 @@ def _predict_output(tmp_path: Path, writers) -> tuple[Path, dict]:
 
 def test_predictions_to_labelstudio_tasks_and_back(tmp_path: Path, writers) -> None:
     pred, detections = _predict_output(tmp_path, writers)
-    result = export_tasks(pred, tmp_path / "tasks.json", model_version="line3-v2")
+    result = export_tasks(pred, tmp_path / "tasks.json", TaskExportSettings(model_version="line3-v2"))
     assert (result.tasks, result.predictions, result.regions) == (2, 2, 2) and len(result.skipped) == 1
     tasks = json.loads((tmp_path / "tasks.json").read_text())
     first = tasks[0]
@@ -164,7 +170,9 @@ def test_predictions_to_labelstudio_tasks_and_back(tmp_path: Path, writers) -> N
     writers.text(tmp_path / "accepted.json", json.dumps(tasks))
     out = tmp_path / "dataset"
     import_export(
-        tmp_path / "accepted.json", out, images=[result.document_root], classes=["open", "short", "spur"]
+        tmp_path / "accepted.json",
+        out,
+        LabelStudioImportSettings(images=[result.document_root], classes=["open", "short", "spur"]),
     )
     samples = _by_name(load_dataset(out, "train"))
     np.testing.assert_allclose(samples["p1.png"].boxes, [d[2] for d in detections["p1.png"]], atol=1.0)
@@ -217,9 +225,11 @@ def test_unknown_class_names_the_task_and_writes_nothing(tmp_path: Path, writers
     out = tmp_path / "dataset"
     writers.text(out / "data.yaml", "path: .\ntrain: images/train\nnames: [short]\n")
     with pytest.raises(DatasetError, match=r"task 1: class 'open'.*task 3: class 'open'.*--add-classes"):
-        import_export(export, out, images=[tmp_path / "ls_files"])
+        import_export(export, out, LabelStudioImportSettings(images=[tmp_path / "ls_files"]))
     assert not (out / "labels").exists() and not (out / "images").exists()
-    report, _ = import_export(export, out, images=[tmp_path / "ls_files"], unknown="skip")
+    report, _ = import_export(
+        export, out, LabelStudioImportSettings(images=[tmp_path / "ls_files"], skip_unknown=True)
+    )
     assert report.skipped_boxes == 2 and report.class_names == ["short"]
     assert load_dataset(out, "train").samples[0].classes.tolist() == [0]
 
@@ -227,9 +237,13 @@ def test_unknown_class_names_the_task_and_writes_nothing(tmp_path: Path, writers
 def test_unknown_class_can_be_added(tmp_path: Path, writers) -> None:
     export = _ls_export(tmp_path, writers)
     with pytest.raises(DatasetError, match="not in --classes"):
-        import_export(export, tmp_path / "o", images=[tmp_path / "ls_files"], classes=["short"])
-    report, _ = import_export(export, tmp_path / "o", images=[tmp_path / "ls_files"], classes=["short"],
-                              unknown="add")  # fmt: skip
+        import_export(
+            export,
+            tmp_path / "o",
+            LabelStudioImportSettings(images=[tmp_path / "ls_files"], classes=["short"]),
+        )
+    adding = LabelStudioImportSettings(images=[tmp_path / "ls_files"], classes=["short"], add_classes=True)
+    report, _ = import_export(export, tmp_path / "o", adding)
     assert report.added_classes == ["open"]
     assert yaml.safe_load((tmp_path / "o/data.yaml").read_text())["names"] == ["short", "open"]
 
@@ -256,32 +270,40 @@ def test_missing_image_names_the_task(tmp_path: Path, writers) -> None:
     export = _ls_export(tmp_path, writers)
     (tmp_path / "ls_files/upload/3/1a2b3c4d-c.png").unlink()
     with pytest.raises(DatasetError, match=r"task 3: image '/data/upload/3/1a2b3c4d-c.png' not found"):
-        import_export(export, tmp_path / "out", images=[tmp_path / "ls_files"])
+        import_export(export, tmp_path / "out", LabelStudioImportSettings(images=[tmp_path / "ls_files"]))
     assert not (tmp_path / "out").exists()
-    report, _ = import_export(export, tmp_path / "out", images=[tmp_path / "ls_files"], skip_missing=True)
+    report, _ = import_export(
+        export, tmp_path / "out", LabelStudioImportSettings(images=[tmp_path / "ls_files"], skip_missing=True)
+    )
     assert report.labels_written == 2 and report.skipped_images[0].startswith("task 3:")
 
 
 def test_existing_labels_are_never_overwritten_silently(tmp_path: Path, writers) -> None:
     export = _ls_export(tmp_path, writers)
     out = tmp_path / "dataset"
-    import_export(export, out, images=[tmp_path / "ls_files"])
-    again, _ = import_export(export, out, images=[tmp_path / "ls_files"])  # the same export: nothing changes
+    import_export(export, out, LabelStudioImportSettings(images=[tmp_path / "ls_files"]))
+    again, _ = import_export(
+        export, out, LabelStudioImportSettings(images=[tmp_path / "ls_files"])
+    )  # the same export: nothing changes
     assert (again.labels_unchanged, again.images_present, again.labels_written) == (3, 3, 0)
     label = out / "labels/train/a.txt"
     mine = "0 0.900000 0.900000 0.100000 0.100000\n"  # someone added a box here since
     label.write_text(label.read_text() + mine)
     before = label.read_text()
     with pytest.raises(DatasetError, match=r"task 1: .*a\.txt already holds 3 box\(es\).*--existing merge"):
-        import_export(export, out, images=[tmp_path / "ls_files"])
+        import_export(export, out, LabelStudioImportSettings(images=[tmp_path / "ls_files"]))
     assert label.read_text() == before
-    merged, _ = import_export(export, out, images=[tmp_path / "ls_files"], existing="merge")
+    merged, _ = import_export(
+        export, out, LabelStudioImportSettings(images=[tmp_path / "ls_files"], existing="merge")
+    )
     assert merged.labels_merged == 0 and merged.labels_unchanged == 3 and label.read_text() == before
-    replaced, _ = import_export(export, out, images=[tmp_path / "ls_files"], existing="replace")
+    replaced, _ = import_export(
+        export, out, LabelStudioImportSettings(images=[tmp_path / "ls_files"], existing="replace")
+    )
     assert replaced.labels_replaced == 1 and mine not in label.read_text()
     # merge adds the imported boxes to what is there
     label.write_text(mine)
-    import_export(export, out, images=[tmp_path / "ls_files"], existing="merge")
+    import_export(export, out, LabelStudioImportSettings(images=[tmp_path / "ls_files"], existing="merge"))
     assert label.read_text().splitlines()[0] == mine.strip() and len(label.read_text().splitlines()) == 3
     assert not list(out.rglob("*.tmp"))
 
@@ -291,7 +313,7 @@ def test_another_image_of_the_same_name_is_refused(tmp_path: Path, writers) -> N
     out = tmp_path / "dataset"
     writers.image(out / "images/train/a.png", 200, 100, value=99)
     with pytest.raises(DatasetError, match=r"task 1: .*a\.png already holds another image"):
-        import_export(export, out, images=[tmp_path / "ls_files"])
+        import_export(export, out, LabelStudioImportSettings(images=[tmp_path / "ls_files"]))
     assert not (out / "labels").exists()
 
 
@@ -334,7 +356,7 @@ CVAT_BOXES = {"a.png": [[10, 12.5, 30, 27.5], [60, 10, 80, 30]], "b.png": [[0, 0
 def test_cvat_coco_to_dataset_and_back_to_coco(tmp_path: Path, writers) -> None:
     export = _cvat_export(tmp_path, writers)
     out = tmp_path / "dataset"
-    (result,) = import_coco(export, out, split="val")
+    (result,) = import_coco(export, out, CocoImportSettings(split="val"))
     assert result.split == "val" and result.crowd == 1 and result.report.boxes == 4
     split = load_dataset(out, "val")
     assert split.class_names == ["short", "open"]  # CVAT's ids 1, 2 -> 0, 1
@@ -343,7 +365,9 @@ def test_cvat_coco_to_dataset_and_back_to_coco(tmp_path: Path, writers) -> None:
     for name, boxes in CVAT_BOXES.items():
         np.testing.assert_allclose(samples[name].boxes, boxes, atol=1.0)  # the 90-degree box: its envelope
     assert samples["a.png"].classes.tolist() == [0, 1] and samples["b.png"].classes.tolist() == [1, 0]
-    written = export_coco(out, tmp_path / "round.json", split="val", image_root=out / "images/val")
+    written = export_coco(
+        out, tmp_path / "round.json", CocoExportSettings(split="val", image_root=out / "images/val")
+    )
     assert (written.images, written.annotations) == (2, 4)
     document = json.loads((tmp_path / "round.json").read_text())
     assert [c["id"] for c in document["categories"]] == [1, 2]
@@ -363,7 +387,7 @@ def test_cvat_coco_to_dataset_and_back_to_coco(tmp_path: Path, writers) -> None:
 
 def test_cvat_crowd_can_be_left_out_and_unknown_category_is_named(tmp_path: Path, writers) -> None:
     export = _cvat_export(tmp_path, writers)
-    (result,) = import_coco(export, tmp_path / "a", keep_crowd=False)
+    (result,) = import_coco(export, tmp_path / "a", CocoImportSettings(split="train", keep_crowd=False))
     assert result.report.boxes == 3
     out = tmp_path / "b"
     writers.text(out / "data.yaml", "path: .\ntrain: images/train\nnames: [short]\n")
@@ -376,7 +400,7 @@ def test_cvat_missing_image_is_named(tmp_path: Path, writers) -> None:
     (export / "images/default/b.png").unlink()
     with pytest.raises(DatasetError, match=r"images\[1\] \(id 2\): image file 'b.png' not found"):
         import_coco(export, tmp_path / "out")
-    (result,) = import_coco(export, tmp_path / "out", skip_missing=True)
+    (result,) = import_coco(export, tmp_path / "out", CocoImportSettings(split="train", skip_missing=True))
     assert result.report.labels_written == 1 and len(result.report.skipped_images) == 1
 
 
@@ -497,7 +521,7 @@ def test_labelstudio_import_refuses_files_outside_the_images_folder(
     task = {"id": 3, "data": {"image": url.format(secret=secret)}, "annotations": [{"result": [region]}]}
     export = writers.text(tmp_path / "ls" / "export.json", json.dumps([task]))
     with pytest.raises(DatasetError, match=r"task 3: data\.image .* leads out of the images folder"):
-        import_export(export, tmp_path / "out", images=[images])
+        import_export(export, tmp_path / "out", LabelStudioImportSettings(images=[images]))
     assert not (tmp_path / "out").exists()
     # a task naming a plain file name, with our stored path pointing outside --images: not followed
     task = {
@@ -507,5 +531,5 @@ def test_labelstudio_import_refuses_files_outside_the_images_folder(
     }
     writers.text(export, json.dumps([task]))
     with pytest.raises(DatasetError, match=r"1 task image\(s\) not found"):
-        import_export(export, tmp_path / "out", images=[images])
+        import_export(export, tmp_path / "out", LabelStudioImportSettings(images=[images]))
     assert not (tmp_path / "out").exists()

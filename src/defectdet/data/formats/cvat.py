@@ -15,7 +15,14 @@ from pathlib import Path, PurePosixPath
 
 from defectdet.data.formats import load_json
 from defectdet.data.formats.coco import read_coco
-from defectdet.data.formats.interchange import ImportReport, LabelledImage, hold_out_groups, write_yolo
+from defectdet.data.formats.interchange import (
+    ImportReport,
+    LabelledImage,
+    YoloWrite,
+    hold_out_groups,
+    write_yolo,
+)
+from defectdet.data.formats.label_settings import CocoImportSettings
 from defectdet.data.sample import DatasetSplit
 from defectdet.errors import DatasetError
 
@@ -53,55 +60,71 @@ def subset_of(json_path: Path) -> str:
     return json_path.stem.removeprefix("instances_")
 
 
-def import_coco(
-    export: Path,
-    out_dir: Path,
-    *,
-    images: list[Path] | None = None,
-    split: str = "train",
-    classes: list[str] | None = None,
-    unknown: str = "error",
-    existing: str = "refuse",
-    link: bool = False,
-    skip_missing: bool = False,
-    keep_crowd: bool = True,
-    val_fraction: float = 0.0,
-) -> list[CocoImport]:
-    """Import a CVAT COCO export (a json, or the unzipped export folder) into the YOLO dataset `out_dir`.
+def import_coco(export: Path, out_dir: Path, settings: CocoImportSettings | None = None) -> list[CocoImport]:
+    """Import a CVAT COCO export (a json, or the unzipped export folder) into the YOLO dataset `out_dir`, as
+    `settings` say (default: `CocoImportSettings()`).
 
-    Subset 'default' (and a single json) goes to `split`, or with `val_fraction` to train and val (that share
-    held out, `hold_out_groups`: an image and its template on one side); other subsets (train, val, test) to
-    their own split. Image-level `template_file_name`s come along into the split's template folder, and each
-    image's `companions` into that companion's folder (data.yaml `companions:`).
+    Subset 'default' (and a single json) goes to `settings.split`, or without one to train and val (the
+    `val_fraction` held out, `hold_out_groups`: an image and its template on one side); other subsets (train,
+    val, test) to their own split. Image-level `template_file_name`s come along into the split's template
+    folder, and each image's `companions` into that companion's folder (data.yaml `companions:`).
     """
+    settings = settings or CocoImportSettings()
     files = instance_files(export)
     results = []
     for json_path in files:
         subset = subset_of(json_path)
-        own = len(files) == 1 or subset == DEFAULT_SUBSET
-        results += _import_one(
-            json_path, out_dir, images, split if own else subset, classes, unknown, existing, link,
-            skip_missing, keep_crowd, val_fraction if own else 0.0,
-        )  # fmt: skip
+        if len(files) == 1 or subset == DEFAULT_SUBSET:
+            held_out = settings.val_fraction if settings.split is None else 0.0
+            results += _import_one(json_path, out_dir, settings, settings.split or "train", held_out)
+        else:
+            results += _import_one(json_path, out_dir, settings, subset, 0.0)
     return results
 
 
 def _import_one(
-    json_path: Path,
-    out_dir: Path,
-    images: list[Path] | None,
-    split: str,
-    classes: list[str] | None,
-    unknown: str,
-    existing: str,
-    link: bool,
-    skip_missing: bool,
-    keep_crowd: bool,
-    val_fraction: float = 0.0,
+    json_path: Path, out_dir: Path, settings: CocoImportSettings, split: str, val_fraction: float
 ) -> list[CocoImport]:
+    """Import one json into `split`, or with `val_fraction` into train and val."""
     base = json_path.parent.parent if json_path.parent.name == "annotations" else json_path.parent
-    roots = tuple(Path(p) for p in images or ()) + (base / "images" / subset_of(json_path),)
-    dataset = read_coco(json_path, keep_crowd=keep_crowd, image_roots=roots, contained=True)
+    roots = tuple(Path(p) for p in settings.images or ()) + (base / "images" / subset_of(json_path),)
+    dataset = read_coco(json_path, keep_crowd=settings.keep_crowd, image_roots=roots, contained=True)
+    missing = _checked_problems(json_path, dataset, settings.skip_missing)
+    document = load_json(json_path.read_text(encoding="utf-8"), json_path)  # read_coco parsed it: valid
+    file_names = {
+        str(record["id"]): record["file_name"]
+        for record in document.get("images", [])
+        if isinstance(record, dict) and "id" in record and isinstance(record.get("file_name"), str)
+    }
+    crowd = sum(1 for a in document.get("annotations", []) if isinstance(a, dict) and a.get("iscrowd"))
+    items = _items(dataset, json_path, file_names)
+    parts = [(split, items)]
+    if val_fraction > 0:
+        train, val = hold_out_groups(items, val_fraction)
+        parts = [("train", train)] + ([("val", val)] if val else [])
+    results = []
+    for index, (name, chosen) in enumerate(parts):
+        target = YoloWrite(
+            split=name,
+            classes=settings.classes if index == 0 else None,
+            source_classes=dataset.class_names,
+            unknown=settings.unknown,
+            existing=settings.existing,
+            link=settings.link,
+            origin_kind="image",
+        )
+        report = write_yolo(chosen, out_dir, target)
+        if index == 0:
+            report.skipped_images.extend(missing)
+            report.warnings[:0] = [str(p) for p in dataset.problems if p.severity == "warning"]
+        kept_crowd = crowd if settings.keep_crowd and index == 0 else 0
+        results.append(CocoImport(json_path, name, report, kept_crowd))
+    return results
+
+
+def _checked_problems(json_path: Path, dataset: DatasetSplit, skip_missing: bool) -> list[str]:
+    """The images the json names that are not there ("json: message"); a DatasetError for any other error, and
+    for missing images unless `skip_missing`."""
     missing = [f"{json_path}: {p.message}" for p in dataset.problems if _missing_image(p.severity, p.message)]
     errors = [
         str(p)
@@ -119,30 +142,7 @@ def _import_one(
             f"{json_path}: {len(missing)} image(s) not found:\n  {listed}{more}\n"
             "Export from CVAT with 'Save images', or pass --images DIR; --skip-missing imports the rest"
         )
-    document = load_json(json_path.read_text(encoding="utf-8"), json_path)  # read_coco parsed it: valid
-    file_names = {
-        str(record["id"]): record["file_name"]
-        for record in document.get("images", [])
-        if isinstance(record, dict) and "id" in record and isinstance(record.get("file_name"), str)
-    }
-    crowd = sum(1 for a in document.get("annotations", []) if isinstance(a, dict) and a.get("iscrowd"))
-    items = _items(dataset, json_path, file_names)
-    parts = [(split, items)]
-    if val_fraction > 0:
-        train, val = hold_out_groups(items, val_fraction)
-        parts = [("train", train)] + ([("val", val)] if val else [])
-    results = []
-    for index, (name, chosen) in enumerate(parts):
-        report = write_yolo(
-            chosen, out_dir, split=name, classes=classes if index == 0 else None,
-            source_classes=dataset.class_names, unknown=unknown, existing=existing, link=link,  # type: ignore[arg-type]
-            origin_kind="image",
-        )  # fmt: skip
-        if index == 0:
-            report.skipped_images.extend(missing)
-            report.warnings[:0] = [str(p) for p in dataset.problems if p.severity == "warning"]
-        results.append(CocoImport(json_path, name, report, crowd if keep_crowd and index == 0 else 0))
-    return results
+    return missing
 
 
 def _items(dataset: DatasetSplit, json_path: Path, file_names: dict[str, str]) -> list[LabelledImage]:

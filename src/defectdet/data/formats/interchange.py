@@ -17,18 +17,17 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from defectdet.data.formats import check_box, load_dataset
+from defectdet.data.formats.label_settings import CocoExportSettings, Existing, Unknown
 from defectdet.data.formats.yolo import _class_names, _read_config, label_line, label_path_for
 from defectdet.data.imageio import read_image_size
-from defectdet.data.sample import Problem
+from defectdet.data.sample import Problem, Sample
 from defectdet.errors import DatasetError, ImageReadError
 
-Unknown = Literal["error", "add", "skip"]
-Existing = Literal["refuse", "merge", "replace"]
 UNKNOWN_CHOICES = ("error", "add", "skip")
 EXISTING_CHOICES = ("refuse", "merge", "replace")
 MERGE_TOLERANCE_PX = 1.0  # a new box within this of an existing box of the same class is the same box
@@ -76,29 +75,67 @@ class ImportReport:
     companions: int = 0  # companion captures copied
 
 
-def write_yolo(
-    items: list[LabelledImage],
-    out_dir: Path,
-    *,
-    split: str = "train",
-    classes: list[str] | None = None,
-    source_classes: list[str] | None = None,
-    unknown: Unknown = "error",
-    existing: Existing = "refuse",
-    link: bool = False,
-    origin_kind: str = "task",
-) -> ImportReport:
-    """Write `items` into the YOLO dataset `out_dir` (made when absent) under `split`.
+@dataclass(frozen=True)
+class YoloWrite:
+    """Where and how `write_yolo` writes: into `split`; the class names are the target data.yaml's, else
+    `classes`, else `source_classes` (the tool's own list) and then the order the items name them in.
+    `unknown` decides about classes outside a given list (error, add them, skip their boxes); `existing` about a
+    label file that already holds other boxes (refuse, merge, replace); `link` symlinks images instead of copying
+    them; `origin_kind` names what an item is in messages ("task", "image")."""
 
-    Class names: the target data.yaml's, else `classes`, else `source_classes` (the tool's own list) and then
-    the order the items name them in. `unknown` decides about classes outside a given list; `existing` about a
-    label file that already holds other boxes; `link` symlinks images instead of copying them.
-    """
-    _check_policies(unknown, existing)
+    split: str = "train"
+    classes: list[str] | None = None
+    source_classes: list[str] | None = None
+    unknown: Unknown = "error"
+    existing: Existing = "refuse"
+    link: bool = False
+    origin_kind: str = "task"
+
+
+def write_yolo(items: list[LabelledImage], out_dir: Path, target: YoloWrite | None = None) -> ImportReport:
+    """Write `items` into the YOLO dataset `out_dir` (made when absent) as `target` says (default: `YoloWrite()`)."""
+    target = target or YoloWrite()
+    _check_policies(target.unknown, target.existing)
     out_dir = Path(out_dir)
     yaml_path = out_dir / "data.yaml"
-    config: dict[str, Any] = {}
-    target_names: list[str] | None = None
+    config, target_names = _target_dataset(out_dir, yaml_path, target.classes)
+    names = list(target_names if target_names is not None else target.classes or [])
+    report = ImportReport(out_dir, yaml_path, target.split, names)
+    if target_names is not None or target.classes is not None:  # a fixed list: other classes are 'unknown'
+        where = str(yaml_path) if target_names is not None else "--classes"
+        _resolve_unknown(items, names, target.unknown, where, report)
+    else:
+        for name in [*(target.source_classes or []), *(c for item in items for c in item.classes)]:
+            if name not in names:
+                names.append(name)
+    image_dir, root = _split_folder(out_dir, config, target.split, yaml_path)
+    plans = _plan(items, names, image_dir, target, report)
+    template_dir, templates_entry = _plane_folder(config.get("templates"), target.split, root, "templates")
+    templates = _plan_planes(plans, image_dir, template_dir, lambda item: item.template, "template")
+    companions, companion_entries = _plan_companions(plans, image_dir, config, target.split, root)
+    for plan in plans:
+        _write_image(plan, target.link, report)
+        _write_labels(plan, report)
+    for source, destination in templates + companions:
+        _copy_into(source, destination, target.link)
+    report.templates, report.companions = len(templates), len(companions)
+    new_templates = templates_entry is not None and any(plan.item.template is not None for plan in plans)
+    changed = not yaml_path.is_file() or report.added_classes or target.split not in config
+    if changed or new_templates or companion_entries:
+        config = dict(config) or {"path": "."}
+        if target.split not in config:
+            config[target.split] = image_dir.relative_to(root).as_posix()
+        planes = (templates_entry if new_templates else None, companion_entries)
+        _write_config(yaml_path, config, names, planes)
+    report.class_names = names
+    return report
+
+
+def _target_dataset(
+    out_dir: Path, yaml_path: Path, classes: list[str] | None
+) -> tuple[dict[str, Any], list[str] | None]:
+    """(the target's data.yaml content, its class names), ({}, None) for a new dataset; given `classes` must be
+    the target's."""
     if yaml_path.is_file():
         _, config = _read_config(yaml_path)
         target_names = _class_names(yaml_path, config)
@@ -107,20 +144,21 @@ def write_yolo(
                 f"--classes {','.join(classes)} differ from {yaml_path} names {','.join(target_names)}; "
                 "leave --classes out to import into that dataset, or import into another folder"
             )
-    elif (out_dir / "data.yml").is_file():
+        return config, target_names
+    if (out_dir / "data.yml").is_file():
         raise DatasetError(f"{out_dir / 'data.yml'}: rename it data.yaml to import into this dataset")
-    names = list(target_names if target_names is not None else classes or [])
-    closed = target_names is not None or classes is not None  # a fixed list: other classes are 'unknown'
-    if not closed:
-        for name in [*(source_classes or []), *(c for item in items for c in item.classes)]:
-            if name not in names:
-                names.append(name)
-    report = ImportReport(out_dir, yaml_path, split, names)
-    unknown_found = _unknown_classes(items, names) if closed else []
+    return {}, None
+
+
+def _resolve_unknown(
+    items: list[LabelledImage], names: list[str], unknown: Unknown, where: str, report: ImportReport
+) -> None:
+    """Classes the items name outside the fixed list `names` (from `where`): an error, or (`unknown="add"`)
+    appended to `names`; with "skip" their boxes are dropped when planned."""
+    unknown_found = _unknown_classes(items, names)
     if unknown_found and unknown == "error":
         listed = "; ".join(f"{origin}: class {name!r}" for origin, name in unknown_found[:_LISTED])
         more = f" (and {len(unknown_found) - _LISTED} more)" if len(unknown_found) > _LISTED else ""
-        where = str(yaml_path) if target_names is not None else "--classes"
         raise DatasetError(
             f"classes not in {where} ({', '.join(names) or 'none'}): {listed}{more}. "
             "Pass --add-classes to append them to the class list, or --skip-unknown to drop those boxes"
@@ -130,29 +168,6 @@ def write_yolo(
             if name not in names:
                 names.append(name)
                 report.added_classes.append(name)
-    image_dir, root = _split_folder(out_dir, config, split, yaml_path)
-    plans = _plan(items, names, image_dir, existing, report, origin_kind)
-    template_dir, templates_entry = _plane_folder(config.get("templates"), split, root, "templates")
-    templates = _plan_planes(plans, image_dir, template_dir, lambda item: item.template, "template")
-    companions, companion_entries = _plan_companions(plans, image_dir, config, split, root)
-    for plan in plans:
-        _write_image(plan, link, report)
-        _write_labels(plan, report)
-    for source, destination in templates + companions:
-        _copy_into(source, destination, link)
-    report.templates, report.companions = len(templates), len(companions)
-    new_templates = templates_entry is not None and any(plan.item.template is not None for plan in plans)
-    if (
-        not yaml_path.is_file() or report.added_classes or split not in config or new_templates
-        or companion_entries
-    ):  # fmt: skip
-        config = dict(config) or {"path": "."}
-        if split not in config:
-            config[split] = image_dir.relative_to(root).as_posix()
-        planes = (templates_entry if new_templates else None, companion_entries)
-        _write_config(yaml_path, config, names, planes)
-    report.class_names = names
-    return report
 
 
 def _check_policies(unknown: str, existing: str) -> None:
@@ -318,76 +333,104 @@ def _split_folder(out_dir: Path, config: dict[str, Any], split: str, yaml_path: 
 
 
 def _plan(
-    items: list[LabelledImage],
-    names: list[str],
-    image_dir: Path,
-    existing: Existing,
-    report: ImportReport,
-    origin_kind: str,
+    items: list[LabelledImage], names: list[str], image_dir: Path, target: YoloWrite, report: ImportReport
 ) -> list[_Plan]:
+    """What to write for each item (in `image_dir`, classes `names`), or a DatasetError naming every item that
+    would overwrite another image or (as `target.existing` says) other labels."""
     plans: dict[Path, _Plan] = {}  # by destination: two tasks of one image keep the later one
     taken: dict[PurePosixPath, Path] = {}
     conflicts: list[str] = []
     for item in items:
-        width, height = item.width, item.height
-        if width is None or height is None:
-            try:
-                width, height = read_image_size(item.source)
-            except ImageReadError as error:
-                raise DatasetError(f"{item.origin}: {error}") from None
-        inside = _below(item.source, image_dir)
-        name = inside if inside is not None else _free_name(item, taken)
-        destination = image_dir / Path(*name.parts)
-        lines = []
-        for box, class_name in zip(item.boxes, item.classes, strict=True):
-            if class_name not in names:
-                report.skipped_boxes += 1
-                continue
-            problems: list[Problem] = []
-            checked = check_box(box, width, height, problems, item.origin)
-            report.warnings.extend(f"{item.origin}: {p.message}" for p in problems)
-            if checked is not None:
-                lines.append(label_line(names.index(class_name), checked, width, height))
-        copy = True
-        if destination.exists():
-            if _same_file(item.source, destination):
-                copy = False
-            elif not _same_bytes(item.source, destination):
-                conflicts.append(
-                    f"{item.origin}: {destination} already holds another image of that name "
-                    f"(from {item.source}); import into another --split or folder"
-                )
-                continue
-        label = label_path_for(destination)
-        action = "write"
-        if label.is_file():
-            old = [line.strip() for line in label.read_text(encoding="utf-8").splitlines() if line.strip()]
-            if old == lines:
-                action = "unchanged"
-            elif existing == "refuse":
-                conflicts.append(
-                    f"{item.origin}: {label} already holds {len(old)} box(es) that differ from the "
-                    f"{len(lines)} imported; pass --existing merge (keep both) or --existing replace"
-                )
-                continue
-            elif existing == "merge":
-                lines = _merge(old, lines, width, height)
-                action = "unchanged" if lines == old else "merge"
-            else:
-                action = "replace"
-        if destination in plans:
+        plan = _plan_item(item, names, image_dir, target.existing, report, taken)
+        if isinstance(plan, str):
+            conflicts.append(plan)
+            continue
+        if plan.image in plans:
             report.warnings.append(
-                f"{item.origin} labels the same image as {plans[destination].item.origin}; kept {item.origin}'s boxes"
+                f"{item.origin} labels the same image as {plans[plan.image].item.origin}; kept {item.origin}'s boxes"
             )
-        plans[destination] = _Plan(item, destination, label, lines, action, copy)
+        plans[plan.image] = plan
     if conflicts:
         listed = "\n  ".join(conflicts[:_LISTED])
         more = f"\n  (and {len(conflicts) - _LISTED} more)" if len(conflicts) > _LISTED else ""
         raise DatasetError(
-            f"nothing imported: {len(conflicts)} {origin_kind}(s) would overwrite files in {image_dir.parent.parent}:"
-            f"\n  {listed}{more}"
+            f"nothing imported: {len(conflicts)} {target.origin_kind}(s) would overwrite files in "
+            f"{image_dir.parent.parent}:\n  {listed}{more}"
         )
     return list(plans.values())
+
+
+def _plan_item(
+    item: LabelledImage,
+    names: list[str],
+    image_dir: Path,
+    existing: Existing,
+    report: ImportReport,
+    taken: dict[PurePosixPath, Path],
+) -> _Plan | str:
+    """The plan of one item, or the conflict that stops it."""
+    width, height = item.width, item.height
+    if width is None or height is None:
+        try:
+            width, height = read_image_size(item.source)
+        except ImageReadError as error:
+            raise DatasetError(f"{item.origin}: {error}") from None
+    inside = _below(item.source, image_dir)
+    name = inside if inside is not None else _free_name(item, taken)
+    destination = image_dir / Path(*name.parts)
+    lines = _label_lines(item, names, width, height, report)
+    copy = True
+    if destination.exists():
+        if _same_file(item.source, destination):
+            copy = False
+        elif not _same_bytes(item.source, destination):
+            return (
+                f"{item.origin}: {destination} already holds another image of that name "
+                f"(from {item.source}); import into another --split or folder"
+            )
+    label = label_path_for(destination)
+    action, lines = _label_action(item, label, lines, existing, (width, height))
+    if action == "conflict":
+        return lines[0]
+    return _Plan(item, destination, label, lines, action, copy)
+
+
+def _label_lines(
+    item: LabelledImage, names: list[str], width: int, height: int, report: ImportReport
+) -> list[str]:
+    """The item's YOLO label lines: boxes of classes outside `names` skipped, bad boxes checked (warnings)."""
+    lines = []
+    for box, class_name in zip(item.boxes, item.classes, strict=True):
+        if class_name not in names:
+            report.skipped_boxes += 1
+            continue
+        problems: list[Problem] = []
+        checked = check_box(box, width, height, problems, item.origin)
+        report.warnings.extend(f"{item.origin}: {p.message}" for p in problems)
+        if checked is not None:
+            lines.append(label_line(names.index(class_name), checked, width, height))
+    return lines
+
+
+def _label_action(
+    item: LabelledImage, label: Path, lines: list[str], existing: Existing, size: tuple[int, int]
+) -> tuple[str, list[str]]:
+    """(write | unchanged | merge | replace, the lines to write) against the label file already there, or
+    ("conflict", [why]) when `existing` refuses it."""
+    if not label.is_file():
+        return "write", lines
+    old = [line.strip() for line in label.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if old == lines:
+        return "unchanged", lines
+    if existing == "refuse":
+        return "conflict", [
+            f"{item.origin}: {label} already holds {len(old)} box(es) that differ from the "
+            f"{len(lines)} imported; pass --existing merge (keep both) or --existing replace"
+        ]
+    if existing == "merge":
+        merged = _merge(old, lines, *size)
+        return ("unchanged" if merged == old else "merge"), merged
+    return "replace", lines
 
 
 def _below(path: Path, folder: Path) -> PurePosixPath | None:
@@ -551,13 +594,8 @@ def coco_document(
             images[-1]["template_file_name"] = entry.template_file_name
         if entry.companions:
             images[-1]["companions"] = dict(entry.companions)
-        for (x1, y1, x2, y2), class_id in zip(entry.boxes, entry.class_ids, strict=True):
-            width_px, height_px = x2 - x1, y2 - y1
-            annotations.append({
-                "id": len(annotations) + 1, "image_id": image_id, "category_id": int(class_id) + 1,
-                "bbox": [round(x1, 3), round(y1, 3), round(width_px, 3), round(height_px, 3)],
-                "area": round(width_px * height_px, 3), "iscrowd": 0, "segmentation": [],
-            })  # fmt: skip
+        for box, class_id in zip(entry.boxes, entry.class_ids, strict=True):
+            annotations.append(_coco_annotation(len(annotations) + 1, image_id, box, class_id))
     return {
         "info": {"description": description},
         "licenses": [],
@@ -569,20 +607,33 @@ def coco_document(
     }
 
 
-def export_coco(
-    data: Path,
-    out: Path,
-    *,
-    split: str = "train",
-    format: str | None = None,
-    image_root: Path | None = None,
-) -> CocoExport:
-    """Write one split of any dataset we read as COCO detection json (category ids 1..K, as CVAT numbers them).
+def _coco_annotation(
+    annotation_id: int, image_id: int, box: Sequence[float], class_id: int
+) -> dict[str, Any]:
+    """One COCO box annotation of an xyxy `box` (category id = class id + 1)."""
+    x1, y1, x2, y2 = box
+    width_px, height_px = x2 - x1, y2 - y1
+    return {
+        "id": annotation_id,
+        "image_id": image_id,
+        "category_id": int(class_id) + 1,
+        "bbox": [round(x1, 3), round(y1, 3), round(width_px, 3), round(height_px, 3)],
+        "area": round(width_px * height_px, 3),
+        "iscrowd": 0,
+        "segmentation": [],
+    }
 
-    `file_name`s are relative to `image_root` (default: the folder holding all the split's images), the name
-    a labelling tool matches against the images it already holds.
+
+def export_coco(data: Path, out: Path, settings: CocoExportSettings | None = None) -> CocoExport:
+    """Write one split of any dataset we read as COCO detection json (category ids 1..K, as CVAT numbers them),
+    as `settings` say (default: `CocoExportSettings()`, the train split).
+
+    `file_name`s are relative to `settings.image_root` (default: the folder holding all the split's images), the
+    name a labelling tool matches against the images it already holds.
     """
-    dataset = load_dataset(data, split, format)
+    settings = settings or CocoExportSettings()
+    split, image_root = settings.split, settings.image_root
+    dataset = load_dataset(data, split, settings.format)
     errors = [problem for problem in dataset.problems if problem.severity == "error"]
     if errors:
         listed = "\n  ".join(str(problem) for problem in errors[:_LISTED])
@@ -594,30 +645,35 @@ def export_coco(
     if image_root is None:
         image_root = Path(os.path.commonpath([str(p.parent) for p in paths])) if paths else Path(data).parent
     image_root = Path(image_root).absolute()
-    entries = []
-    for sample, path in zip(dataset.samples, paths, strict=True):
-        width, height = sample.width, sample.height
-        if width is None or height is None:
-            try:
-                width, height = read_image_size(path)
-            except ImageReadError as error:
-                raise DatasetError(str(error)) from None
-        file_name = Path(os.path.relpath(path, image_root)).as_posix()
-        template = sample.template_path
-        template_name = None if template is None else _relative_name(template, image_root)
-        companions = {name: _relative_name(p, image_root) for name, p in sample.companion_paths.items()}
-        entries.append(
-            CocoImage(
-                file_name, width, height, sample.boxes.tolist(), sample.classes.tolist(), template_name,
-                companions,
-            )
-        )  # fmt: skip
+    entries = [
+        _coco_image(sample, path, image_root) for sample, path in zip(dataset.samples, paths, strict=True)
+    ]
     document = coco_document(entries, dataset.class_names, f"{data} ({split}), exported by defectdet")
     images, annotations = document["images"], document["annotations"]
     atomic_write_text(Path(out), json.dumps(document, indent=1))
     companions = sum(len(entry.companions) for entry in entries)
     return CocoExport(
         Path(out), len(images), len(annotations), dataset.class_names, image_root, warnings, companions
+    )
+
+
+def _coco_image(sample: Sample, path: Path, image_root: Path) -> CocoImage:
+    """A sample at `path` as a COCO image with file names relative to `image_root`."""
+    width, height = sample.width, sample.height
+    if width is None or height is None:
+        try:
+            width, height = read_image_size(path)
+        except ImageReadError as error:
+            raise DatasetError(str(error)) from None
+    template = sample.template_path
+    return CocoImage(
+        file_name=Path(os.path.relpath(path, image_root)).as_posix(),
+        width=width,
+        height=height,
+        boxes=sample.boxes.tolist(),
+        class_ids=sample.classes.tolist(),
+        template_file_name=None if template is None else _relative_name(template, image_root),
+        companions={name: _relative_name(p, image_root) for name, p in sample.companion_paths.items()},
     )
 
 

@@ -19,6 +19,7 @@ reviewed yet.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import math
@@ -36,15 +37,19 @@ from defectdet.data.formats import IMAGE_SUFFIXES, below, leaves_folder, load_js
 from defectdet.data.formats.interchange import (
     ImportReport,
     LabelledImage,
+    YoloWrite,
     atomic_write_text,
     hold_out_groups,
     write_yolo,
+)
+from defectdet.data.formats.label_settings import (
+    LabelStudioImportSettings,
+    TaskExportSettings,
 )
 from defectdet.data.imageio import read_image_size
 from defectdet.data.sample import check_companion_name, companion_name_problem
 from defectdet.errors import DatasetError, ImageReadError
 
-LOCAL_FILES = "/data/local-files/?d="
 FROM_NAME, TO_NAME = "label", "image"
 OUR_IMAGE_KEY = "defectdet_image"  # our absolute path of the image, kept in the task's data for the way back
 TEMPLATE_KEY = "template"  # the task data field with the URL of the image's template
@@ -130,19 +135,9 @@ def labeling_config(class_names: list[str], companions: Sequence[str] = ()) -> s
     )
 
 
-def export_tasks(
-    source: Path,
-    out: Path,
-    *,
-    config_path: Path | None = None,
-    classes: list[str] | None = None,
-    model_version: str = "defectdet",
-    document_root: Path | None = None,
-    url_prefix: str = LOCAL_FILES,
-    images: Path | None = None,
-    score_floor: float | None = None,
-) -> TasksExport:
-    """Write Label Studio import tasks for the images of `source`, and the labelling config of `classes`.
+def export_tasks(source: Path, out: Path, settings: TaskExportSettings | None = None) -> TasksExport:
+    """Write Label Studio import tasks for the images of `source`, and the labelling config of their classes, as
+    `settings` say (default: `TaskExportSettings()`).
 
     `source`: `defectdet predict`'s output folder or its predictions.jsonl; the service's keep folder
     (`serve --keep`: `predictions/NAME.json` sidecars naming `images/NAME.ext`, the review's `labels/NAME.txt`,
@@ -150,38 +145,73 @@ def export_tasks(
     `detections`, as `PredictionResult.to_dict` writes them), where images without one become tasks without
     predictions. An image the operator reviewed carries its labels as an annotation; the others carry the
     model's detections as a prediction, those under `score_floor` (default: the threshold a record states) left
-    out. `classes`: the model's full class list (default: the source's, then the names used). Image and
-    template URLs are `url_prefix` + the path below `document_root` (default: the folder holding them all),
-    which is what Label Studio's local-files storage serves when LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT is that
-    folder. `images` is where to find the files predictions.jsonl names when they moved since.
+    out. `classes` (or the class list of `model`): the model's full class list (default: the source's, then the
+    names used). Image and template URLs are `url_prefix` + the path below `document_root` (default: the folder
+    holding them all), which is what Label Studio's local-files storage serves when
+    LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT is that folder. `images` is where to find the files predictions.jsonl
+    names when they moved since.
     """
+    settings = settings or TaskExportSettings()
     source = Path(source)
-    records, class_hint, skipped = read_predictions(source, images, score_floor)
+    records, class_hint, skipped = read_predictions(source, settings.images, settings.score_floor)
     if not records:
         raise DatasetError(f"{source}: no images to export")
-    names = _task_classes(records, classes, class_hint)
+    names = _task_classes(records, _given_classes(settings), class_hint)
     paths = [record.image.absolute() for record in records]
-    folders = [p.parent for p in paths] + [r.template.absolute().parent for r in records if r.template]
-    folders += [c.absolute().parent for r in records for c in r.companions.values()]
-    root = (
-        Path(document_root).absolute()
-        if document_root
-        else Path(os.path.commonpath([str(folder) for folder in folders]))
-    )
+    root = _document_root(records, paths, settings.document_root)
+    model_version = settings.model_version
     if model_version == "defectdet":
         model_version = next((r.model_version for r in records if r.model_version), model_version)
     tasks, counts = [], {"predictions": 0, "regions": 0, "annotated": 0}
     for record, path in zip(records, paths, strict=True):
-        tasks.append(_task(record, path, root, url_prefix, model_version, counts))
+        tasks.append(_task(record, path, root, settings.url_prefix, model_version, counts))
     out = Path(out)
-    config_path = Path(config_path) if config_path else out.with_name(f"{out.stem}_config.xml")
+    config_path = Path(settings.config_path or out.with_name(f"{out.stem}_config.xml"))
     atomic_write_text(out, json.dumps(tasks, indent=1))
     companions = list(dict.fromkeys(name for record in records for name in record.companions))
     atomic_write_text(config_path, labeling_config(names, companions))
     return TasksExport(
-        out, config_path, len(tasks), counts["predictions"], counts["regions"], root, names, skipped,
-        counts["annotated"], sum(len(record.companions) for record in records),
-    )  # fmt: skip
+        tasks_path=out,
+        config_path=config_path,
+        tasks=len(tasks),
+        predictions=counts["predictions"],
+        regions=counts["regions"],
+        document_root=root,
+        class_names=names,
+        skipped=skipped,
+        annotated=counts["annotated"],
+        companions=sum(len(record.companions) for record in records),
+    )
+
+
+def _given_classes(settings: TaskExportSettings) -> list[str] | None:
+    """`settings.classes`, else the class list of `settings.model` (None: neither given)."""
+    if settings.model is not None and settings.classes:
+        raise DatasetError("--model and --classes exclude each other")
+    return model_class_names(settings.model) if settings.model is not None else settings.classes
+
+
+def model_class_names(model: Path) -> list[str]:
+    """The class names a bundle's metadata or a checkpoint records, in id order."""
+    if Path(model).suffix.lower() == ".onnx":
+        from defectdet.runtime.bundle import read_metadata
+
+        return list(read_metadata(model).class_names)
+    from defectdet.engine.checkpoint import load_checkpoint  # torch: only for a checkpoint
+
+    names = load_checkpoint(model).get("class_names")
+    if not names:
+        raise DatasetError(f"--model {model}: records no class names (a checkpoint of `defectdet train`?)")
+    return [str(name) for name in names]
+
+
+def _document_root(records: list[Predicted], paths: list[Path], document_root: Path | None) -> Path:
+    """`document_root`, else the folder holding every image, template and companion capture."""
+    if document_root:
+        return Path(document_root).absolute()
+    folders = [p.parent for p in paths] + [r.template.absolute().parent for r in records if r.template]
+    folders += [c.absolute().parent for r in records for c in r.companions.values()]
+    return Path(os.path.commonpath([str(folder) for folder in folders]))
 
 
 def _task_classes(records: list[Predicted], classes: list[str] | None, hint: list[str]) -> list[str]:
@@ -271,7 +301,7 @@ def _region(
             "height": round(100 * (y2 - y1) / height, 5),
             "rotation": 0,
             "rectanglelabels": [name],
-        },  # fmt: skip
+        },
         **({} if score is None else {"score": float(score)}),  # unrounded: Label Studio filters by it
     }
 
@@ -551,59 +581,52 @@ class _Parsed:
 
 
 def import_export(
-    export: Path,
-    out_dir: Path,
-    *,
-    images: list[Path] | None = None,
-    split: str = "train",
-    classes: list[str] | None = None,
-    unknown: str = "error",
-    existing: str = "refuse",
-    link: bool = False,
-    skip_missing: bool = False,
-    image_key: str | None = None,
+    export: Path, out_dir: Path, settings: LabelStudioImportSettings | None = None
 ) -> tuple[ImportReport, int]:
-    """Import a Label Studio JSON export into `split` of the YOLO dataset `out_dir`; returns the report and the
-    number of tasks without a (non-cancelled) annotation, which are left out. Images are looked for in `images`
+    """Import a Label Studio JSON export into one split (`settings.split`, default train) of the YOLO dataset
+    `out_dir`, as `settings` say (default: `LabelStudioImportSettings()`); returns the report and the number of
+    tasks without a (non-cancelled) annotation, which are left out. Images are looked for in `settings.images`
     (default: the export's folder): the `d` path of a local-files URL below each, then the file name (an
     upload's 8-hex prefix dropped), then the path our `export_tasks` stored in the task. A task's
     `data.template` comes along into the split's template folder."""
-    parsed = _parsed_export(Path(export), images, image_key, skip_missing)
-    options = {"classes": classes, "unknown": unknown, "existing": existing, "link": link}
-    return _write_split(parsed, parsed.items, out_dir, split, options), parsed.unlabelled
+    settings = settings or LabelStudioImportSettings()
+    parsed = _parsed_export(Path(export), settings)
+    report = _write_split(parsed, parsed.items, out_dir, _target(settings, settings.split or "train"))
+    return report, parsed.unlabelled
 
 
 def import_export_held_out(
-    export: Path,
-    out_dir: Path,
-    *,
-    val_fraction: float = 0.2,
-    images: list[Path] | None = None,
-    classes: list[str] | None = None,
-    unknown: str = "error",
-    existing: str = "refuse",
-    link: bool = False,
-    skip_missing: bool = False,
-    image_key: str | None = None,
+    export: Path, out_dir: Path, settings: LabelStudioImportSettings | None = None
 ) -> tuple[list[ImportReport], int]:
-    """`import_export` into train and val: `val_fraction` of the images held out (`hold_out_groups`: an image
-    and its template, and images sharing a template, stay on one side). Returns the reports of the splits
-    written (train, then val) and the number of tasks left out unlabelled."""
-    parsed = _parsed_export(Path(export), images, image_key, skip_missing)
-    options = {"classes": classes, "unknown": unknown, "existing": existing, "link": link}
-    train, val = hold_out_groups(parsed.items, val_fraction)
-    reports = [_write_split(parsed, train, out_dir, "train", options)]
+    """`import_export` into train and val: `settings.val_fraction` of the images held out (`hold_out_groups`:
+    an image and its template, and images sharing a template, stay on one side). Returns the reports of the
+    splits written (train, then val) and the number of tasks left out unlabelled."""
+    settings = settings or LabelStudioImportSettings()
+    parsed = _parsed_export(Path(export), settings)
+    train, val = hold_out_groups(parsed.items, settings.val_fraction)
+    reports = [_write_split(parsed, train, out_dir, _target(settings, "train"))]
     if val:  # the dataset's data.yaml now fixes the classes (the export's, all of them, or the given ones)
-        reports.append(_write_split(parsed, val, out_dir, "val", {**options, "classes": None}, notes=False))
+        target = _target(settings, "val", classes=None)
+        reports.append(_write_split(parsed, val, out_dir, target, notes=False))
     return reports, parsed.unlabelled
 
 
-def _parsed_export(
-    export: Path, images: list[Path] | None, image_key: str | None, skip_missing: bool
-) -> _Parsed:
-    roots = [Path(p) for p in images] if images else [export.parent]
-    parsed = _parse(export, read_export(export), roots, image_key)
-    if parsed.missing and not skip_missing:
+def _target(settings: LabelStudioImportSettings, split: str, **changes: Any) -> YoloWrite:
+    """How `write_yolo` writes `split` of an import with `settings` (`changes`: other YoloWrite fields)."""
+    values = {
+        "split": split,
+        "classes": settings.classes,
+        "unknown": settings.unknown,
+        "existing": settings.existing,
+        "link": settings.link,
+    }
+    return YoloWrite(**{**values, **changes})
+
+
+def _parsed_export(export: Path, settings: LabelStudioImportSettings) -> _Parsed:
+    roots = [Path(p) for p in settings.images] if settings.images else [export.parent]
+    parsed = _parse(export, read_export(export), roots, settings.image_key)
+    if parsed.missing and not settings.skip_missing:
         listed = "\n  ".join(parsed.missing[:_LISTED])
         more = f"\n  (and {len(parsed.missing) - _LISTED} more)" if len(parsed.missing) > _LISTED else ""
         raise DatasetError(
@@ -615,15 +638,11 @@ def _parsed_export(
 
 
 def _write_split(
-    parsed: _Parsed,
-    items: list[LabelledImage],
-    out_dir: Path,
-    split: str,
-    options: dict[str, Any],
-    notes: bool = True,
+    parsed: _Parsed, items: list[LabelledImage], out_dir: Path, target: YoloWrite, notes: bool = True
 ) -> ImportReport:
-    """`write_yolo` of `items` into `split`; `notes`: the export's missing images and warnings on the report."""
-    report = write_yolo(items, out_dir, split=split, source_classes=parsed.classes, **options)
+    """`write_yolo` of `items` as `target` says, the export's classes its source classes; `notes`: the export's
+    missing images and warnings on the report."""
+    report = write_yolo(items, out_dir, dataclasses.replace(target, source_classes=parsed.classes))
     if notes:
         report.skipped_images.extend(parsed.missing)
         report.warnings[:0] = parsed.warnings
