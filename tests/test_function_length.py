@@ -55,9 +55,6 @@ NOT_YET_SHORTENED: dict[str, str] = {
     "runtime/monitor.py:DriftMonitor.__init__": "over 60 lines, being split",
     "runtime/predict.py:predict_source": "over 60 lines, being split",
     "runtime/predictor.py:Predictor.predict": "over 60 lines, being split",
-    "serve/review.py:ReviewFolder.export_coco": "over 60 lines, being split",
-    "serve/review.py:review_router": "over 60 lines, being split",
-    "serve/server.py:create_app": "over 60 lines, being split",
 }
 
 # "module:qualified.name" -> why it still takes more than MAX_PARAMETERS parameters (shrink-only)

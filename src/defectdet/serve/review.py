@@ -672,44 +672,14 @@ class ReviewFolder:
                 f"{out}: a folder; the COCO export is one json file (e.g. {out / 'annotations.coco.json'})"
             )
         names = self.class_names or []
-        entries, problems = [], []
+        entries: list[CocoImage] = []
+        problems: list[str] = []
         self.refresh_decisions()
+        base = out.resolve().parent  # the export's paths are relative to its folder
         for image in self.images():
-            decision = self.decisions.get(image.name)
-            if decision is not None and decision.action == "skip":
-                continue
-            if decision is not None and decision.action not in TRAINED:
-                problems.append(f"{image.relative_to(self.root)}: {NOT_ACCEPTED}")
-                continue
-            try:
-                labels = self.read_labels(image)
-                width, height = self.image_size(image)
-            except (DefectDetError, OSError) as error:
-                problems.append(str(error))
-                continue
-            if labels is None:
-                continue
-            named = [box for box in labels if box.class_id < len(names)]
-            problems += [
-                f"{self.label_path(image).relative_to(self.root)}: class {box.class_id} unnamed"
-                for box in labels
-                if box.class_id >= len(names)
-            ]
-            relative = Path(os.path.relpath(image.resolve(), out.resolve().parent)).as_posix()
-            boxes = [box.box for box in named]
-            template = self.template_path(image)  # as COCO's image-level template_file_name
-            template_name = (
-                None
-                if template is None
-                else Path(os.path.relpath(template.resolve(), out.resolve().parent)).as_posix()
-            )
-            classes = [box.class_id for box in named]
-            companions = {
-                name: Path(os.path.relpath(path.resolve(), out.resolve().parent)).as_posix()
-                for name in self.companion_names()
-                if (path := self.companion_path(image, name)) is not None
-            }  # as COCO's image-level companions
-            entries.append(CocoImage(relative, width, height, boxes, classes, template_name, companions))
+            entry = self._coco_image(image, base, names, problems)
+            if entry is not None:
+                entries.append(entry)
         document = coco_document(entries, names, f"{self.root}: reviewed images, exported by defectdet")
         images, annotations = document["images"], document["annotations"]
         try:
@@ -723,6 +693,46 @@ class ReviewFolder:
             "annotations": len(annotations),
             "problems": problems,
         }
+
+    def _coco_image(self, image: Path, base: Path, names: list[str], problems: list[str]) -> CocoImage | None:
+        """One image of the COCO export, its paths relative to `base`; None (and why in `problems`, unless
+        skipped or unlabelled) when it is left out."""
+        decision = self.decisions.get(image.name)
+        if decision is not None and decision.action == "skip":
+            return None
+        if decision is not None and decision.action not in TRAINED:
+            problems.append(f"{image.relative_to(self.root)}: {NOT_ACCEPTED}")
+            return None
+        try:
+            labels = self.read_labels(image)
+            width, height = self.image_size(image)
+        except (DefectDetError, OSError) as error:
+            problems.append(str(error))
+            return None
+        if labels is None:
+            return None
+        named = [box for box in labels if box.class_id < len(names)]
+        problems += [
+            f"{self.label_path(image).relative_to(self.root)}: class {box.class_id} unnamed"
+            for box in labels
+            if box.class_id >= len(names)
+        ]
+        relative = _relative_posix(image, base)
+        boxes = [box.box for box in named]
+        template = self.template_path(image)  # as COCO's image-level template_file_name
+        template_name = None if template is None else _relative_posix(template, base)
+        classes = [box.class_id for box in named]
+        companions = {
+            name: _relative_posix(path, base)
+            for name in self.companion_names()
+            if (path := self.companion_path(image, name)) is not None
+        }  # as COCO's image-level companions
+        return CocoImage(relative, width, height, boxes, classes, template_name, companions)
+
+
+def _relative_posix(path: Path, base: Path) -> str:
+    """`path` (resolved) relative to the folder `base`, with forward slashes."""
+    return Path(os.path.relpath(path.resolve(), base)).as_posix()
 
 
 def _capture_time(value: Any) -> str | None:
@@ -854,6 +864,14 @@ def review_router(folder: ReviewFolder, export_name: str = "annotations.coco.jso
     def items() -> dict[str, Any]:
         return folder.listing()
 
+    _add_image_routes(router, folder)
+    _add_decision_routes(router, folder, export_name)
+    return router
+
+
+def _add_image_routes(router: APIRouter, folder: ReviewFolder) -> None:
+    """GET an image, its template or one of its companion captures as PNG."""
+
     @router.get("/v1/review/image/{name}", summary="One image as PNG")
     def image(
         name: str = PathParam(description="the image's file name, as /v1/review/items lists it"),
@@ -878,6 +896,10 @@ def review_router(folder: ReviewFolder, export_name: str = "annotations.coco.jso
         if path is None:
             raise UploadError(404, f"{name[:80]} has no companion capture {capture[:40]!r}")
         return Response(folder.render(path, plane=True), media_type="image/png")
+
+
+def _add_decision_routes(router: APIRouter, folder: ReviewFolder, export_name: str) -> None:
+    """POST a decision or an export; GET the reviewed dataset as a zip."""
 
     @router.post("/v1/review/decide", summary="Save a decision: accept, edit, clean, skip, reset or undo")
     async def decide(request: Request) -> dict[str, Any]:
@@ -910,5 +932,3 @@ def review_router(folder: ReviewFolder, export_name: str = "annotations.coco.jso
         return FileResponse(
             path, media_type="application/zip", filename=name, background=BackgroundTask(path.unlink)
         )
-
-    return router

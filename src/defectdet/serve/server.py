@@ -16,8 +16,8 @@ JSON. No torch import.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -48,6 +48,25 @@ def create_app(
     """The service for one bundle (a path, loaded here, or a ready `Predictor`). `state_dir`: the folder the
     processes of `serve --workers` share (a drift reset there reaches all of them)."""
     settings = settings or ServeSettings()
+    service = _start_service(bundle, settings, state_dir)
+    app = FastAPI(
+        title="defectdet inspection service",
+        version=service.version,
+        description="POST an image (and its template) to /v1/detect; scrape /metrics; open / for the page.",
+        lifespan=_lifespan(service),
+        docs_url=None,  # Swagger UI and ReDoc load their assets from a CDN: blank offline; /openapi.json stays
+        redoc_url=None,
+    )
+    app.state.service = service
+    _add_middlewares(app, service, settings)
+    _add_routes(app, service, settings)
+    return app
+
+
+def _start_service(
+    bundle: str | Path | ServablePredictor, settings: ServeSettings, state_dir: str | None
+) -> Service:
+    """The `Service` of `bundle` (loaded here when a path), its quality warned about and its shadow started."""
     predictor: ServablePredictor
     if isinstance(bundle, (str, Path)):
         predictor = Predictor(bundle, threads=settings.threads, max_pixels=settings.max_pixels)
@@ -58,6 +77,12 @@ def create_app(
     warn_quality(service.live.name, service.metadata)
     if settings.shadow:
         service.deployment.start_shadow(settings.shadow, unless_live=True)  # a bad name stops serve here
+    return service
+
+
+def _lifespan(service: Service) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: start the service, the store watch, the keep queue and the drift broadcast; stop
+    them in turn at shutdown."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -76,21 +101,20 @@ def create_app(
             service.capture.stop()
         service.metrics.close()
 
-    app = FastAPI(
-        title="defectdet inspection service",
-        version=service.version,
-        description="POST an image (and its template) to /v1/detect; scrape /metrics; open / for the page.",
-        lifespan=lifespan,
-        docs_url=None,  # Swagger UI and ReDoc load their assets from a CDN: blank offline; /openapi.json stays
-        redoc_url=None,
-    )
-    app.state.service = service
+    return lifespan
+
+
+def _add_middlewares(app: FastAPI, service: Service, settings: ServeSettings) -> None:
     # outermost last: errors (any exception -> JSON 500) > metrics (counts every answer) > guard (access)
     # > JSON body limits (size and nesting, before any route parses a body)
     app.add_middleware(JSONBodyLimit)
     app.add_middleware(AccessGuard, settings=settings)
     app.add_middleware(RequestMetrics, metrics=service.metrics)
     app.add_middleware(JSONErrors)
+
+
+def _add_routes(app: FastAPI, service: Service, settings: ServeSettings) -> None:
+    """The error handlers, the inspection, monitoring, review and models routes, and the page's files."""
     add_error_handlers(app)
     add_inspection_routes(app, service, settings)
     add_monitoring_routes(app, service)
@@ -101,4 +125,3 @@ def create_app(
     app.include_router(models_router(service.deployment))
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-    return app
