@@ -119,9 +119,16 @@ def draw_boards(count: int, *, seed: int, color: bool, template: bool, size: int
     shutil.rmtree(scratch, ignore_errors=True)
     try:
         synthesize_dataset(
-            scratch, boards=count, seed=seed, template=template, min_size=size, max_size=size,
-            val_fraction=0.0, color=color, progress=False,
-        )  # fmt: skip
+            scratch,
+            boards=count,
+            seed=seed,
+            template=template,
+            min_size=size,
+            max_size=size,
+            val_fraction=0.0,
+            color=color,
+            progress=False,
+        )
         (scratch / "stamp.json").write_text(json.dumps(wanted))
         if folder.exists() and not _stamp_matches(stamp, wanted):
             shutil.rmtree(folder)  # an older or broken set under the same name
@@ -210,6 +217,32 @@ def add_synthetic_boards(
     the split's: the boards would only teach that their defects are background.
     """
     from defectdet.data.formats import load_dataset
+
+    table = _matched_classes(split)
+    if template:
+        logger.warning("synthetic_boards: they are for runs without templates: %s", TEMPLATE_COST)
+    if short_budget(minutes):
+        logger.warning("synthetic_boards: a %g-minute budget: %s", minutes, SHORT_BUDGET_COST)
+    if mode not in MODES:
+        raise ConfigError(f"field 'synthetic_boards_mode': one of {', '.join(MODES)}, got {mode!r}")
+    size = board_size(input_size)
+    drawn = draw_boards(count, seed=seed, color=color, template=template or mode != "defects", size=size)
+    samples = []
+    for index, sample in enumerate(load_dataset(drawn, "train").samples):
+        if mode != "design":
+            samples.append(_damaged_board(sample, index, table, template))
+        if mode != "defects":
+            samples.append(_board_design(sample, index, template))
+    what = {"defects": "boards", "design": "defect-free board designs", "both": "boards and their designs"}
+    drawn_as = f"{count} synthetic {'colour' if color else 'gray'} {size} px {what[mode]} (seed {seed})"
+    reason = f"{drawn_as} beside {len(split.samples)} labelled images; {_classes_note(table, split, mode)}"
+    logger.info("synthetic_boards: %s", reason)
+    return replace(split, samples=split.samples + samples), Choice("synthetic_boards", count, reason, "user")
+
+
+def _matched_classes(split: DatasetSplit) -> dict[int, int]:
+    """`class_table` of the synthetic classes onto the split's: ConfigError when none matches, a warning when
+    only one does (the boards' other defects then train as background)."""
     from defectdet.data.synth import CLASS_NAMES
 
     table = class_table(list(CLASS_NAMES), list(split.class_names))
@@ -228,35 +261,19 @@ def add_synthetic_boards(
             only,
             ", ".join(CLASS_NAMES),
         )
-    if template:
-        logger.warning("synthetic_boards: they are for runs without templates: %s", TEMPLATE_COST)
-    if short_budget(minutes):
-        logger.warning("synthetic_boards: a %g-minute budget: %s", minutes, SHORT_BUDGET_COST)
-    if mode not in MODES:
-        raise ConfigError(f"field 'synthetic_boards_mode': one of {', '.join(MODES)}, got {mode!r}")
-    size = board_size(input_size)
-    drawn = draw_boards(count, seed=seed, color=color, template=template or mode != "defects", size=size)
-    boards = load_dataset(drawn, "train")
-    samples = []
-    for index, sample in enumerate(boards.samples):
-        if mode != "design":
-            samples.append(_damaged_board(sample, index, table, template))
-        if mode != "defects":
-            samples.append(_board_design(sample, index, template))
-    dropped = [name for index, name in enumerate(CLASS_NAMES) if index not in table]
+    return table
+
+
+def _classes_note(table: dict[int, int], split: DatasetSplit, mode: str) -> str:
+    """The settings row's word on classes: which synthetic class trains as which of the data's, and (boards
+    with defects) whose boxes are dropped."""
+    from defectdet.data.synth import CLASS_NAMES
+
     matched = ", ".join(f"{CLASS_NAMES[s]}->{split.class_names[d]}" for s, d in sorted(table.items()))
-    what = {"defects": "boards", "design": "defect-free board designs", "both": "boards and their designs"}
-    reason = (
-        f"{count} synthetic {'colour' if color else 'gray'} {size} px {what[mode]} (seed {seed}) beside "
-        f"{len(split.samples)} labelled images; classes {matched}"
-        + (
-            f"; boxes of {', '.join(dropped)} dropped (not in the data)"
-            if dropped and mode != "design"
-            else ""
-        )
-    )
-    logger.info("synthetic_boards: %s", reason)
-    return replace(split, samples=split.samples + samples), Choice("synthetic_boards", count, reason, "user")
+    dropped = [name for index, name in enumerate(CLASS_NAMES) if index not in table]
+    if dropped and mode != "design":
+        return f"classes {matched}; boxes of {', '.join(dropped)} dropped (not in the data)"
+    return f"classes {matched}"
 
 
 def _damaged_board(sample: Sample, index: int, table: dict[int, int], template: bool) -> Sample:

@@ -84,27 +84,62 @@ def render_image(
     label: (H, W) uint8, 0 substrate, 1 copper, 2 hole. pads: (H, W) uint8 exposed-pad mask.
     Returns uint8 (H, W) gray or (H, W, 3) RGB.
     """
-    height, width = label.shape
+    image = _material_image(label, pads, style)
+    if shift != (0.0, 0.0) or rotation_degrees:
+        image = _moved(image, shift, rotation_degrees)
+    image = cv2.GaussianBlur(image, (0, 0), rng.uniform(0.5, 1.2))
+    # a binarized board is imaged under controlled light (glare would break the threshold)
+    image = _exposed(image, rng, glare_allowed=not style.binarized)
+    if style.binarized:
+        return _binarized(image, rng)
+    return np.clip(image, 0, 255).astype(np.uint8)
+
+
+def _material_image(label: np.ndarray, pads: np.ndarray, style: BoardStyle) -> np.ndarray:
+    """Each material at the board's level, plus its texture: float32 (H, W) or (H, W, 3)."""
     material = label.copy()
     material[(pads > 0) & (label == 1)] = 3
     channels = style.levels.shape[1]
     table = np.zeros((256, 1, channels), np.uint8)
     table[:4, 0, :] = np.clip(np.round(style.levels), 0, 255).astype(np.uint8)
     if channels == 1:
-        image = cv2.LUT(material, table[:, :, 0]).astype(np.float32) + style.texture  # (H, W)
-    else:
-        image = cv2.LUT(cv2.merge([material] * 3), table).astype(np.float32)  # (H, W, 3)
-        image += style.texture[..., None]
-    if shift != (0.0, 0.0) or rotation_degrees:
-        matrix = cv2.getRotationMatrix2D((width / 2, height / 2), rotation_degrees, 1.0)
-        matrix[:, 2] += shift
-        image = cv2.warpAffine(
-            image, matrix, (width, height), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT
-        )
-    image = cv2.GaussianBlur(image, (0, 0), rng.uniform(0.5, 1.2))
+        return cv2.LUT(material, table[:, :, 0]).astype(np.float32) + style.texture  # (H, W)
+    image = cv2.LUT(cv2.merge([material] * 3), table).astype(np.float32)  # (H, W, 3)
+    image += style.texture[..., None]
+    return image
 
-    # Lighting: a tilted plane, vignetting and a low-frequency unevenness, then exposure and gamma.
-    # Smooth, so computed on a coarse grid (1/8 resolution) and upsampled.
+
+def _moved(image: np.ndarray, shift: tuple[float, float], rotation_degrees: float) -> np.ndarray:
+    """The board shifted by `shift` pixels and rotated about the image centre (edges reflected)."""
+    height, width = image.shape[:2]
+    matrix = cv2.getRotationMatrix2D((width / 2, height / 2), rotation_degrees, 1.0)
+    matrix[:, 2] += shift
+    return cv2.warpAffine(
+        image, matrix, (width, height), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT
+    )
+
+
+def _exposed(image: np.ndarray, rng: np.random.Generator, glare_allowed: bool) -> np.ndarray:
+    """Lighting, exposure offset, gamma, (sometimes) specular glare and sensor noise, float32."""
+    height, width = image.shape[:2]
+    lighting, glare = _lighting(rng, height, width, glare_allowed)
+    image = image * _per_channel(lighting, image) + np.float32(rng.uniform(-5, 5))
+    gamma = rng.uniform(0.9, 1.1)
+    table = np.clip(255.0 * np.power(np.arange(256) / 255.0, gamma), 0, 255).astype(np.uint8)
+    image = cv2.LUT(np.clip(image, 0, 255).astype(np.uint8), table).astype(np.float32)
+    if glare is not None:
+        image += _per_channel(glare, image)
+    image += _noise(rng, image.shape, rng.uniform(1, 4))
+    return image
+
+
+def _lighting(
+    rng: np.random.Generator, height: int, width: int, glare_allowed: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(H, W) float32 gain: a tilted plane, vignetting and a low-frequency unevenness; and the additive
+    specular glare, or None (drawn with a chance of one in four when allowed).
+
+    Smooth, so computed on a coarse grid (1/8 resolution) and upsampled."""
     coarse_h, coarse_w = height // 8 + 2, width // 8 + 2
     xs = (np.arange(coarse_w, dtype=np.float32) / (coarse_w - 1) - 0.5)[None, :]  # (1, w)
     ys = (np.arange(coarse_h, dtype=np.float32) / (coarse_h - 1) - 0.5)[:, None]  # (h, 1)
@@ -118,34 +153,25 @@ def render_image(
         - vignette * (xs * xs + ys * ys)
         + _smooth_field(rng, coarse_h, coarse_w, 4) * float(rng.uniform(0, 0.04))
     ) * gain
-    # Specular glare; a binarized board is imaged under controlled light (glare would break the threshold).
-    glare_strength = 0.0
-    if not style.binarized and rng.random() < 0.25:
+    glare = None
+    if glare_allowed and rng.random() < 0.25:
         cx, cy = (float(value) for value in rng.uniform(-0.5, 0.5, 2))
         spread = float(rng.uniform(0.05, 0.2))
-        glare = np.exp(-((xs - cx) ** 2) / (2 * spread**2)) * np.exp(-((ys - cy) ** 2) / (2 * spread**2))
-        glare_strength = float(rng.uniform(20, 55))
-    lighting = cv2.resize(
-        coarse.astype(np.float32), (width, height), interpolation=cv2.INTER_LINEAR
-    )  # (H, W)
-    image = image * _per_channel(lighting, image) + np.float32(rng.uniform(-5, 5))
-    gamma = rng.uniform(0.9, 1.1)
-    table = np.clip(255.0 * np.power(np.arange(256) / 255.0, gamma), 0, 255).astype(np.uint8)
-    image = cv2.LUT(np.clip(image, 0, 255).astype(np.uint8), table).astype(np.float32)
-    if glare_strength:
-        glare_full = cv2.resize(
-            (glare * glare_strength).astype(np.float32), (width, height), interpolation=cv2.INTER_LINEAR
+        spot = np.exp(-((xs - cx) ** 2) / (2 * spread**2)) * np.exp(-((ys - cy) ** 2) / (2 * spread**2))
+        strength = float(rng.uniform(20, 55))
+        glare = cv2.resize(
+            (spot * strength).astype(np.float32), (width, height), interpolation=cv2.INTER_LINEAR
         )
-        image += _per_channel(glare_full, image)
-    image += _noise(rng, image.shape, rng.uniform(1, 4))
+    lighting = cv2.resize(coarse.astype(np.float32), (width, height), interpolation=cv2.INTER_LINEAR)
+    return lighting, glare
 
-    if style.binarized:
-        gray = np.clip(image, 0, 255).astype(np.uint8)
-        _, binary = cv2.threshold(gray, 0, 255, cv2.THRESH_BINARY + cv2.THRESH_OTSU)
-        # DeepPCB polarity: copper dark, substrate and holes white; JPEG-like softness and speckle.
-        # Holes are darker than the substrate, so the threshold would call them substrate.
-        soft = cv2.GaussianBlur(255.0 - binary.astype(np.float32), (0, 0), 0.6)
-        soft = soft * rng.uniform(0.93, 1.0) + rng.uniform(0, 6)
-        soft += _noise(rng, soft.shape, 2.0)
-        return np.clip(soft, 0, 255).astype(np.uint8)
-    return np.clip(image, 0, 255).astype(np.uint8)
+
+def _binarized(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """DeepPCB's look: Otsu-thresholded, copper dark, substrate and holes white, JPEG-like softness and
+    speckle (holes are darker than the substrate, so the threshold calls them substrate). uint8."""
+    gray = np.clip(image, 0, 255).astype(np.uint8)
+    _, binary = cv2.threshold(gray, 0, 255, cv2.THRESH_BINARY + cv2.THRESH_OTSU)
+    soft = cv2.GaussianBlur(255.0 - binary.astype(np.float32), (0, 0), 0.6)
+    soft = soft * rng.uniform(0.93, 1.0) + rng.uniform(0, 6)
+    soft += _noise(rng, soft.shape, 2.0)
+    return np.clip(soft, 0, 255).astype(np.uint8)

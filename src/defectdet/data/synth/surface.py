@@ -375,28 +375,55 @@ def generate_surface(
         np.random.default_rng(child) for child in np.random.SeedSequence([seed, index, 0x5F]).spawn(4)
     )
     width, height = surface_size(size_rng, min_size, max_size)
+    canvas = _bare_surface(texture_rng, materials, (width, height), color)
+    before_defects = canvas.image.copy() if clean else None
+    boxes, classes = _add_defects(canvas, defect_rng, min(width, height))
+    clean_image = None if before_defects is None else _camera(before_defects, copy.deepcopy(camera_rng))
+    return SynthSurface(
+        image=_camera(canvas.image, camera_rng),
+        boxes=np.array(boxes, np.float32).reshape(-1, 4),
+        classes=np.array(classes, np.int64),
+        material=canvas.material,
+        clean=clean_image,
+    )
+
+
+def _bare_surface(
+    texture_rng: np.random.Generator, materials: tuple[str, ...], size: tuple[int, int], color: bool
+) -> _Canvas:
+    """One of `materials`, its texture (tile: sometimes a grout grid) and, in colour, its tint: no defect yet."""
+    width, height = size
     material = materials[int(texture_rng.integers(len(materials)))]
     variant = float(texture_rng.uniform(0, 1))
     base = float(texture_rng.uniform(*_BASE_LEVEL[material]))
     luminance = base + _texture(material, texture_rng, height, width, variant)
-    if material == "tile" and texture_rng.random() < 0.5:  # grout grid
-        pitch = int(texture_rng.uniform(0.25, 0.6) * min(width, height))
-        grout = np.zeros((height, width), np.float32)
-        grout[:, (np.arange(width) % pitch) < 3] = 1
-        grout[(np.arange(height) % pitch) < 3, :] = 1
-        luminance -= cv2.GaussianBlur(grout, (0, 0), 0.8) * float(texture_rng.uniform(30, 60))
+    if material == "tile" and texture_rng.random() < 0.5:
+        luminance -= _grout(texture_rng, width, height)
     tint = np.asarray(_TINTS[material](texture_rng), np.float32) if color else None
     image = (luminance[..., None] * tint) if tint is not None else luminance[..., None]
-    canvas = _Canvas(np.ascontiguousarray(image, dtype=np.float32), material, variant, base, tint)
+    return _Canvas(np.ascontiguousarray(image, dtype=np.float32), material, variant, base, tint)
 
-    before_defects = canvas.image.copy() if clean else None
-    short = min(width, height)
+
+def _grout(texture_rng: np.random.Generator, width: int, height: int) -> np.ndarray:
+    """The darkening of a tile's grout grid, (H, W) float32."""
+    pitch = int(texture_rng.uniform(0.25, 0.6) * min(width, height))
+    grout = np.zeros((height, width), np.float32)
+    grout[:, (np.arange(width) % pitch) < 3] = 1
+    grout[(np.arange(height) % pitch) < 3, :] = 1
+    return cv2.GaussianBlur(grout, (0, 0), 0.8) * float(texture_rng.uniform(30, 60))
+
+
+def _add_defects(
+    canvas: _Canvas, defect_rng: np.random.Generator, short: int
+) -> tuple[list[tuple[float, float, float, float]], list[int]]:
+    """Draw up to `MAX_DEFECTS` defects onto `canvas` (none with `CLEAN_PROBABILITY`), each tried a few times
+    so that defects do not stack on each other; their boxes and classes."""
     boxes: list[tuple[float, float, float, float]] = []
     classes: list[int] = []
     count = 0 if defect_rng.random() < CLEAN_PROBABILITY else int(defect_rng.integers(1, MAX_DEFECTS + 1))
     wanted = sorted(defect_rng.integers(0, len(DEFECT_MAKERS), count).tolist(), key=_DRAW_ORDER.index)
     for class_id in wanted:
-        for _ in range(4):  # a few tries to avoid stacking defects on each other
+        for _ in range(4):
             trial = np.random.default_rng(defect_rng.integers(2**63))
             saved = canvas.image.copy() if boxes else None
             made = DEFECT_MAKERS[class_id](canvas, trial, short)
@@ -409,15 +436,7 @@ def generate_surface(
             boxes.append(box)
             classes.append(made_class)
             break
-
-    clean_image = None if before_defects is None else _camera(before_defects, copy.deepcopy(camera_rng))
-    return SynthSurface(
-        image=_camera(canvas.image, camera_rng),
-        boxes=np.array(boxes, np.float32).reshape(-1, 4),
-        classes=np.array(classes, np.int64),
-        material=material,
-        clean=clean_image,
-    )
+    return boxes, classes
 
 
 def _camera(image: np.ndarray, camera_rng: np.random.Generator) -> np.ndarray:
