@@ -51,7 +51,6 @@ NOT_YET_SHORTENED: dict[str, str] = {
     "model/assigner.py:TaskAlignedAssigner.__call__": "over 60 lines, being split",
     "runtime/monitor.py:DriftMonitor.__init__": "over 60 lines, being split",
     "runtime/predict.py:predict_source": "over 60 lines, being split",
-    "runtime/predictor.py:Predictor.predict": "over 60 lines, being split",
 }
 
 # "module:qualified.name" -> why it still takes more than MAX_PARAMETERS parameters (shrink-only)

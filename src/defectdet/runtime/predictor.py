@@ -325,15 +325,7 @@ class Predictor:
         """
         from defectdet.runtime.monitor import image_statistics
 
-        if renamed:  # keywords retired for one name per concept
-            given = current_keywords(renamed, Surface.PREDICT)
-            threshold = given.get("threshold", threshold)
-            score_floor = given.get("score_floor", score_floor)
-        meta = self.metadata
-        threshold = meta.thresholds.threshold if threshold is None else float(threshold)
-        if not 0.0 <= threshold <= 1.0:
-            raise InputError(f"threshold must be within [0, 1], got {threshold}")
-        floor = threshold if score_floor is None else float(score_floor)
+        threshold, floor = self._cut_offs(threshold, score_floor, renamed)
         started = time.perf_counter()
         planes = self.load_planes(image, template, companions)
         decoded_at = time.perf_counter()
@@ -349,15 +341,7 @@ class Predictor:
             prepared,
             dataclasses.replace(settings, score_floor=max(floor, settings.score_floor)),
         )
-        detections = [
-            Detection(
-                box=(float(box[0]), float(box[1]), float(box[2]), float(box[3])),
-                class_id=int(class_id),
-                class_name=meta.class_names[int(class_id)],
-                score=float(score),
-            )
-            for box, class_id, score in zip(found.boxes, found.classes, found.scores, strict=True)
-        ]
+        detections = self._detections(found)
         finished = time.perf_counter()
         return PredictionResult(
             detections=detections,
@@ -376,3 +360,30 @@ class Predictor:
             registration=prepared.registration,
             tiles=prepared.passes - 1,
         )
+
+    def _cut_offs(
+        self, threshold: float | None, score_floor: float | None, renamed: dict[str, Any]
+    ) -> tuple[float, float]:
+        """The verdict threshold (the bundle's by default) and the score floor (the threshold by default),
+        from `predict`'s arguments, retired keyword names included."""
+        if renamed:  # keywords retired for one name per concept
+            given = current_keywords(renamed, Surface.PREDICT)
+            threshold = given.get("threshold", threshold)
+            score_floor = given.get("score_floor", score_floor)
+        threshold = self.metadata.thresholds.threshold if threshold is None else float(threshold)
+        if not 0.0 <= threshold <= 1.0:
+            raise InputError(f"threshold must be within [0, 1], got {threshold}")
+        return threshold, threshold if score_floor is None else float(score_floor)
+
+    def _detections(self, found: pipeline.Found) -> list[Detection]:
+        """The postprocessed boxes, classes and scores as `Detection`s, in their order."""
+        class_names = self.metadata.class_names
+        return [
+            Detection(
+                box=(float(box[0]), float(box[1]), float(box[2]), float(box[3])),
+                class_id=int(class_id),
+                class_name=class_names[int(class_id)],
+                score=float(score),
+            )
+            for box, class_id, score in zip(found.boxes, found.classes, found.scores, strict=True)
+        ]
