@@ -49,7 +49,6 @@ NOT_YET_SHORTENED: dict[str, str] = {
     "export/compare.py:compare_models": "over 60 lines, being split",
     "export/exporter.py:export_bundle": "over 60 lines, being split",
     "model/assigner.py:TaskAlignedAssigner.__call__": "over 60 lines, being split",
-    "runtime/monitor.py:DriftMonitor.__init__": "over 60 lines, being split",
     "runtime/predict.py:predict_source": "over 60 lines, being split",
 }
 

@@ -582,29 +582,7 @@ class DriftMonitor:
         self.transform = transform
         self.skipped: dict[str, str] = {}
         available = reference["statistics"]
-        names = list(statistics) if statistics is not None else list(available)
-        unknown = [name for name in names if name not in available and name != FEATURES]
-        if unknown:
-            raise ValueError(
-                f"DriftMonitor: statistics {unknown} are not in the reference ({list(available)})"
-            )
-        if statistics is None and "saturation" in names:
-            median = available["saturation"]["quantiles"].get("0.5", available["saturation"]["mean"])
-            if median > BINARISED_SATURATION:
-                names.remove("saturation")
-                self.skipped["saturation"] = (
-                    f"reference images are binarised ({median:.0%} of pixels at 0 or 255): "
-                    "the share follows any exposure change and is not charted"
-                )
-                if all(level in names for level in ("black_level", "white_level")):
-                    for name in ("brightness", "contrast"):
-                        if name in names:
-                            names.remove(name)
-                            self.skipped[name] = (
-                                f"reference images are binarised: {name} follows how much of each board is "
-                                "copper (its design), not the lamp; black_level / white_level chart exposure "
-                                "and contrast instead"
-                            )
+        names = self._charted_statistics(available, statistics)
         features = reference.get("features")
         use_features = features is not None and (statistics is None or FEATURES in names)
         names = [name for name in names if name != FEATURES]
@@ -628,6 +606,42 @@ class DriftMonitor:
         self._last_skip: str | None = None
         self._lock = threading.Lock()
         self._history: deque[dict[str, float]] = deque(maxlen=history)
+
+    def _charted_statistics(
+        self, available: Mapping[str, Any], statistics: Sequence[str] | None
+    ) -> list[str]:
+        """The statistics to chart (FEATURES among them when asked for): `statistics`, or every one of the
+        reference's but those binarised reference images make meaningless (recorded in `skipped`)."""
+        names = list(statistics) if statistics is not None else list(available)
+        unknown = [name for name in names if name not in available and name != FEATURES]
+        if unknown:
+            raise ValueError(
+                f"DriftMonitor: statistics {unknown} are not in the reference ({list(available)})"
+            )
+        if statistics is None and "saturation" in names:
+            self._skip_binarised(available["saturation"], names)
+        return names
+
+    def _skip_binarised(self, saturation: Mapping[str, Any], names: list[str]) -> None:
+        """On binarised reference images, drop saturation (and brightness and contrast, when the black and
+        white levels are charted) from `names`, saying why in `skipped`."""
+        median = saturation["quantiles"].get("0.5", saturation["mean"])
+        if not median > BINARISED_SATURATION:  # (a NaN median is not binarised either)
+            return
+        names.remove("saturation")
+        self.skipped["saturation"] = (
+            f"reference images are binarised ({median:.0%} of pixels at 0 or 255): "
+            "the share follows any exposure change and is not charted"
+        )
+        if all(level in names for level in ("black_level", "white_level")):
+            for name in ("brightness", "contrast"):
+                if name in names:
+                    names.remove(name)
+                    self.skipped[name] = (
+                        f"reference images are binarised: {name} follows how much of each board is "
+                        "copper (its design), not the lamp; black_level / white_level chart exposure "
+                        "and contrast instead"
+                    )
 
     def _make_chart(self, name: str, summary: Mapping[str, Any], two_sided: bool, charts: int) -> _Chart:
         floor = max(SCALE_FLOORS.get(name, 0.0), RELATIVE_SCALE_FLOOR * abs(float(summary["mean"])), 1e-12)
