@@ -48,7 +48,6 @@ NOT_YET_SHORTENED: dict[str, str] = {
     "evaluation/report.py:evaluate_records": "over 60 lines, being split",
     "export/compare.py:compare_models": "over 60 lines, being split",
     "export/exporter.py:export_bundle": "over 60 lines, being split",
-    "model/assigner.py:TaskAlignedAssigner.__call__": "over 60 lines, being split",
     "runtime/predict.py:predict_source": "over 60 lines, being split",
 }
 

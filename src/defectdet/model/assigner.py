@@ -58,30 +58,10 @@ class TaskAlignedAssigner:
         gt_valid: torch.Tensor,  # (B, M) bool, False for padding
     ) -> Assignment:
         batch, anchors, classes = pred_scores.shape
-        device = pred_scores.device
         if gt_boxes.shape[1] == 0:
-            return Assignment(
-                foreground=torch.zeros(batch, anchors, dtype=torch.bool, device=device),
-                labels=torch.zeros(batch, anchors, dtype=torch.long, device=device),
-                boxes=torch.zeros(batch, anchors, 4, device=device),
-                scores=torch.zeros(batch, anchors, classes, device=device),
-                alignment=torch.zeros(batch, anchors, device=device),
-            )
+            return _empty_assignment(batch, anchors, classes, pred_scores.device)
         pred_scores, pred_boxes, gt_boxes = pred_scores.float(), pred_boxes.float(), gt_boxes.float()
-        points = anchor_points.float().view(1, 1, anchors, 2)
-        # candidates: centre inside the gt box, or the single nearest anchor
-        inside = (
-            (points[..., 0] > gt_boxes[..., 0:1])
-            & (points[..., 0] < gt_boxes[..., 2:3])
-            & (points[..., 1] > gt_boxes[..., 1:2])
-            & (points[..., 1] < gt_boxes[..., 3:4])
-        )  # (B, M, A)
-        centres = (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2  # (B, M, 2)
-        distance = (points - centres.unsqueeze(2)).square().sum(-1)  # (B, M, A)
-        nearest = torch.zeros_like(inside)
-        nearest.scatter_(2, distance.argmin(2, keepdim=True), True)
-        candidate = (inside | nearest) & gt_valid.unsqueeze(2)
-
+        candidate = _candidates(anchor_points.float().view(1, 1, anchors, 2), gt_boxes, gt_valid)
         overlaps = pairwise_box_iou(gt_boxes, pred_boxes)  # (B, M, A)
         label_index = gt_labels.clamp(min=0).unsqueeze(1).expand(-1, anchors, -1)  # (B, A, M)
         class_scores = pred_scores.gather(2, label_index).transpose(1, 2)  # (B, M, A)
@@ -92,30 +72,71 @@ class TaskAlignedAssigner:
         top_indices = alignment.topk(top_k, dim=2).indices  # (B, M, k)
         selected = torch.zeros_like(candidate)
         selected.scatter_(2, top_indices, True)
-        positive = selected & candidate  # (B, M, A)
-
-        # resolve anchors claimed by several gts: keep the one with the largest IoU
-        claims = positive.sum(1)  # (B, A)
-        if bool((claims > 1).any()):
-            best_gt = overlaps.masked_fill(~candidate, -1.0).argmax(1)  # (B, A)
-            owner = torch.zeros_like(positive)
-            owner.scatter_(1, best_gt.unsqueeze(1), True)
-            positive = torch.where((claims > 1).unsqueeze(1), positive & owner, positive)
+        positive = _one_owner_each(selected & candidate, overlaps, candidate)  # (B, M, A)
 
         foreground = positive.any(1)  # (B, A)
         assigned_gt = positive.float().argmax(1)  # (B, A)
         labels = gt_labels.gather(1, assigned_gt).clamp(min=0)  # (B, A)
         boxes = gt_boxes.gather(1, assigned_gt.unsqueeze(-1).expand(-1, -1, 4))  # (B, A, 4)
-
-        # soft targets: alignment / max alignment of the gt * max IoU of the gt
-        alignment = alignment.clamp(min=0) * positive
-        max_alignment = alignment.amax(2, keepdim=True)  # (B, M, 1)
-        max_overlap = (overlaps * positive).amax(2, keepdim=True)  # (B, M, 1)
-        relative = alignment / (max_alignment + EPSILON)  # (B, M, A), 1 at each box's best anchor
-        normalized = (relative * max_overlap).amax(1)  # (B, A)
-        scores = torch.zeros(batch, anchors, classes, device=device)
-        scores.scatter_(2, labels.unsqueeze(-1), normalized.unsqueeze(-1))
+        scores, relative = _soft_targets(alignment, overlaps, positive, labels, classes)
         scores = scores * foreground.unsqueeze(-1)
         return Assignment(
             foreground=foreground, labels=labels, boxes=boxes, scores=scores, alignment=relative.amax(1)
         )
+
+
+def _empty_assignment(batch: int, anchors: int, classes: int, device: torch.device) -> Assignment:
+    """All background: the targets of a batch without a ground-truth box."""
+    return Assignment(
+        foreground=torch.zeros(batch, anchors, dtype=torch.bool, device=device),
+        labels=torch.zeros(batch, anchors, dtype=torch.long, device=device),
+        boxes=torch.zeros(batch, anchors, 4, device=device),
+        scores=torch.zeros(batch, anchors, classes, device=device),
+        alignment=torch.zeros(batch, anchors, device=device),
+    )
+
+
+def _candidates(points: torch.Tensor, gt_boxes: torch.Tensor, gt_valid: torch.Tensor) -> torch.Tensor:
+    """``(B, M, A)`` the candidate anchors of each valid box: centre inside the box, or the single nearest
+    anchor. `points` ``(1, 1, A, 2)``."""
+    inside = (
+        (points[..., 0] > gt_boxes[..., 0:1])
+        & (points[..., 0] < gt_boxes[..., 2:3])
+        & (points[..., 1] > gt_boxes[..., 1:2])
+        & (points[..., 1] < gt_boxes[..., 3:4])
+    )  # (B, M, A)
+    centres = (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2  # (B, M, 2)
+    distance = (points - centres.unsqueeze(2)).square().sum(-1)  # (B, M, A)
+    nearest = torch.zeros_like(inside)
+    nearest.scatter_(2, distance.argmin(2, keepdim=True), True)
+    return (inside | nearest) & gt_valid.unsqueeze(2)
+
+
+def _one_owner_each(positive: torch.Tensor, overlaps: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+    """`positive` ``(B, M, A)`` with each anchor claimed by several boxes left to the one it overlaps most."""
+    claims = positive.sum(1)  # (B, A)
+    if bool((claims > 1).any()):
+        best_gt = overlaps.masked_fill(~candidate, -1.0).argmax(1)  # (B, A)
+        owner = torch.zeros_like(positive)
+        owner.scatter_(1, best_gt.unsqueeze(1), True)
+        positive = torch.where((claims > 1).unsqueeze(1), positive & owner, positive)
+    return positive
+
+
+def _soft_targets(
+    alignment: torch.Tensor,
+    overlaps: torch.Tensor,
+    positive: torch.Tensor,
+    labels: torch.Tensor,
+    classes: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The soft class targets ``(B, A, K)`` (alignment / the box's best alignment x the box's best IoU, at
+    each anchor's label; background not yet zeroed) and the relative alignment ``(B, M, A)``."""
+    alignment = alignment.clamp(min=0) * positive
+    max_alignment = alignment.amax(2, keepdim=True)  # (B, M, 1)
+    max_overlap = (overlaps * positive).amax(2, keepdim=True)  # (B, M, 1)
+    relative = alignment / (max_alignment + EPSILON)  # (B, M, A), 1 at each box's best anchor
+    normalized = (relative * max_overlap).amax(1)  # (B, A)
+    scores = torch.zeros(*labels.shape, classes, device=labels.device)
+    scores.scatter_(2, labels.unsqueeze(-1), normalized.unsqueeze(-1))
+    return scores, relative
