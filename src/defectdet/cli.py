@@ -837,18 +837,31 @@ def export_labelstudio(
     Example: defectdet labels export-labelstudio runs/line3 tasks.json --document-root /data/line3
     Example: defectdet labels export-labelstudio kept/ tasks.json --model models/line.onnx
     """
-    from defectdet.data.formats.labelstudio import export_tasks, model_class_names
+    from defectdet.data.formats.labelstudio import export_tasks
 
     export_settings = TaskExportSettings(**settings)
     if export_settings.model is not None:
         if export_settings.classes:
             raise typer.BadParameter("--model and --classes exclude each other")
-        try:
-            names = model_class_names(export_settings.model)
-        except DefectDetError as error:
-            raise typer.BadParameter(str(error)) from None
+        names = _model_class_names(export_settings.model)
         export_settings = dataclasses.replace(export_settings, model=None, classes=names)
     _print_task_export(export_tasks(source, out, export_settings))
+
+
+def _model_class_names(model: Path) -> list[str]:
+    """The class names a bundle's metadata or a checkpoint records, in id order."""
+    if model.suffix.lower() == ".onnx":
+        from defectdet.runtime.bundle import read_metadata
+
+        return list(read_metadata(model).class_names)
+    from defectdet.engine.checkpoint import load_checkpoint
+
+    names = load_checkpoint(model).get("class_names")
+    if not names:
+        raise typer.BadParameter(
+            f"--model {model}: records no class names (a checkpoint of `defectdet train`?)"
+        )
+    return [str(name) for name in names]
 
 
 def _print_task_export(result: Any) -> None:

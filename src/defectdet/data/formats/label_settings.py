@@ -33,8 +33,9 @@ class TaskExportSettings:
     """How `export_tasks` writes Label Studio import tasks.
 
     `config_path`: the labelling config XML (None: <tasks stem>_config.xml beside the tasks). `classes`: the
-    model's full class list (None: the source's, then the names used); `model`: a bundle or checkpoint whose class
-    list to take instead. `model_version` of the pre-annotations ("defectdet": the bundle a sidecar names). Image
+    model's full class list (None: the source's, then the names used). `model`: a bundle or checkpoint whose
+    class list the command takes as `classes` (`export_tasks` itself takes the names: read them first, from a
+    bundle's metadata or a checkpoint's class_names). `model_version` of the pre-annotations ("defectdet": the bundle a sidecar names). Image
     URLs are `url_prefix` + the path below `document_root` (None: the folder holding all the images). `images`:
     where the files predictions.jsonl names are now, when they moved. `score_floor`: detections under it are left
     out (None: the threshold each record states).

@@ -185,24 +185,13 @@ def export_tasks(source: Path, out: Path, settings: TaskExportSettings | None = 
 
 
 def _given_classes(settings: TaskExportSettings) -> list[str] | None:
-    """`settings.classes`, else the class list of `settings.model` (None: neither given)."""
-    if settings.model is not None and settings.classes:
-        raise DatasetError("--model and --classes exclude each other")
-    return model_class_names(settings.model) if settings.model is not None else settings.classes
-
-
-def model_class_names(model: Path) -> list[str]:
-    """The class names a bundle's metadata or a checkpoint records, in id order."""
-    if Path(model).suffix.lower() == ".onnx":
-        from defectdet.runtime.bundle import read_metadata
-
-        return list(read_metadata(model).class_names)
-    from defectdet.engine.checkpoint import load_checkpoint  # torch: only for a checkpoint
-
-    names = load_checkpoint(model).get("class_names")
-    if not names:
-        raise DatasetError(f"--model {model}: records no class names (a checkpoint of `defectdet train`?)")
-    return [str(name) for name in names]
+    """`settings.classes`; a `model` must have been read into them (the labels command does)."""
+    if settings.model is not None:
+        raise DatasetError(
+            f"--model {settings.model}: give its class names as classes (a bundle's metadata or a checkpoint "
+            "records them)"
+        )
+    return settings.classes
 
 
 def _document_root(records: list[Predicted], paths: list[Path], document_root: Path | None) -> Path:
