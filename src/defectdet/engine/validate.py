@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from defectdet.data.recapture import RecaptureConfig, make_clean_boards
-from defectdet.data.sample import DatasetSplit
+from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.engine.checkpoint import load_detector
 from defectdet.engine.predict import predict_records, registration_summary
 from defectdet.engine.validate_settings import ValidateSettings
@@ -114,16 +114,8 @@ def validate(
         torch.set_num_threads(settings.threads)
     run = _ValidationRun.load(checkpoint, data, settings)
     choice = _threshold_choice(run, settings)
-    samples = list(run.dataset.samples)
     recapture = settings.clean_nuisance if settings.clean_nuisance is not None else RecaptureConfig()
-    if settings.clean_templates:
-        samples += make_clean_boards(
-            run.dataset,
-            run.out_dir / "clean_boards",
-            recapture,
-            channels=run.spec.channels,
-            seed=settings.seed,
-        )
+    samples = list(run.dataset.samples) + _clean_boards(run, settings, recapture)
     timer = StageTimer()
     records, skipped = run.predict(samples, timer=timer, progress=console is not None)
     if not records:
@@ -140,6 +132,30 @@ def validate(
         if settings.clean_templates
         else None
     )
+    return _written(metrics, run, skipped, console)
+
+
+def _clean_boards(
+    run: _ValidationRun, settings: ValidateSettings, recapture: RecaptureConfig
+) -> list[Sample]:
+    """The clean boards scored beside the split: realistic recaptures of its templates (none unless
+    `clean_templates`)."""
+    if not settings.clean_templates:
+        return []
+    return make_clean_boards(
+        run.dataset,
+        run.out_dir / "clean_boards",
+        recapture,
+        channels=run.spec.channels,
+        seed=settings.seed,
+    )
+
+
+def _written(
+    metrics: dict[str, Any], run: _ValidationRun, skipped: list[str], console: Console | None
+) -> dict[str, Any]:
+    """`metrics` as JSON values, written to the run's metrics.json; returned with the report's path and the
+    skipped images, and summed up on `console`."""
     from defectdet.evaluation.report import to_jsonable
 
     metrics = to_jsonable(metrics)
@@ -240,22 +256,7 @@ def _score(
         timing=timer.summary(),
         deeppcb_results_dir=deeppcb_dir,
         title=f"defectdet val: {Path(run.checkpoint).name} on {Path(run.data).name} [{split}]",
-        settings={
-            "checkpoint": str(run.checkpoint),
-            "data": str(run.data),
-            "split": split,
-            "input size": spec.input_size,
-            "batch": settings.batch,
-            "threads": torch.get_num_threads(),
-            "operating threshold": threshold_note,
-            "pair registration": spec.registration and spec.template,
-            "tiles": spec.tiles,
-            "flip views": spec.flip_views,
-            "repeat check": spec.repeat_check,
-            "fragments merged": ", ".join(spec.merge_fragments) or "none",
-            "clean boards": _clean_note(settings.clean_templates, recapture, settings.seed),
-            "skipped_images": len(skipped),
-        },
+        settings=_report_settings(run, settings, len(skipped), recapture, threshold_note),
     )
     threshold = float(metrics["headline"]["threshold"])
     metrics["threshold"] = (
@@ -274,6 +275,33 @@ def _score(
     if metrics["registration"] is not None:
         write_registrations(records, run.out_dir / "registration.csv")
     return metrics
+
+
+def _report_settings(
+    run: _ValidationRun,
+    settings: ValidateSettings,
+    skipped: int,
+    recapture: RecaptureConfig,
+    threshold_note: str,
+) -> dict[str, Any]:
+    """The settings table of the report page: what was scored, how, and at which threshold."""
+    spec = run.spec
+    return {
+        "checkpoint": str(run.checkpoint),
+        "data": str(run.data),
+        "split": settings.split,
+        "input size": spec.input_size,
+        "batch": settings.batch,
+        "threads": torch.get_num_threads(),
+        "operating threshold": threshold_note,
+        "pair registration": spec.registration and spec.template,
+        "tiles": spec.tiles,
+        "flip views": spec.flip_views,
+        "repeat check": spec.repeat_check,
+        "fragments merged": ", ".join(spec.merge_fragments) or "none",
+        "clean boards": _clean_note(settings.clean_templates, recapture, settings.seed),
+        "skipped_images": skipped,
+    }
 
 
 def _with_flip_views(

@@ -281,22 +281,7 @@ def operating_points(
     if not len(cuts.thresholds):
         summary["best_f1"]["note"] = "no detections"
 
-    reaching = np.nonzero(cuts.recall >= target_recall)[0] if match.gt_counts.sum() else np.zeros(0, int)
-    if len(reaching):
-        at_recall = float(cuts.thresholds[reaching[0]])
-        summary["target_recall_point"] = {
-            "reachable": True,
-            **pooled_at_threshold(match, at_recall),
-            **image_verdicts(records, at_recall),
-        }
-    else:
-        best_recall = float(cuts.recall.max()) if len(cuts.recall) else 0.0
-        summary["target_recall_point"] = {
-            "reachable": False,
-            "threshold": None,
-            "max_recall": best_recall,
-            "note": f"not reachable: the highest recall at IoU {match_iou} is {best_recall:.4f} < {target_recall}",
-        }
+    summary["target_recall_point"] = _target_recall_point(records, match, cuts, match_iou, target_recall)
 
     chosen = best_threshold if threshold is None else float(threshold)
     summary["chosen"] = {
@@ -306,6 +291,39 @@ def operating_points(
     }
 
     class_curves = class_pr_curves(match, num_classes)
+    summary["per_class"] = _per_class(match, class_names, class_curves, chosen)
+    return OperatingPointResult(summary, _grid_curves(records, match), class_curves)
+
+
+def _target_recall_point(
+    records: Sequence[ImageRecord],
+    match: MatchResult,
+    cuts: CutPoints,
+    match_iou: float,
+    target_recall: float,
+) -> dict:
+    """The rates at the highest threshold whose box recall reaches `target_recall`, or why none does."""
+    reaching = np.nonzero(cuts.recall >= target_recall)[0] if match.gt_counts.sum() else np.zeros(0, int)
+    if len(reaching):
+        at_recall = float(cuts.thresholds[reaching[0]])
+        return {
+            "reachable": True,
+            **pooled_at_threshold(match, at_recall),
+            **image_verdicts(records, at_recall),
+        }
+    best_recall = float(cuts.recall.max()) if len(cuts.recall) else 0.0
+    return {
+        "reachable": False,
+        "threshold": None,
+        "max_recall": best_recall,
+        "note": f"not reachable: the highest recall at IoU {match_iou} is {best_recall:.4f} < {target_recall}",
+    }
+
+
+def _per_class(
+    match: MatchResult, class_names: Sequence[str], class_curves: list[ClassCurve], chosen: float
+) -> list[dict]:
+    """Per class: ground truths, detections, AP, and precision and recall at the `chosen` threshold."""
     per_class = []
     for class_id, name in enumerate(class_names):
         selected = match.classes == class_id
@@ -322,8 +340,7 @@ def operating_points(
                 "recall": hits / num_gt if num_gt else None,
             }
         )
-    summary["per_class"] = per_class
-    return OperatingPointResult(summary, _grid_curves(records, match), class_curves)
+    return per_class
 
 
 def _grid_curves(records: Sequence[ImageRecord], match: MatchResult) -> dict[str, np.ndarray]:
