@@ -229,10 +229,8 @@ def test_every_command_that_takes_data_has_a_format_option(
 
     def record(name: str):
         def stand_in(*args, **kwargs):
-            # train: a TrainConfig; val: its ValidateSettings; the others: keywords or an overrides dict
-            config = kwargs.get("overrides") or (
-                args[0] if name == "train" else args[-1] if name == "val" else kwargs
-            )
+            # train: a TrainConfig; val, loader and nan: their settings; check: keywords
+            config = args[0] if name == "train" else args[-1] if name in ("val", "loader", "nan") else kwargs
             seen["format"] = (
                 config.get("format") if isinstance(config, dict) else getattr(config, "format", None)
             )

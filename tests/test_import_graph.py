@@ -53,12 +53,12 @@ LAYERS: dict[str, int] = {
     "engine": 5,
     "diagnostics": 6,
     "export": 6,
+    "cli_settings": 6,  # command options generated from the settings models (the doctor's and the CLI's)
     # the service (server, review, models store, metrics, static pages) on the runtime; only the CLI imports it
     "anomaly": 7,  # good-parts-only models: ImageNet features (model) written as a bundle (export)
     "demo": 7,
     "doctor_cli": 7,
     "serve": 7,
-    "cli_settings": 7,  # command options generated from the settings models
     "cli": 8,
 }
 

@@ -14,6 +14,15 @@ from typing import Any
 import typer
 
 from defectdet.cli_app import CommandApp
+from defectdet.cli_settings import SETTINGS_OPTIONS, settings_options
+from defectdet.diagnostics.doctor_settings import (
+    CHECKPOINT_OPTIONS,
+    LOADER_OPTIONS,
+    NAN_OPTIONS,
+    CheckpointDoctorSettings,
+    LoaderDoctorSettings,
+    NanDoctorSettings,
+)
 
 doctor_app = CommandApp(
     help="Diagnose the environment, checkpoints, loaders, NaNs and tensors. Without a command: the environment.",
@@ -22,9 +31,6 @@ doctor_app = CommandApp(
 )
 
 JSON_OPTION = typer.Option(False, "--json", help="Print the report as JSON instead of tables.")
-FORMAT_OPTION = typer.Option(
-    None, "--format", help="Dataset format: yolo|coco|voc|deeppcb (default: detected)."
-)
 
 
 def _finish(report: Any, as_json: bool, render: Any, **render_options: Any) -> None:
@@ -59,102 +65,78 @@ def environment(
 
 
 @doctor_app.command()
+@settings_options(CheckpointDoctorSettings, CHECKPOINT_OPTIONS)
 def checkpoint(
     path: Path = typer.Argument(
         ..., help="A checkpoint: ours, a bare state_dict, or another framework's dict."
     ),
-    model: str | None = typer.Option(
-        None,
-        "--model",
-        help="Compare with a preset (nano|tiny|small) or another checkpoint (default: its model_config).",
-    ),
-    mapping: Path | None = typer.Option(
-        None, "--map", help="YAML list of {pattern, replace} regex renames to apply."
-    ),
-    out: Path | None = typer.Option(
-        None, "--out", help="Write a migrated copy (with --map, else the proposed mapping)."
-    ),
-    save_map: Path | None = typer.Option(
-        None, "--save-map", help="Write the proposed mapping as a rules YAML to edit."
-    ),
-    unsafe: bool = typer.Option(
-        False, "--unsafe", help="Allow a whole pickled model (runs code from the file!)."
-    ),
-    num_classes: int | None = typer.Option(
-        None, help="Classes of the --model preset (default: from the checkpoint)."
-    ),
-    in_channels: int | None = typer.Option(None, help="Input channels of the --model preset."),
-    template: bool | None = typer.Option(
-        None, "--template/--no-template", help="Template input for the --model preset."
-    ),
-    show_all: bool = typer.Option(
-        False, "--all", help="List every tensor, not only the ones that do not match."
-    ),
+    settings: dict[str, Any] = SETTINGS_OPTIONS,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Why a checkpoint does not load: matching, missing, unexpected and mis-shaped keys, renamings, contents.
 
     Example: defectdet doctor checkpoint old.pt --model nano --out fixed.pt
     """
-    from rich.console import Console
-
-    from defectdet.diagnostics.checkpoint_doctor import checkpoint_report, migrate_checkpoint
-    from defectdet.diagnostics.key_mapping import save_rules
+    from defectdet.diagnostics.checkpoint_doctor import checkpoint_report
     from defectdet.diagnostics.render import render_checkpoint
 
-    options = {"num_classes": num_classes, "in_channels": in_channels, "template": template}
-    report = checkpoint_report(path, model=model, rules=mapping, unsafe=unsafe, **options)
-    if save_map is not None:
-        if report.proposed_rules:
-            save_rules(report.proposed_rules, save_map)
-        note = f"saved the proposed mapping to {save_map}" if report.proposed_rules else "no mapping proposed"
-        typer.echo(note, err=True)  # stderr: --json output stays parseable
-    if out is None:
-        _finish(report, as_json, render_checkpoint, show_all=show_all)
+    options = CheckpointDoctorSettings(**settings)
+    report = checkpoint_report(
+        path, model=options.model, rules=options.rules, unsafe=options.unsafe, **options.target_options()
+    )
+    if options.save_map is not None:
+        _save_proposed_map(report, options.save_map)
+    if options.out is None:
+        _finish(report, as_json, render_checkpoint, show_all=options.show_all)
         return
-    rules = mapping if mapping is not None else None
-    result = migrate_checkpoint(path, out, model=model, rules=rules, unsafe=unsafe, **options)
+    _migrate(path, report, options, as_json)
+
+
+def _save_proposed_map(report: Any, save_map: Path) -> None:
+    """Write the report's proposed mapping as a rules YAML, and say so on stderr (--json output stays
+    parseable)."""
+    from defectdet.diagnostics.key_mapping import save_rules
+
+    if report.proposed_rules:
+        save_rules(report.proposed_rules, save_map)
+    note = f"saved the proposed mapping to {save_map}" if report.proposed_rules else "no mapping proposed"
+    typer.echo(note, err=True)
+
+
+def _migrate(path: Path, report: Any, options: CheckpointDoctorSettings, as_json: bool) -> None:
+    """Write the migrated copy `options.out`; print the report and the migration; exit 1 when the copy does not
+    load strictly."""
+    from rich.console import Console
+
+    from defectdet.diagnostics.checkpoint_doctor import migrate_checkpoint
+    from defectdet.diagnostics.render import render_checkpoint
+
+    result = migrate_checkpoint(
+        path,
+        options.out,
+        model=options.model,
+        rules=options.rules,
+        unsafe=options.unsafe,
+        **options.target_options(),
+    )
     if as_json:
         from defectdet.diagnostics.report import jsonable
 
         typer.echo(json.dumps(jsonable({"before": report, "migration": result}), indent=2))
     else:
         console = Console()
-        render_checkpoint(report, console, show_all=show_all)
+        render_checkpoint(report, console, show_all=options.show_all)
         style = "green" if result.loads_strictly else "bold red"
         console.print(f"[{style}]migrated[/]: {result.message}")
     if not result.loads_strictly:
         raise typer.Exit(1)
 
 
-def _int_list(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}") from None
-
-
 @doctor_app.command()
+@settings_options(LoaderDoctorSettings, LOADER_OPTIONS)
 def loader(
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
-    preset: str | None = typer.Option(
-        None, help="Model preset whose training step is timed (default: the one `train` would choose)."
-    ),
-    config: Path | None = typer.Option(None, help="Training YAML (as for `defectdet train --config`)."),
-    batch: int | None = typer.Option(None, help="Batch size (default: the config's)."),
-    input_size: int | None = typer.Option(
-        None, "--input-size", help="Letterbox size (default: the config's)."
-    ),
-    workers: str | None = typer.Option(
-        None, help="Worker counts to time, e.g. 0,1,2 (default: from the cores)."
-    ),
-    seconds: float = typer.Option(4.0, help="Seconds per loader setting (it stops earlier after --batches)."),
-    batches: int = typer.Option(6, help="Batches per loader setting."),
-    scan: int | None = typer.Option(None, help="Scan only the first N samples (default: all; 0: no scan)."),
-    timeout: float = typer.Option(30.0, help="Seconds after which one sample counts as hung."),
-    format: str | None = FORMAT_OPTION,
+    settings: dict[str, Any] = SETTINGS_OPTIONS,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Loader speed over workers/batch/prefetch/persistent/pin, the bottleneck, and which sample breaks it.
@@ -164,39 +146,17 @@ def loader(
     from defectdet.diagnostics.loader_doctor import loader_report
     from defectdet.diagnostics.render import render_loader
 
-    report = loader_report(
-        data,
-        preset=preset,
-        config=config,
-        batch_size=batch,
-        workers=_int_list(workers),
-        seconds_per_setting=seconds,
-        batches_per_setting=batches,
-        scan_limit=scan,
-        sample_timeout=timeout,
-        overrides={key: value for key, value in {"input_size": input_size, "format": format}.items() if value}
-        or None,
-    )
-    _finish(report, as_json, render_loader)
+    _finish(loader_report(data, LoaderDoctorSettings(**settings)), as_json, render_loader)
 
 
 @doctor_app.command()
+@settings_options(NanDoctorSettings, NAN_OPTIONS)
 def nan(
     checkpoint_path: Path = typer.Argument(
         ..., metavar="CKPT", help="A checkpoint written by `defectdet train`."
     ),
     data: Path = typer.Argument(..., help="The dataset it trains on."),
-    batches: int = typer.Option(2, help="Batches to run."),
-    batch: int = typer.Option(2, help="Images per batch."),
-    split: str | None = typer.Option(
-        None, help="Split to take batches from (default: the run's train split)."
-    ),
-    device: str = typer.Option("auto", help="auto|cpu|cuda."),
-    dtype: list[str] = typer.Option(
-        [], "--dtype", help="Autocast dtypes to try (default: bfloat16 on CPU, float16 on CUDA)."
-    ),
-    ema: bool = typer.Option(False, help="Use the EMA weights instead of the training weights."),
-    format: str | None = FORMAT_OPTION,
+    settings: dict[str, Any] = SETTINGS_OPTIONS,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Forward and backward with hooks on every module, in float32 and under autocast: the first NaN/Inf source.
@@ -206,17 +166,7 @@ def nan(
     from defectdet.diagnostics.render import render_nan
     from defectdet.diagnostics.sources import checkpoint_nan_report
 
-    report = checkpoint_nan_report(
-        checkpoint_path,
-        data,
-        batches=batches,
-        batch_size=batch,
-        split=split,
-        device=device,
-        dtypes=dtype,
-        use_ema=ema,
-        format=format,
-    )
+    report = checkpoint_nan_report(checkpoint_path, data, NanDoctorSettings(**settings))
     _finish(report, as_json, render_nan)
 
 

@@ -9,6 +9,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from defectdet.diagnostics import loader_report, scan_samples
+from defectdet.diagnostics.doctor_settings import LoaderDoctorSettings
 from defectdet.diagnostics.loader_doctor import _memory_findings
 
 
@@ -38,12 +39,14 @@ class Boards(Dataset):
 def test_odd_sized_sample_is_named_with_its_file_and_shapes():
     report = loader_report(
         Boards(odd=5),
-        batch_size=4,
-        workers=[0],
-        seconds_per_setting=0.2,
-        batches_per_setting=2,
-        sample_timeout=10,
-        explore=False,
+        LoaderDoctorSettings(
+            batch_size=4,
+            workers=[0],
+            seconds_per_setting=0.2,
+            batches_per_setting=2,
+            sample_timeout=10,
+            explore=False,
+        ),
     )
     shape = next(p for p in report.scan.problems if p.kind == "shape")
     assert (shape.index, shape.file) == (5, "boards/005.png")
@@ -82,13 +85,15 @@ def test_identical_augmentations_across_workers_are_detected():
         info = torch.utils.data.get_worker_info()
         info.dataset.rng = np.random.default_rng(torch.initial_seed() % 2**32)
 
-    options = dict(batch_size=4, workers=[0], seconds_per_setting=0.1, batches_per_setting=1, scan_limit=0)
-    broken = loader_report(Boards(own_generator=True), worker_init_fn=None, **options)
+    options = LoaderDoctorSettings(
+        batch_size=4, workers=[0], seconds_per_setting=0.1, batches_per_setting=1, scan_limit=0
+    )
+    broken = loader_report(Boards(own_generator=True), options, worker_init_fn=None)
     assert broken.seeding.status == "identical"
     finding = next(f for f in broken.findings if f.topic == "seeding")
     assert finding.severity == "error" and "worker_init_fn" in finding.advice
-    assert loader_report(Boards(own_generator=True), worker_init_fn=reseed, **options).seeding.status == "ok"
-    assert loader_report(Boards(), worker_init_fn=None, **options).seeding.status == "deterministic"
+    assert loader_report(Boards(own_generator=True), options, worker_init_fn=reseed).seeding.status == "ok"
+    assert loader_report(Boards(), options, worker_init_fn=None).seeding.status == "deterministic"
 
 
 def test_model_step_bottleneck_and_shared_memory_estimate():
@@ -100,15 +105,17 @@ def test_model_step_bottleneck_and_shared_memory_estimate():
 
     report = loader_report(
         Boards(),
-        batch_size=4,
-        workers=[0, 1],
-        seconds_per_setting=0.2,
-        batches_per_setting=2,
-        scan_limit=0,
+        LoaderDoctorSettings(
+            batch_size=4,
+            workers=[0, 1],
+            seconds_per_setting=0.2,
+            batches_per_setting=2,
+            scan_limit=0,
+            model_seconds=0.5,
+            explore=False,
+        ),
         collate_fn=as_model_batch,
         model=model,
-        model_seconds=0.5,
-        explore=False,
     )
     assert [s.workers for s in report.settings[:2]] == [0, 1]
     assert report.settings[1].persistent_workers and report.settings[1].restart_seconds is not None
@@ -128,13 +135,15 @@ def test_loader_report_on_a_dataset_folder_names_a_truncated_image(tmp_path):
     broken.write_bytes(broken.read_bytes()[:200])  # a truncated PNG
     report = loader_report(
         data,
-        preset="nano",
-        batch_size=2,
-        workers=[0],
-        seconds_per_setting=0.2,
-        batches_per_setting=1,
-        overrides={"input_size": 64, "crop_size": None},
-        time_model=False,
+        LoaderDoctorSettings(
+            preset="nano",
+            batch_size=2,
+            workers=[0],
+            seconds_per_setting=0.2,
+            batches_per_setting=1,
+            overrides={"input_size": 64, "crop_size": None},
+            time_model=False,
+        ),
     )
     assert report.scan.scanned == report.samples > 1
     (problem,) = report.scan.problems
@@ -147,14 +156,16 @@ def test_loader_report_on_a_dataset_folder_names_a_truncated_image(tmp_path):
 def test_a_model_that_does_not_fit_the_batch_is_reported_not_raised():
     report = loader_report(
         Boards(),
-        batch_size=4,
-        workers=[0],
-        seconds_per_setting=0.1,
-        batches_per_setting=1,
-        scan_limit=0,
+        LoaderDoctorSettings(
+            batch_size=4,
+            workers=[0],
+            seconds_per_setting=0.1,
+            batches_per_setting=1,
+            scan_limit=0,
+            explore=False,
+        ),
         collate_fn=lambda items: torch.stack([item[0] for item in items]),
         model=nn.Linear(3, 1),
-        explore=False,
     )
     assert report.model_step is None
     failure = next(f for f in report.findings if f.topic == "model")

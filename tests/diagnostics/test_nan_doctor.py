@@ -104,11 +104,12 @@ def test_bad_dtype_and_missing_cuda_are_user_errors(tmp_path):
     import pytest
 
     from defectdet.diagnostics import checkpoint_nan_report
+    from defectdet.diagnostics.doctor_settings import NanDoctorSettings
     from defectdet.diagnostics.sources import resolve_device
     from defectdet.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"--dtype: unknown \['float8'\]"):
-        checkpoint_nan_report(tmp_path / "last.pt", tmp_path, dtypes=["float8"])
+        checkpoint_nan_report(tmp_path / "last.pt", tmp_path, NanDoctorSettings(dtypes=["float8"]))
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="no CUDA device"):
             resolve_device("cuda")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
+from defectdet.diagnostics.doctor_settings import LoaderDoctorSettings
 from defectdet.diagnostics.loader_timing import (
+    LoaderRun,
     LoaderSetting,
     ModelStep,
     SeedingCheck,
@@ -212,83 +214,62 @@ def _training_model(train_config: Any, train_data: Any) -> nn.Module:
 
 def loader_report(
     data: str | Path | Dataset,
-    preset: str | None = None,
-    config: str | Path | None = None,
-    batch_size: int | None = None,
-    workers: Sequence[int] | None = None,
-    seconds_per_setting: float = 4.0,
-    batches_per_setting: int = 6,
-    scan_limit: int | None = None,
-    sample_timeout: float = 30.0,
+    settings: LoaderDoctorSettings | None = None,
+    *,
     collate_fn: Callable | None = None,
     worker_init_fn: Callable | None = seed_worker,
     model: nn.Module | None = None,
-    overrides: dict[str, Any] | None = None,
-    model_seconds: float = 3.0,
-    time_model: bool = True,
-    explore: bool = True,
 ) -> LoaderReport:
-    """Diagnose the loader of `data`: a dataset path (built as `defectdet train` would, with `preset`/`config`)
-    or any torch Dataset (with its `collate_fn`; `model` to time a training step on its batches).
-
-    `scan_limit` caps the scanned samples (None: all, 0: no scan); each loader setting runs for up to
-    `seconds_per_setting` over `batches_per_setting` batches; `explore` adds variants around the best worker
-    count; `time_model` times a training step. `overrides` are TrainConfig fields (e.g. input_size).
+    """Diagnose the loader of `data`: a dataset path (built as `defectdet train` would, with the settings'
+    `preset`/`config`) or any torch Dataset (with its `collate_fn`; `model` to time a training step on its
+    batches), as `settings` say (default: `LoaderDoctorSettings()`: every sample scanned, 4 s per setting).
     """
     from defectdet.trainingdata.dataset import collate_detections
 
+    settings = settings or LoaderDoctorSettings()
     dataset, data_collate, config_batch, name, training = _resolve_dataset(
-        data, preset, config, overrides or {}
+        data, settings.preset, settings.config, settings.train_overrides()
     )
     collate = collate_fn or data_collate or (collate_detections if training else default_collate)
-    batch_size = batch_size or config_batch or 8
+    batch_size = settings.batch_size or config_batch or 8
     length = len(dataset)  # type: ignore[arg-type]
-    scan = None
-    if scan_limit != 0:
-        indices = list(range(length if scan_limit is None else min(length, scan_limit)))
-        scan = scan_samples(dataset, indices, batch_size, collate, sample_timeout)
-    good = _readable(length, scan)[: batch_size * batches_per_setting]
-    settings, first_batch = sweep(
-        dataset,
-        good,
-        batch_size,
-        list(workers) if workers is not None else candidate_workers(),
-        collate,
-        worker_init_fn,
-        seconds_per_setting,
-        sample_timeout * batch_size,
-        explore,
+    scan = _scan(dataset, length, batch_size, collate, settings)
+    good = _readable(length, scan)[: batch_size * settings.batches_per_setting]
+    run = LoaderRun(
+        collate, worker_init_fn, settings.seconds_per_setting, settings.sample_timeout * batch_size
     )
-    working = [setting for setting in settings if setting.images_per_second]
+    workers = list(settings.workers) if settings.workers is not None else candidate_workers()
+    timed, first_batch = sweep(dataset, good, batch_size, workers, run, settings.explore)
+    working = [setting for setting in timed if setting.images_per_second]
     best = max(working, key=lambda setting: setting.images_per_second or 0) if working else None
     step, step_error = None, ""
-    if first_batch is not None and time_model:
+    if first_batch is not None and settings.time_model:
         if model is None and training is not None:
             model = _training_model(*training)
         if model is not None:
-            step, step_error = _time_model_step(model, first_batch, training, model_seconds)
+            step, step_error = _time_model_step(model, first_batch, training, settings.model_seconds)
             if step is not None:
                 name = step.preset
     seeding = (
-        check_worker_seeding(dataset, good[0], worker_init_fn, timeout=sample_timeout * 2)
+        check_worker_seeding(dataset, good[0], worker_init_fn, timeout=settings.sample_timeout * 2)
         if good
         else SeedingCheck("skipped", "no readable sample")
     )
     report = LoaderReport(
-        name,
-        length,
-        batch_size,
-        scan,
-        settings,
-        best,
-        step,
-        batch_nbytes(first_batch),
-        _shm_free(),
-        seeding,
-        [],
+        name, length, batch_size, scan, timed, best, step, batch_nbytes(first_batch), _shm_free(), seeding, []
     )
     report.findings = _findings(report, step_error)
     return report
+
+
+def _scan(
+    dataset: Dataset, length: int, batch_size: int, collate: Callable, settings: LoaderDoctorSettings
+) -> ScanResult | None:
+    """The scan of the first `settings.scan_limit` samples (None: all; 0: no scan, None returned)."""
+    if settings.scan_limit == 0:
+        return None
+    limit = length if settings.scan_limit is None else min(length, settings.scan_limit)
+    return scan_samples(dataset, list(range(limit)), batch_size, collate, settings.sample_timeout)
 
 
 def _readable(length: int, scan: ScanResult | None) -> list[int]:

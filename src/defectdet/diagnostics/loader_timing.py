@@ -27,6 +27,17 @@ class LoaderSetting:
     error: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class LoaderRun:
+    """How each loader setting is timed: its `collate_fn` and `worker_init_fn`, for up to `seconds`, a batch
+    that takes longer than `timeout` seconds failing it."""
+
+    collate_fn: Callable
+    worker_init_fn: Callable | None
+    seconds: float
+    timeout: float
+
+
 @dataclasses.dataclass
 class SeedingCheck:
     status: str  # ok | identical | deterministic | skipped
@@ -200,25 +211,16 @@ def sweep(
     indices: list[int],
     batch_size: int,
     workers: Sequence[int],
-    collate_fn: Callable,
-    worker_init_fn: Callable | None,
-    seconds: float,
-    timeout: float,
+    run: LoaderRun,
     explore: bool = True,
 ) -> tuple[list[LoaderSetting], Any]:
     """Workers first (prefetch 2, persistent); then (`explore`), at the best worker count, prefetch 4,
-    non-persistent, half and double batch, and pin_memory when CUDA is there."""
+    non-persistent, half and double batch, and pin_memory when CUDA is there; each setting timed as `run` says."""
     pin = torch.cuda.is_available()
     settings, first_batch = [], None
     for count in workers:
-        setting, batch = measure_setting(
-            dataset,
-            indices,
-            LoaderSetting(count, batch_size, pin, count > 0, 2 if count else None),
-            collate_fn,
-            worker_init_fn,
-            seconds,
-            timeout,
+        setting, batch = _measure(
+            dataset, indices, LoaderSetting(count, batch_size, pin, count > 0, 2 if count else None), run
         )
         settings.append(setting)
         first_batch = first_batch if first_batch is not None else batch
@@ -241,7 +243,13 @@ def sweep(
         variant = dataclasses.replace(
             variant, first_batch_seconds=None, restart_seconds=None, images_per_second=None, error=""
         )
-        settings.append(
-            measure_setting(dataset, indices, variant, collate_fn, worker_init_fn, seconds, timeout)[0]
-        )
+        settings.append(_measure(dataset, indices, variant, run)[0])
     return settings, first_batch
+
+
+def _measure(
+    dataset: Dataset, indices: list[int], setting: LoaderSetting, run: LoaderRun
+) -> tuple[LoaderSetting, Any]:
+    return measure_setting(
+        dataset, indices, setting, run.collate_fn, run.worker_init_fn, run.seconds, run.timeout
+    )

@@ -101,6 +101,13 @@ def render_checkpoint(report: Any, console: Console, show_all: bool = False, lim
             f"keys: [green]{counts['match']} match[/], [red]{counts['missing']} missing[/], "
             f"[red]{counts['unexpected']} unexpected[/], [red]{counts['shape']} shape-mismatched[/]"
         )
+    _render_key_rows(report, console, show_all, limit)
+    _render_proposed_rules(report, console)
+    render_findings(report.findings, console)
+
+
+def _render_key_rows(report: Any, console: Console, show_all: bool, limit: int) -> None:
+    """The tensors that do not match (`show_all`: every tensor), at most `limit` of them unless `show_all`."""
     rows = [row for row in report.rows if show_all or row.status != "match"]
     after = report.counts_after_proposal
     if not show_all and after is not None and not (after["missing"] or after["unexpected"] or after["shape"]):
@@ -110,39 +117,44 @@ def render_checkpoint(report: Any, console: Console, show_all: bool = False, lim
             + [r for r in rows if r.status != "missing"][:3]
             + [r for r in rows if r.status == "missing"][3:]
         )
-    if rows:
-        table = Table(title="tensors" if show_all else "tensors that do not match", title_justify="left")
-        table.add_column("key", overflow="fold", ratio=3)
-        for column in ("status", "shape", "model shape", "dtype", "saved on"):
-            table.add_column(column, no_wrap=True)
-        for row in rows[:limit] if not show_all else rows:
-            key = row.key if row.source_key is None else f"{row.key} [dim](file: {row.source_key})[/]"
-            table.add_row(
-                key,
-                f"[{'green' if row.status == 'match' else 'red'}]{row.status}[/]",
-                str(row.shape) if row.shape is not None else "-",
-                str(row.expected_shape) if row.expected_shape is not None else "-",
-                row.dtype or "-",
-                row.device or "-",
-            )
-        console.print(table)
-        if not show_all and len(rows) > limit:
-            console.print(f"... {len(rows) - limit} more (--all lists every tensor, --json everything)")
+    if not rows:
+        return
+    table = Table(title="tensors" if show_all else "tensors that do not match", title_justify="left")
+    table.add_column("key", overflow="fold", ratio=3)
+    for column in ("status", "shape", "model shape", "dtype", "saved on"):
+        table.add_column(column, no_wrap=True)
+    for row in rows[:limit] if not show_all else rows:
+        key = row.key if row.source_key is None else f"{row.key} [dim](file: {row.source_key})[/]"
+        table.add_row(
+            key,
+            f"[{'green' if row.status == 'match' else 'red'}]{row.status}[/]",
+            str(row.shape) if row.shape is not None else "-",
+            str(row.expected_shape) if row.expected_shape is not None else "-",
+            row.dtype or "-",
+            row.device or "-",
+        )
+    console.print(table)
+    if not show_all and len(rows) > limit:
+        console.print(f"... {len(rows) - limit} more (--all lists every tensor, --json everything)")
+
+
+def _render_proposed_rules(report: Any, console: Console) -> None:
+    """The proposed mapping and what it would leave."""
     rules = report.proposed_rules
-    if rules:
-        table = Table(title="proposed mapping (applied in order; save with --save-map)", title_justify="left")
-        for column in ("pattern", "replace", "why"):
-            table.add_column(column)
-        for rule in rules:
-            table.add_row(rule.pattern, repr(rule.replace), rule.reason)
-        console.print(table)
-        after = report.counts_after_proposal
-        if after is not None:
-            console.print(
-                f"with it: {after['match']} match, {after['missing']} missing, {after['unexpected']} unexpected, "
-                f"{after['shape']} shape-mismatched"
-            )
-    render_findings(report.findings, console)
+    if not rules:
+        return
+    table = Table(title="proposed mapping (applied in order; save with --save-map)", title_justify="left")
+    for column in ("pattern", "replace", "why"):
+        table.add_column(column)
+    for rule in rules:
+        table.add_row(rule.pattern, repr(rule.replace), rule.reason)
+    console.print(table)
+    after = report.counts_after_proposal
+    if after is not None:
+        console.print(
+            f"with it: {after['match']} match, {after['missing']} missing, {after['unexpected']} unexpected, "
+            f"{after['shape']} shape-mismatched"
+        )
 
 
 def render_loader(report: Any, console: Console) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from defectdet.diagnostics.doctor_settings import NanDoctorSettings
 from defectdet.errors import CheckpointError
 
 
@@ -100,32 +101,32 @@ def resolve_device(device: str) -> torch.device:
 
 
 def checkpoint_nan_report(
-    checkpoint_path: str | Path,
-    data: str | Path,
-    batches: int = 2,
-    batch_size: int = 2,
-    split: str | None = None,
-    device: str = "auto",
-    dtypes: list[str] | None = None,
-    use_ema: bool = False,
-    format: str | None = None,
+    checkpoint_path: str | Path, data: str | Path, settings: NanDoctorSettings | None = None
 ) -> Any:
     """`defectdet doctor nan CKPT DATA`: `nan_report` on the checkpoint's training model and the first batches of
-    `data`; `dtypes` are autocast dtypes to try besides float32 (default: bfloat16 on CPU, float16 on CUDA)."""
+    `data`, as `settings` say (default: `NanDoctorSettings()`); `settings.dtypes` are autocast dtypes to try
+    besides float32 (default: bfloat16 on CPU, float16 on CUDA)."""
     from defectdet.diagnostics.nan_doctor import autocast_dtypes, nan_report
     from defectdet.errors import ConfigError
 
+    settings = settings or NanDoctorSettings()
     valid = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-    unknown = [name for name in dtypes or [] if name not in valid]
+    unknown = [name for name in settings.dtypes or [] if name not in valid]
     if unknown:
         raise ConfigError(f"--dtype: unknown {unknown}; use float16, bfloat16 or float32")
-    chosen = resolve_device(device)
-    model, state = training_model(checkpoint_path, use_ema=use_ema)
+    chosen = resolve_device(settings.device)
+    model, state = training_model(checkpoint_path, use_ema=settings.use_ema)
     inputs = nan_batches(
-        state, model, data, batches=batches, batch_size=batch_size, split=split, format=format
+        state,
+        model,
+        data,
+        batches=settings.batches,
+        batch_size=settings.batch_size,
+        split=settings.split,
+        format=settings.format,
     )
-    if dtypes:
-        order = [torch.float32] + [valid[name] for name in dtypes if name != "float32"]
+    if settings.dtypes:
+        order = [torch.float32] + [valid[name] for name in settings.dtypes if name != "float32"]
     else:
         order = autocast_dtypes(chosen)
     return nan_report(model, inputs, dtypes=order, device=chosen, name=str(checkpoint_path))
