@@ -199,7 +199,6 @@ NOT_YET_FROM_SETTINGS = {
     "export",
     "predict",
     "compare",
-    "review",
 }
 
 

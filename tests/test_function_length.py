@@ -50,7 +50,6 @@ NOT_YET_NARROWED: dict[str, str] = {
     "cli.py:compare": "being grouped into a parameter object",
     "cli.py:export": "being grouped into a parameter object",
     "cli.py:predict": "being grouped into a parameter object",
-    "cli.py:review": "being grouped into a parameter object",
     "cli.py:synth": "being grouped into a parameter object",
     "data/synth/writer.py:synthesize_dataset": "being grouped into a parameter object",
     "engine/loader.py:build_loader": "being grouped into a parameter object",

@@ -33,6 +33,7 @@ from defectdet.doctor_cli import doctor_app
 from defectdet.engine.config import TRAIN_OPTIONS, TrainConfig
 from defectdet.engine.validate_settings import REPEAT_CHECK_HELP, VALIDATE_OPTIONS, ValidateSettings
 from defectdet.errors import DefectDetError
+from defectdet.serve.review_settings import REVIEW_OPTIONS, ReviewSettings
 from defectdet.serve.settings import LOOPBACK_HOSTS, SERVE_OPTIONS, TOKEN_ENV, ServeSettings
 
 
@@ -718,31 +719,13 @@ def _read_token(token_file: Path | None, env: str) -> str | None:
 
 
 @app.command()
+@settings_options(ReviewSettings, REVIEW_OPTIONS)
 def review(
     folder: Path = typer.Argument(
         ...,
         help="A kept folder (serve --keep-dir) or any folder of images (images/ and optional YOLO labels/).",
     ),
-    host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
-    port: int = typer.Option(8001, help="TCP port."),
-    token_file: Path | None = typer.Option(
-        None, help="File holding an access token (or set DEFECTDET_TOKEN): the API then needs it."
-    ),
-    operator: str = typer.Option(
-        "", help="Who decides (logged with each decision); or the page's name field."
-    ),
-    classes: str | None = typer.Option(
-        None,
-        help="Class names, comma-separated (default: the kept sidecars' bundle classes, then those classes.txt adds; "
-        "else classes.txt).",
-    ),
-    allowed_host: list[str] = typer.Option([], help="A Host name clients use (repeatable)."),
-    export_coco: Path | None = typer.Option(
-        None, help="Write the reviewed labels as COCO json to this file and exit (no server)."
-    ),
-    model: Path | None = typer.Option(
-        None, help="A good-parts-only bundle (defectdet fit): the page draws its anomaly map under the boxes."
-    ),
+    settings: dict[str, Any] = SETTINGS_OPTIONS,
 ) -> None:
     """Review kept images in the browser: accept, clean, skip, re-class, delete or draw boxes -> YOLO labels.
 
@@ -751,24 +734,32 @@ def review(
     from defectdet.serve.review import ReviewFolder
     from defectdet.serve.review_app import run_review
 
-    names = [name.strip() for name in classes.split(",") if name.strip()] if classes else None
-    review_folder = ReviewFolder(folder, names, operator)
-    if export_coco is not None:
-        summary = review_folder.export_coco(export_coco)
-        console.print(
-            f"{summary['images']} images, {summary['annotations']} boxes -> {export_coco}"
-            + (f" ({len(summary['problems'])} left out)" if summary["problems"] else "")
-        )
-        for problem in summary["problems"]:
-            console.print(f"  [yellow]{problem}[/yellow]")
+    review_settings = ReviewSettings(**settings)
+    review_folder = ReviewFolder(folder, review_settings.classes, review_settings.operator)
+    if review_settings.export_coco is not None:
+        _export_reviewed(review_folder, review_settings.export_coco)
         return
     try:
-        settings = ServeSettings(
-            token=_read_token(token_file, TOKEN_ENV), allowed_hosts=(*LOOPBACK_HOSTS, *allowed_host)
+        serve_settings = ServeSettings(
+            token=_read_token(review_settings.token_file, TOKEN_ENV),
+            allowed_hosts=(*LOOPBACK_HOSTS, *review_settings.allowed_hosts),
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
-    run_review(review_folder, host, port, settings, model)
+    run_review(
+        review_folder, review_settings.host, review_settings.port, serve_settings, review_settings.model
+    )
+
+
+def _export_reviewed(review_folder: Any, out: Path) -> None:
+    """Write the folder's reviewed labels as COCO json to `out`, and say what was written and left out."""
+    summary = review_folder.export_coco(out)
+    console.print(
+        f"{summary['images']} images, {summary['annotations']} boxes -> {out}"
+        + (f" ({len(summary['problems'])} left out)" if summary["problems"] else "")
+    )
+    for problem in summary["problems"]:
+        console.print(f"  [yellow]{problem}[/yellow]")
 
 
 @app.command()
