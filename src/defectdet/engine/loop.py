@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -288,6 +289,17 @@ def headline_mAP50(metrics: dict) -> float | None:
     return None
 
 
+@dataclass(frozen=True)
+class EvaluationReport:
+    """What `evaluate` writes: with `out_dir`, what `evaluate_records` writes there by `protocol` (metrics.json,
+    and with `plots` the plots and report.html, which lists `settings`); without, nothing (COCO metrics only)."""
+
+    out_dir: str | Path | None = None
+    protocol: str = "coco"
+    plots: bool = False
+    settings: dict | None = None
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
@@ -297,25 +309,49 @@ def evaluate(
     device: torch.device | str = "cpu",
     amp: AmpSettings | None = None,
     postprocess_settings: PostprocessSettings | None = None,
-    out_dir: str | Path | None = None,
-    protocol: str = "coco",
-    plots: bool = False,
-    settings: dict | None = None,
     tiles: bool = False,
+    report: EvaluationReport | None = None,
+    **report_fields: Any,
 ) -> tuple[list, dict]:
     """Predict `dataset` (a `DetectionDataset`: its samples, input_size, channels, use_template, register_pairs)
     with `engine.predict.predict_records`, the very function `defectdet val` runs (with `tiles` as the run
     chose), and score the records against the label-file boxes in original pixels.
 
-    With `out_dir`, `evaluate_records` writes metrics.json (and plots/report when `plots`) there;
-    without, only COCO metrics are computed. Returns (records, metrics); metrics always has 'mAP50'
-    (None when undefined).
+    `report` (an `EvaluationReport`; its fields may also be given as keywords, `out_dir=...`) says what is
+    written. Returns (records, metrics); metrics always has 'mAP50' (None when undefined).
     """
+    report = dataclasses.replace(report or EvaluationReport(), **report_fields)
+    records = _predicted_records(
+        model, dataset, torch.device(device), amp or AmpSettings(), postprocess_settings, tiles
+    )
+    metrics: dict[str, Any]
+    if report.out_dir is not None:
+        from defectdet.evaluation.report import EvaluationOutputs, evaluate_records
+
+        outputs = EvaluationOutputs(plots=report.plots, settings=report.settings)
+        metrics = evaluate_records(
+            records, list(class_names), report.out_dir, report.protocol, outputs=outputs
+        )
+    else:
+        from defectdet.evaluation.coco import coco_metrics
+
+        metrics = {"coco": coco_metrics(records, list(class_names))}
+    metrics["mAP50"] = headline_mAP50(metrics)
+    return records, metrics
+
+
+def _predicted_records(
+    model: nn.Module,
+    dataset: Any,
+    device: torch.device,
+    amp: AmpSettings,
+    postprocess_settings: PostprocessSettings | None,
+    tiles: bool,
+) -> list:
+    """`dataset` predicted in eval mode (the model's mode restored after), unreadable images logged."""
     from defectdet.engine.predict import predict_records
     from defectdet.runtime.spec import ModelSpec
 
-    device = torch.device(device)
-    amp = amp or AmpSettings()
     was_training = model.training
     model.eval()
     try:
@@ -334,16 +370,4 @@ def evaluate(
         model.train(was_training)
     if skipped:
         logger.warning("evaluation skipped %d unreadable images", len(skipped))
-    metrics: dict[str, Any]
-    if out_dir is not None:
-        from defectdet.evaluation.report import evaluate_records
-
-        metrics = evaluate_records(
-            records, list(class_names), out_dir, protocol, plots=plots, settings=settings
-        )
-    else:
-        from defectdet.evaluation.coco import coco_metrics
-
-        metrics = {"coco": coco_metrics(records, list(class_names))}
-    metrics["mAP50"] = headline_mAP50(metrics)
-    return records, metrics
+    return records

@@ -236,7 +236,7 @@ def _score(
     timer: Any,
 ) -> dict[str, Any]:
     """evaluate_records (metrics, plots, report) plus the threshold's source, board rates, registration."""
-    from defectdet.evaluation.report import evaluate_records, protocol_for
+    from defectdet.evaluation.report import EvaluationOutputs, evaluate_records, protocol_for
 
     spec, split = run.spec, settings.split
     protocol = protocol_for(settings.protocol, run.dataset.format)
@@ -254,9 +254,11 @@ def _score(
         target_recall=settings.target_recall,
         threshold=None if choice is None else choice.threshold,
         timing=timer.summary(),
-        deeppcb_results_dir=deeppcb_dir,
-        title=f"defectdet val: {Path(run.checkpoint).name} on {Path(run.data).name} [{split}]",
-        settings=_report_settings(run, settings, len(skipped), recapture, threshold_note),
+        outputs=EvaluationOutputs(
+            deeppcb_results_dir=deeppcb_dir,
+            title=f"defectdet val: {Path(run.checkpoint).name} on {Path(run.data).name} [{split}]",
+            settings=_report_settings(run, settings, len(skipped), recapture, threshold_note),
+        ),
     )
     threshold = float(metrics["headline"]["threshold"])
     metrics["threshold"] = (

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -286,25 +289,37 @@ def _draw_record(
     return int(kept.sum())
 
 
+@dataclass(frozen=True)
+class GridLayout:
+    """Which images `plot_prediction_grid` shows and how: at most `max_images`, in `columns`; with
+    `worst_first` those with the most misses + false alarms, else the first ones."""
+
+    max_images: int = 6
+    columns: int = 2
+    worst_first: bool = True
+
+
 def plot_prediction_grid(
     records: Sequence[ImageRecord],
     class_names: Sequence[str],
     out_path: str | Path,
     threshold: float,
     load_image: Callable[[ImageRecord], np.ndarray | None] | None = None,
-    max_images: int = 6,
-    columns: int = 2,
-    worst_first: bool = True,
+    layout: GridLayout | None = None,
     match_iou: float = 0.5,
+    **layout_fields: Any,
 ) -> Path:
     """Images with ground truth (green, dashed) and predictions >= threshold (red, class + score).
 
-    With `worst_first` the images with the most misses + false alarms are shown (title says so);
+    `layout` (a `GridLayout`; its fields may also be given as keywords, `max_images=4`) picks the images:
+    with `worst_first` the images with the most misses + false alarms are shown (title says so);
     `load_image(record)` returns an HxW or HxWx3 uint8 array, default reads `record.image_path` with cv2.
     Images that cannot be loaded are drawn on a gray canvas of the record's size.
     """
     plt = _pyplot()
 
+    layout = dataclasses.replace(layout or GridLayout(), **layout_fields)
+    max_images, columns, worst_first = layout.max_images, layout.columns, layout.worst_first
     load = load_image or _read_with_cv2
     errors = {
         id(record): _misses_and_false_alarms(record, len(class_names), threshold, match_iou)

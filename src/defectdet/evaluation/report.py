@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
 import html
 import json
@@ -10,6 +11,7 @@ import logging
 import math
 import string
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -19,7 +21,7 @@ import numpy as np
 from defectdet.compat import Surface, current_keywords
 from defectdet.evaluation.coco import coco_metrics
 from defectdet.evaluation.deeppcb import deeppcb_metrics, write_deeppcb_results
-from defectdet.evaluation.operating_point import confusion_matrix, operating_points
+from defectdet.evaluation.operating_point import OperatingPointResult, confusion_matrix, operating_points
 from defectdet.evaluation.timing import StageTimer
 from defectdet.evaluation.types import ImageRecord
 
@@ -64,6 +66,22 @@ def to_jsonable(value):
     return value
 
 
+@dataclass(frozen=True)
+class EvaluationOutputs:
+    """What `evaluate_records` writes beside metrics.json. `plots=False` skips the PNGs and the report
+    (cheap per-epoch validation); `load_image(record)` reads an image for the prediction grid (default: its
+    `image_path`, with OpenCV); `metrics_csv` gives the loss curves (default `out_dir/metrics.csv`, when that
+    file exists); `deeppcb_results_dir` receives DeepPCB-format result files; `title` and `settings` head the
+    report."""
+
+    plots: bool = True
+    load_image: Callable[[ImageRecord], np.ndarray | None] | None = None
+    metrics_csv: str | Path | None = None
+    deeppcb_results_dir: str | Path | None = None
+    title: str = "defectdet evaluation"
+    settings: Mapping | None = None
+
+
 def evaluate_records(
     records: Sequence[ImageRecord],
     class_names: Sequence[str],
@@ -73,21 +91,20 @@ def evaluate_records(
     threshold: float | None = None,
     timing: StageTimer | Mapping | None = None,
     *,
-    plots: bool = True,
-    load_image: Callable[[ImageRecord], np.ndarray | None] | None = None,
-    metrics_csv: str | Path | None = None,
-    deeppcb_results_dir: str | Path | None = None,
-    title: str = "defectdet evaluation",
-    settings: Mapping | None = None,
-    **renamed: Any,
+    outputs: EvaluationOutputs | None = None,
+    **keywords: Any,
 ) -> dict:
     """Run COCO and/or DeepPCB metrics and the operating-point analysis; write `metrics.json`,
     the plots and `report.html` into `out_dir`; return the metrics dict.
 
-    The operating threshold is `threshold` when given, else the best-F1 threshold at IoU 0.5.
-    `plots=False` skips the PNGs and the report (cheap per-epoch validation). `metrics_csv` defaults
-    to `out_dir/metrics.csv` when that file exists (loss curves).
+    The operating threshold is `threshold` when given, else the best-F1 threshold at IoU 0.5. `outputs` (an
+    `EvaluationOutputs`; its fields may also be given as keywords, `plots=False`) says what else is written.
     """
+    fields = {field.name for field in dataclasses.fields(EvaluationOutputs)}
+    outputs = dataclasses.replace(
+        outputs or EvaluationOutputs(), **{key: value for key, value in keywords.items() if key in fields}
+    )
+    renamed = {key: value for key, value in keywords.items() if key not in fields}
     if renamed:  # keywords retired for one name per concept
         threshold = current_keywords(renamed, Surface.EVALUATE)["threshold"]
     if protocol not in ("coco", "deeppcb", "both"):
@@ -97,6 +114,26 @@ def evaluate_records(
     class_names = list(class_names)
 
     operating = operating_points(records, class_names, 0.5, target_recall, threshold)
+    metrics = _metrics(records, class_names, protocol, operating, timing, outputs.deeppcb_results_dir)
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
+
+    if outputs.plots:
+        chosen_threshold = operating.summary["chosen"]["threshold"]
+        plot_paths = _write_plots(records, class_names, out_dir, operating, chosen_threshold, outputs)
+        write_report(out_dir, metrics, plot_paths, outputs.title, dict(outputs.settings or {}))
+    return metrics
+
+
+def _metrics(
+    records: Sequence[ImageRecord],
+    class_names: list[str],
+    protocol: Protocol,
+    operating: OperatingPointResult,
+    timing: StageTimer | Mapping | None,
+    deeppcb_results_dir: str | Path | None,
+) -> dict:
+    """The metrics dict, as JSON values: counts, the protocol's figures (DeepPCB's result files written when
+    `deeppcb_results_dir` is given), the operating points, timing, per-class rows and the headline."""
     chosen_threshold = operating.summary["chosen"]["threshold"]
     metrics: dict = {
         "num_images": len(records),
@@ -119,19 +156,16 @@ def evaluate_records(
         metrics["timing"] = dict(timing) if timing else None
     metrics["per_class"] = _per_class_rows(metrics, class_names)
     metrics["headline"] = _headline(metrics)
-    metrics = to_jsonable(metrics)
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
-
-    if plots:
-        plot_paths = _write_plots(
-            records, class_names, out_dir, operating, chosen_threshold, load_image, metrics_csv
-        )
-        write_report(out_dir, metrics, plot_paths, title, dict(settings or {}))
-    return metrics
+    return to_jsonable(metrics)
 
 
 def _write_plots(
-    records, class_names, out_dir, operating, threshold, load_image, metrics_csv
+    records: Sequence[ImageRecord],
+    class_names: list[str],
+    out_dir: Path,
+    operating: OperatingPointResult,
+    threshold: float,
+    outputs: EvaluationOutputs,
 ) -> dict[str, Path]:
     from defectdet.evaluation import plots as plotting
 
@@ -143,10 +177,10 @@ def _write_plots(
             confusion_matrix(records, len(class_names), threshold), class_names, path, threshold
         ),
         "val_predictions": lambda path: plotting.plot_prediction_grid(
-            records, class_names, path, threshold, load_image=load_image
+            records, class_names, path, threshold, load_image=outputs.load_image
         ),
     }
-    csv_path = Path(metrics_csv) if metrics_csv else out_dir / "metrics.csv"
+    csv_path = Path(outputs.metrics_csv) if outputs.metrics_csv else out_dir / "metrics.csv"
     if csv_path.is_file():
         jobs["loss"] = lambda path: plotting.plot_loss_curves(csv_path, path)
     for name, job in jobs.items():
