@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -24,17 +25,36 @@ def run_demo(
     Everything lands under `out`: `data/` (the dataset), `batch.png` (what the model is fed), `run/`
     (checkpoints, metrics.csv, plots, report.html).
     """
-    from defectdet.data.check import run_check
-    from defectdet.data.synth import synthesize_dataset
     from defectdet.engine.config import TrainConfig
-    from defectdet.engine.trainer import build_train_data, train
-    from defectdet.engine.validate import validate
-    from defectdet.trainingdata.dataset import collate_detections
-    from defectdet.trainingdata.visualize import save_batch_grid
+    from defectdet.engine.trainer import train
 
     console = console or Console()
     out = Path(out)
     started = time.perf_counter()
+    data_yaml = _synthesize_and_check(out, boards, seed, console)
+
+    # tiny, not nano (the default for boards with templates): it learned these small synthetic boards faster per
+    # CPU minute in our runs (the demo's figures: bench/results/demo.json)
+    config = TrainConfig(data=data_yaml, preset=preset, time_minutes=minutes, out=out / "run", seed=seed)
+    # the product's own schedule: validated after each tenth of the time budget (TrainConfig.val_every)
+    data = _show_a_batch(config, out, console)
+
+    console.rule(f"3/5 train ({config.preset}, {minutes:g} min on the CPU)")
+    result = train(config, data=data)
+    metrics = _evaluate(result, data_yaml, console)
+
+    console.rule("5/5 export the bundle and run it without torch on the held-out boards")
+    metrics["deploy"] = deploy_and_predict(
+        result.best_checkpoint or result.last_checkpoint, data_yaml, out, console
+    )
+    console.print(f"demo finished in {(time.perf_counter() - started) / 60:.1f} min")
+    return metrics
+
+
+def _synthesize_and_check(out: Path, boards: int, seed: int, console: Console) -> Path:
+    """Steps 1 and 2: the synthetic boards with templates in `out/data`, checked; their data.yaml."""
+    from defectdet.data.check import run_check
+    from defectdet.data.synth import synthesize_dataset
 
     console.rule("1/5 synthesize")
     data_yaml = synthesize_dataset(out / "data", boards=boards, seed=seed, template=True)
@@ -43,20 +63,27 @@ def run_demo(
     console.rule("2/5 check")
     if run_check(data_yaml, console=console) != 0:
         raise RuntimeError(f"the synthetic dataset {data_yaml} failed its own check; this is a bug")
+    return data_yaml
 
-    # tiny, not nano (the default for boards with templates): it learned these small synthetic boards faster per
-    # CPU minute in our runs (the demo's figures: bench/results/demo.json)
-    config = TrainConfig(data=data_yaml, preset=preset, time_minutes=minutes, out=out / "run", seed=seed)
-    # the product's own schedule: validated after each tenth of the time budget (TrainConfig.val_every)
+
+def _show_a_batch(config: Any, out: Path, console: Console) -> Any:
+    """The training data of `config`, and a picture of one training batch in `out/batch.png`."""
+    from defectdet.engine.trainer import build_train_data
+    from defectdet.trainingdata.dataset import collate_detections
+    from defectdet.trainingdata.visualize import save_batch_grid
+
     data = build_train_data(config)
     batch = collate_detections([data.train[i] for i in range(min(8, len(data.train)))])
     grid = save_batch_grid(batch[0], batch[1], data.class_names, out / "batch.png", template=data.template)
     crop = (data.config or config).crop_size
     what = f"augmented {crop}px crops" if crop else "augmented whole images"
     console.print(f"a training batch ({what}, boxes drawn, template beside): {grid}")
+    return data
 
-    console.rule(f"3/5 train ({config.preset}, {minutes:g} min on the CPU)")
-    result = train(config, data=data)
+
+def _evaluate(result: Any, data_yaml: Path, console: Console) -> dict:
+    """Step 4: the trained checkpoint on the held-out boards, their templates as clean boards; the metrics."""
+    from defectdet.engine.validate import validate
 
     console.rule("4/5 evaluate (held-out boards + their templates as clean boards)")
     metrics = validate(
@@ -79,12 +106,6 @@ def run_demo(
     console.print(
         f"report: {metrics['report']} (training curves and plots: {result.run_dir / 'report.html'})"
     )
-
-    console.rule("5/5 export the bundle and run it without torch on the held-out boards")
-    metrics["deploy"] = deploy_and_predict(
-        result.best_checkpoint or result.last_checkpoint, data_yaml, out, console
-    )
-    console.print(f"demo finished in {(time.perf_counter() - started) / 60:.1f} min")
     return metrics
 
 

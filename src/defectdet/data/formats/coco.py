@@ -223,19 +223,8 @@ def _image_sample(
         return None
     companions = record.get("companions")
     companions = companions if isinstance(companions, dict) else {}
-    fields = [
-        ("file_name", record.get("file_name")),
-        ("template_file_name", record.get("template_file_name")),
-    ]
-    fields += [(f"companions.{name}", value) for name, value in companions.items()]
-    for field, value in fields:
-        if contained and isinstance(value, str) and leaves_folder(value):
-            problems.append(
-                Problem(
-                    "error", str(path), f"{where}: {field} {value!r} leads out of the images folder; refused"
-                )
-            )
-            return None
+    if contained and _leaves_folder(path, where, record, companions, problems):
+        return None
     image_path = resolve_image(path.parent, file_name, image_roots)
     if image_path is None:
         problems.append(Problem("error", str(path), f"{where}: image file {file_name!r} not found"))
@@ -246,17 +235,6 @@ def _image_sample(
         template_path = resolve_image(path.parent, template_name, image_roots)
         if template_path is None:
             problems.append(Problem("warning", str(path), f"{where}: template {template_name!r} not found"))
-    companion_paths = {}
-    for name, companion_name in companions.items():
-        found = resolve_image(path.parent, str(companion_name), image_roots)
-        if found is None:
-            problems.append(
-                Problem(
-                    "warning", str(path), f"{where}: companion '{name}' file {companion_name!r} not found"
-                )
-            )
-        else:
-            companion_paths[str(name)] = found
     width, height = record.get("width"), record.get("height")
     return Sample(
         image_path,
@@ -267,8 +245,47 @@ def _image_sample(
         image_id=str(record["id"]),
         width=int(width) if isinstance(width, (int, float)) and width > 0 else None,
         height=int(height) if isinstance(height, (int, float)) and height > 0 else None,
-        companion_paths=companion_paths,
+        companion_paths=_companion_paths(path, where, companions, problems, image_roots),
     )
+
+
+def _leaves_folder(
+    path: Path, where: str, record: dict[str, Any], companions: dict[str, Any], problems: list[Problem]
+) -> bool:
+    """Whether a file name of the image record (its own, its template's, a companion's) leads out of the images
+    folder (an error, then)."""
+    fields = [
+        ("file_name", record.get("file_name")),
+        ("template_file_name", record.get("template_file_name")),
+    ]
+    fields += [(f"companions.{name}", value) for name, value in companions.items()]
+    for field, value in fields:
+        if isinstance(value, str) and leaves_folder(value):
+            problems.append(
+                Problem(
+                    "error", str(path), f"{where}: {field} {value!r} leads out of the images folder; refused"
+                )
+            )
+            return True
+    return False
+
+
+def _companion_paths(
+    path: Path, where: str, companions: dict[str, Any], problems: list[Problem], image_roots: tuple[Path, ...]
+) -> dict[str, Path]:
+    """The companion captures of an image record found (a warning for each one missing), by name."""
+    found_paths = {}
+    for name, companion_name in companions.items():
+        found = resolve_image(path.parent, str(companion_name), image_roots)
+        if found is None:
+            problems.append(
+                Problem(
+                    "warning", str(path), f"{where}: companion '{name}' file {companion_name!r} not found"
+                )
+            )
+        else:
+            found_paths[str(name)] = found
+    return found_paths
 
 
 def resolve_image(folder: Path, file_name: str, extra: tuple[Path, ...] = ()) -> Path | None:

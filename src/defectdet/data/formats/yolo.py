@@ -217,39 +217,10 @@ def _read_sample(
         return None
     boxes, classes = [], []
     for line_number, line in enumerate(lines, start=1):
-        fields = line.split()
-        if not fields:
-            continue
-        if len(fields) != 5:
-            problems.append(
-                Problem(
-                    "error", source, f"expected 'class cx cy w h' (5 fields), got {len(fields)}", line_number
-                )
-            )
-            continue
-        try:
-            class_value = float(fields[0])
-            center_x, center_y, box_width, box_height = (float(value) for value in fields[1:])
-        except ValueError:
-            problems.append(Problem("error", source, f"non-numeric field in {line.strip()!r}", line_number))
-            continue
-        if class_value != int(class_value) or not 0 <= class_value < num_classes:
-            problems.append(
-                Problem(
-                    "error", source, f"class id {fields[0]} out of range 0..{num_classes - 1}", line_number
-                )
-            )
-            continue
-        box = (
-            (center_x - box_width / 2) * width,
-            (center_y - box_height / 2) * height,
-            (center_x + box_width / 2) * width,
-            (center_y + box_height / 2) * height,
-        )
-        checked = check_box(box, width, height, problems, source, line_number)
-        if checked is not None:
-            boxes.append(checked)
-            classes.append(int(class_value))
+        parsed = _label_box(line, line_number, source, num_classes, (width, height), problems)
+        if parsed is not None:
+            boxes.append(parsed[0])
+            classes.append(parsed[1])
     return Sample(
         image_path,
         np.asarray(boxes, np.float32).reshape(-1, 4),
@@ -258,6 +229,45 @@ def _read_sample(
         width=width,
         height=height,
     )
+
+
+def _label_box(
+    line: str,
+    line_number: int,
+    source: str,
+    num_classes: int,
+    size: tuple[int, int],
+    problems: list[Problem],
+) -> tuple[tuple[float, float, float, float], int] | None:
+    """(checked xyxy pixel box, class id) of one label line; None for a blank or bad line (a problem named)."""
+    fields = line.split()
+    if not fields:
+        return None
+    if len(fields) != 5:
+        problems.append(
+            Problem("error", source, f"expected 'class cx cy w h' (5 fields), got {len(fields)}", line_number)
+        )
+        return None
+    try:
+        class_value = float(fields[0])
+        center_x, center_y, box_width, box_height = (float(value) for value in fields[1:])
+    except ValueError:
+        problems.append(Problem("error", source, f"non-numeric field in {line.strip()!r}", line_number))
+        return None
+    if class_value != int(class_value) or not 0 <= class_value < num_classes:
+        problems.append(
+            Problem("error", source, f"class id {fields[0]} out of range 0..{num_classes - 1}", line_number)
+        )
+        return None
+    width, height = size
+    box = (
+        (center_x - box_width / 2) * width,
+        (center_y - box_height / 2) * height,
+        (center_x + box_width / 2) * width,
+        (center_y + box_height / 2) * height,
+    )
+    checked = check_box(box, width, height, problems, source, line_number)
+    return None if checked is None else (checked, int(class_value))
 
 
 def _image_id(image_path: Path, base: Path | None, root: Path) -> str:
