@@ -24,8 +24,11 @@ _EXPORTS = {
     "validate": "defectdet.engine.validate",
     "ValidateSettings": "defectdet.engine.validate",
     "export_bundle": "defectdet.export.exporter",
+    "ExportSettings": "defectdet.export.export_settings",
     "predict": "defectdet.export.resolve",
+    "PredictSettings": "defectdet.runtime.predict_settings",
     "compare": "defectdet.export.compare",
+    "CompareSettings": "defectdet.export.compare_settings",
     "Predictor": "defectdet.runtime.predictor",
     "PredictionResult": "defectdet.runtime.predictor",
     "Detection": "defectdet.runtime.predictor",
@@ -35,6 +38,7 @@ _EXPORTS = {
     "load_dataset": "defectdet.data.formats",
     "check_dataset": "defectdet.data.check",
     "synthesize_dataset": "defectdet.data.synth",
+    "SynthSettings": "defectdet.data.synth",
     "evaluate_records": "defectdet.evaluation.report",
     "run_demo": "defectdet.demo",
 }
@@ -45,6 +49,7 @@ __all__ = ["__version__", *_EXPORTS]
 if TYPE_CHECKING:
     from defectdet.data.check import check_dataset as check_dataset
     from defectdet.data.formats import load_dataset as load_dataset
+    from defectdet.data.synth import SynthSettings as SynthSettings
     from defectdet.data.synth import synthesize_dataset as synthesize_dataset
     from defectdet.demo import run_demo as run_demo
     from defectdet.engine.checkpoint import load_detector as load_detector
@@ -56,9 +61,12 @@ if TYPE_CHECKING:
     from defectdet.engine.validate import validate as validate
     from defectdet.evaluation.report import evaluate_records as evaluate_records
     from defectdet.export.compare import compare as compare
+    from defectdet.export.compare_settings import CompareSettings as CompareSettings
+    from defectdet.export.export_settings import ExportSettings as ExportSettings
     from defectdet.export.exporter import export_bundle as export_bundle
     from defectdet.export.resolve import predict as predict
     from defectdet.model import build_model as build_model
+    from defectdet.runtime.predict_settings import PredictSettings as PredictSettings
     from defectdet.runtime.predictor import Detection as Detection
     from defectdet.runtime.predictor import PredictionResult as PredictionResult
     from defectdet.runtime.predictor import Predictor as Predictor

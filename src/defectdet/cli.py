@@ -6,6 +6,7 @@ User-caused errors (`defectdet.errors.DefectDetError`) are printed as one red li
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -28,11 +29,15 @@ from defectdet.data.formats.label_settings import (
     LabelStudioImportSettings,
     TaskExportSettings,
 )
+from defectdet.data.synth.settings import SYNTH_OPTIONS, SynthSettings
 from defectdet.demo import DEMO_MINUTES
 from defectdet.doctor_cli import doctor_app
 from defectdet.engine.config import TRAIN_OPTIONS, TrainConfig
-from defectdet.engine.validate_settings import REPEAT_CHECK_HELP, VALIDATE_OPTIONS, ValidateSettings
+from defectdet.engine.validate_settings import VALIDATE_OPTIONS, ValidateSettings
 from defectdet.errors import DefectDetError
+from defectdet.export.compare_settings import COMPARE_OPTIONS, CompareSettings
+from defectdet.export.export_settings import EXPORT_OPTIONS, ExportSettings
+from defectdet.runtime.predict_settings import PREDICT_OPTIONS, PredictSettings
 from defectdet.serve.review_settings import REVIEW_OPTIONS, ReviewSettings
 from defectdet.serve.settings import LOOPBACK_HOSTS, SERVE_OPTIONS, TOKEN_ENV, ServeSettings
 
@@ -85,18 +90,6 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
     _setup_logging(verbose)
 
 
-REPEAT_CHECK_OVERRIDE = typer.Option(
-    None, "--repeat-check/--no-repeat-check", help=VALIDATE_OPTIONS["repeat_check"].help
-)
-MERGE_FRAGMENTS_EXPORT = typer.Option(
-    True,
-    "--merge-fragments/--no-merge-fragments",
-    help="Report overlapping pieces of one large defect as one box, for the classes where that raised AP@0.5 on "
-    "the split measured on (default); --no-merge-fragments: never.",
-)
-REPEAT_CHECK_EXPORT = typer.Option(
-    False, "--repeat-check", help=REPEAT_CHECK_HELP + " Written into the bundle."
-)
 OVERWRITE_EXPORT = typer.Option(
     False,
     "--overwrite",
@@ -105,38 +98,10 @@ OVERWRITE_EXPORT = typer.Option(
 
 
 @app.command()
+@settings_options(SynthSettings, SYNTH_OPTIONS)
 def synth(
     out: Path = typer.Argument(..., help="Folder to write the YOLO-format dataset into."),
-    boards: int = typer.Option(40, help="Number of boards / surfaces (images)."),
-    seed: int = typer.Option(0, help="Random seed; the same seed writes the same dataset."),
-    kind: str = typer.Option(
-        "pcb",
-        help="pcb: PCB boards with templates; surface: textured surfaces (steel, tile, weave, cast), no template.",
-    ),
-    template: bool | None = typer.Option(
-        None, "--template/--no-template", help="Also render the defect-free template (pcb; default on)."
-    ),
-    min_size: int | None = typer.Option(None, help="Smallest image side in pixels (pcb 480, surface 128)."),
-    max_size: int | None = typer.Option(None, help="Largest image side in pixels (pcb 800, surface 2048)."),
-    color: bool | None = typer.Option(
-        None, "--color/--gray", help="All RGB or all gray (default: pcb gray, surface half and half)."
-    ),
-    materials: str | None = typer.Option(
-        None, help="Surface textures, comma-separated, from brushed,rolled,tile,weave,cast (default: all)."
-    ),
-    shift: str | None = typer.Option(
-        None,
-        help="A shifted line: the tested images seen through a new lamp, lens or camera, comma-separated from "
-        "lamp,lens,camera (templates stay as captured before; boxes unchanged). Same --seed, other boards: "
-        "pass another seed for the new line.",
-    ),
-    companion: list[str] | None = typer.Option(
-        None,
-        "--companion",
-        help="NAME: also write an aligned companion capture of every image under another lighting, in "
-        "companions/NAME/ (repeatable, or a comma list); the defects are then faint in the images and plain "
-        "in the companions, and data.yaml declares them.",
-    ),
+    settings: dict[str, Any] = SETTINGS_OPTIONS,
 ) -> None:
     """Write a procedural dataset (YOLO data.yaml) with exact defect boxes.
 
@@ -146,33 +111,21 @@ def synth(
     Example: defectdet synth data/two-lights --kind surface --boards 60 --companion L2
     """
     from defectdet.data.synth import synthesize_dataset
-    from defectdet.data.synth.shift import checked_shifts, shift_dataset
+    from defectdet.data.synth.shift import SHIFT_RECORD
 
-    shifts = checked_shifts(shift.split(",")) if shift else ()
-
-    data_yaml = synthesize_dataset(
-        out,
-        boards=boards,
-        seed=seed,
-        template=template,
-        min_size=min_size,
-        max_size=max_size,
-        color=color,
-        kind=kind,
-        materials=tuple(name.strip() for name in materials.split(",")) if materials is not None else None,
-        companions=tuple(companion or ()),
-    )
-    console.print(
-        f"[green]wrote[/green] {boards} {'surfaces' if kind == 'surface' else 'boards'} -> {data_yaml}"
-    )
-    if companion:
+    synth_settings = SynthSettings(**settings)
+    data_yaml = synthesize_dataset(out, synth_settings)
+    kind = "surfaces" if synth_settings.kind == "surface" else "boards"
+    console.print(f"[green]wrote[/green] {synth_settings.boards} {kind} -> {data_yaml}")
+    if synth_settings.companions:
         from defectdet.data.synth.companion import checked_companion_names
 
-        names = checked_companion_names(companion)
+        names = checked_companion_names(synth_settings.companions)
         console.print(f"companion captures {', '.join(names)} -> {data_yaml.parent / 'companions'}")
-    if shifts:
-        changed = shift_dataset(data_yaml.parent, shifts, seed)
-        console.print(f"shifted line ({', '.join(shifts)}): {changed} tested images changed, templates kept")
+    if synth_settings.shift:
+        record = json.loads((data_yaml.parent / SHIFT_RECORD).read_text(encoding="utf-8"))
+        shifts = ", ".join(record["shifts"])
+        console.print(f"shifted line ({shifts}): {record['images']} tested images changed, templates kept")
 
 
 @app.command()
@@ -382,41 +335,14 @@ def _refuse_existing_bundle(bundle: Path, overwrite: bool) -> None:
 
 
 @app.command()
+@settings_options(ExportSettings, EXPORT_OPTIONS)
 def export(
     checkpoint: Path = typer.Argument(..., help="A checkpoint written by `defectdet train` (best.pt)."),
     out: Path | None = typer.Option(
         None, "--out", help="Bundle file (default: <checkpoint stem>.onnx beside it)."
     ),
-    format: list[str] = typer.Option(
-        ["onnx"],
-        "--format",
-        help="onnx (always written) | torchscript (.ts, trace + freeze; TorchScript is in maintenance mode upstream: "
-        "prefer pt2; apply torch.jit.optimize_for_inference after loading) | pt2 (torch.export) | all. Repeatable.",
-    ),
-    int8: bool = typer.Option(
-        False,
-        "--int8",
-        help="Also write <name>.int8.onnx (static QDQ S8S8, per-channel) if it keeps mAP@0.5.",
-    ),
-    force: bool = typer.Option(
-        False, "--force", help="Write the int8 model even when it loses > 0.5 mAP points."
-    ),
+    settings: dict[str, Any] = SETTINGS_OPTIONS,
     overwrite: bool = OVERWRITE_EXPORT,
-    data: Path | None = typer.Option(
-        None, help="Dataset to measure thresholds and the drift reference on (default: the training data)."
-    ),
-    split: str | None = typer.Option(
-        None, help="Split to measure on (default: the training's validation split)."
-    ),
-    calibration_images: int = typer.Option(64, help="Training images to calibrate int8 on."),
-    flip_views: str = typer.Option(
-        "none",
-        "--flip-views",
-        help="Test-time flips averaged inside the bundle: none | lr (2 passes) | lr+ud (4 passes): more "
-        "accuracy for more latency.",
-    ),
-    repeat_check: bool = REPEAT_CHECK_EXPORT,
-    merge_fragments: bool = MERGE_FRAGMENTS_EXPORT,
 ) -> None:
     """Export a checkpoint to ONE self-describing .onnx bundle (EMA weights, BatchNorm folded, thresholds
     measured on the validation split, drift reference) that `predict`, `serve` and `Predictor` run without torch.
@@ -426,20 +352,16 @@ def export(
     from defectdet.export.exporter import export_bundle
 
     _refuse_existing_bundle(out if out else checkpoint.with_suffix(".onnx"), overwrite)
-    result = export_bundle(
-        checkpoint,
-        out,
-        data=data,
-        split=split,
-        formats=tuple(format),
-        int8=int8,
-        force=force,
-        calibration_images=calibration_images,
-        flip_views=flip_views,
-        repeat_check=repeat_check,
-        merge_fragments=merge_fragments,
-        console=console,
-    )
+    result = export_bundle(checkpoint, out, ExportSettings(**settings), console=console)
+    _print_export(result)
+    if result.int8 is not None:
+        _print_int8_report(result.int8)
+        if not result.int8["written"]:
+            raise typer.Exit(1)
+
+
+def _print_export(result: Any) -> None:
+    """The bundle written (an `ExportResult`): its size, inputs, test-time options, thresholds, extra files."""
     meta = result.metadata
     console.print(f"[green]bundle[/green]: {result.bundle} ({result.bundle.stat().st_size / 1024:.0f} KiB)")
     console.print(
@@ -455,10 +377,6 @@ def export(
     )
     for name, path in result.extra_files.items():
         console.print(f"[green]{name}[/green]: {path}")
-    if result.int8 is not None:
-        _print_int8_report(result.int8)
-        if not result.int8["written"]:
-            raise typer.Exit(1)
 
 
 def _print_int8_report(report: dict[str, Any]) -> None:
@@ -478,40 +396,14 @@ def _print_int8_report(report: dict[str, Any]) -> None:
 
 
 @app.command()
+@settings_options(PredictSettings, PREDICT_OPTIONS)
 def predict(
     model: Path = typer.Argument(..., help="A bundle (.onnx) or a training checkpoint (exported first)."),
     source: str = typer.Argument(
         ..., help="An image file, a folder of images, or a quoted glob ('dir/*.jpg')."
     ),
-    templates: Path | None = typer.Option(None, help="Folder of template images, matched by file name."),
-    companion: list[str] | None = typer.Option(
-        None,
-        "--companion",
-        help="NAME=DIR: the folder of the aligned companion capture NAME (another lighting, focus or band), "
-        "matched by file name, or by the name's capture tag (part_L1.png -> part_L2.png: DIR may be the images' "
-        "own folder); once per companion the model takes.",
-    ),
-    threshold: float | None = typer.Option(
-        None, help="Operating threshold (default: the bundle's best-F1 threshold)."
-    ),
+    settings: dict[str, Any] = SETTINGS_OPTIONS,
     out: Path = typer.Option(Path("runs/predict"), help="Output folder."),
-    save_images: bool = typer.Option(True, "--save-images/--no-save-images", help="Write annotated PNGs."),
-    threads: int | None = typer.Option(
-        None, help="onnxruntime threads (default: physical cores, at most 4)."
-    ),
-    tiles: bool | None = typer.Option(
-        None,
-        "--tiles/--no-tiles",
-        help="Also run native-resolution tiles of images >= 1.5x the input size and keep their small "
-        "detections (default: as the training run chose from the data).",
-    ),
-    flip_views: str | None = typer.Option(
-        None,
-        "--flip-views",
-        help="Test-time flips (none|lr|lr+ud) written into the graph when MODEL is a checkpoint; a bundle "
-        "must have been exported with them (default: the bundle's own, none for a checkpoint).",
-    ),
-    repeat_check: bool | None = REPEAT_CHECK_OVERRIDE,
 ) -> None:
     """Predict a file, folder or glob: annotated images, predictions.jsonl and YOLO label files in --out.
     Unreadable files are listed and skipped; exit code 1 when any file failed.
@@ -519,21 +411,11 @@ def predict(
     Example: defectdet predict model.onnx 'line3/*.jpg' --templates golden/ --out runs/line3
     """
     from defectdet.export.resolve import resolve_bundle
-    from defectdet.runtime.predict import parse_companions, predict_source
+    from defectdet.runtime.predict import predict_source
 
-    companions = parse_companions(companion)
-    summary = predict_source(
-        resolve_bundle(model, Path(out), flip_views),
-        source,
-        out,
-        templates=templates,
-        companions=companions,
-        threshold=threshold,
-        save_images=save_images,
-        threads=threads,
-        tiles=tiles,
-        repeat_check=repeat_check,
-    )
+    predict_settings = PredictSettings(**settings)
+    bundle = resolve_bundle(model, Path(out), predict_settings.flip_views)
+    summary = predict_source(bundle, source, out, predict_settings)
     console.print(
         f"{summary.images} images, {summary.defective} defective, {summary.detections} detections, "
         f"mean {summary.mean_total_ms} ms/image end to end -> {summary.out_dir}/predictions.jsonl"
@@ -546,38 +428,14 @@ def predict(
 
 
 @app.command()
+@settings_options(CompareSettings, COMPARE_OPTIONS)
 def compare(
     old: Path = typer.Argument(
         ..., help="The model on the line now: a bundle (.onnx) or a checkpoint (exported first)."
     ),
     new: Path = typer.Argument(..., help="The candidate: a bundle (.onnx) or a checkpoint (exported first)."),
     data: Path = typer.Argument(..., help="data.yaml, COCO json, VOC folder or DeepPCB root."),
-    split: str = typer.Option(
-        "val", help="Held-out split to compare on (a dataset without one: the training's grouped hold-out)."
-    ),
-    format: str | None = typer.Option(None, "--format", help="yolo|coco|voc|deeppcb (default: detected)."),
-    clean: Path | None = typer.Option(
-        None, "--clean", help="Folder of defect-free boards, for the false calls."
-    ),
-    clean_templates: Path | None = typer.Option(
-        None,
-        "--clean-templates",
-        help="Templates of the --clean boards, matched by file name (template models).",
-    ),
-    clean_auto: bool = typer.Option(
-        False,
-        "--clean-auto",
-        help="Add a recaptured clean board per template of the split (exposure, noise, JPEG, small shift/rotation).",
-    ),
-    out: Path = typer.Option(
-        Path("runs/compare"), "--out", help="Output folder (compare.json, disagreements.png)."
-    ),
-    threads: int | None = typer.Option(
-        None, help="onnxruntime threads per model (default: physical cores, <= 4)."
-    ),
-    tol_escape: float = typer.Option(0.005, help="Escape and missed-defect rates NEW may exceed OLD's by."),
-    tol_map: float = typer.Option(0.01, help="mAP@0.5 NEW may fall below OLD's by."),
-    tol_false_call: float = typer.Option(0.01, help="False-call rate NEW may exceed OLD's by."),
+    settings: dict[str, Any] = SETTINGS_OPTIONS,
 ) -> None:
     """Should NEW replace OLD? Both run through the torch-free runtime on the same held-out images, each at its
     own stored threshold: mAP@0.5 and @0.5:0.95, escapes, false calls, per-class AP50, latency (p50/p95 end to
@@ -593,23 +451,10 @@ def compare(
 
     Example: defectdet compare line.onnx runs/train/best.pt data.yaml --clean-auto --out runs/compare
     """
-    from defectdet.export.compare import PROMOTE, Tolerances, compare_models
+    from defectdet.export.compare import PROMOTE, compare_models
     from defectdet.export.compare_view import print_comparison
 
-    document = compare_models(
-        old,
-        new,
-        data,
-        split=split,
-        format=format,
-        clean=clean,
-        clean_templates=clean_templates,
-        clean_auto=clean_auto,
-        out=out,
-        threads=threads,
-        progress=True,
-        tolerances=Tolerances(escape=tol_escape, map50=tol_map, false_call=tol_false_call),
-    )
+    document = compare_models(old, new, data, CompareSettings(**settings, progress=True))
     print_comparison(document, console)
     raise typer.Exit(0 if document["verdict"]["decision"] == PROMOTE else 1)
 

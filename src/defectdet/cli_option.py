@@ -1,8 +1,9 @@
 """`CliOption`: how one field of a settings model shows on the command line.
 
 A settings model (`TrainConfig`, `ValidateSettings`, `ServeSettings`) keeps a table of these beside it, keyed by
-field name; `defectdet.cli_settings` turns the table into the command's options. Imports nothing, so the torch-free
-runtime and the service may declare their options too.
+field name; `defectdet.cli_settings` turns the table into the command's options. An entry `COMMAND_OPTION` places
+an option the command declares itself (`--out`) among them, so that the help lists the options in the table's
+order. Imports nothing, so the torch-free runtime and the service may declare their options too.
 """
 
 from __future__ import annotations
@@ -20,6 +21,17 @@ class _FieldDefault:
 
 
 FIELD_DEFAULT: Any = _FieldDefault()
+
+
+class _CommandOption:
+    """A table entry that names an option the command declares itself (no field of the model): the option is
+    listed at that place, among the model's."""
+
+    def __repr__(self) -> str:
+        return "COMMAND_OPTION"
+
+
+COMMAND_OPTION: Any = _CommandOption()
 
 
 @dataclass(frozen=True)

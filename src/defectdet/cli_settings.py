@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import typer
 
-from defectdet.cli_option import FIELD_DEFAULT, CliOption
+from defectdet.cli_option import COMMAND_OPTION, FIELD_DEFAULT, CliOption
 from defectdet.engine.config_reference import field_comments
 
 SETTINGS_PARAMETER = "settings"
@@ -100,19 +100,22 @@ def settings_options(
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: the command's `settings` parameter becomes the options of `options` (field name -> CliOption,
     in the order shown), and the command receives `settings` as {field: value} of those given (each read value
-    through its `to_setting`; a None is left out). `field_defaults=False`: every option defaults to not given,
-    so that a value from a configuration file stays."""
+    through its `to_setting`; a None is left out). An entry `COMMAND_OPTION` lists an option the command declares
+    itself at that place. `field_defaults=False`: every option defaults to not given, so that a value from a
+    configuration file stays."""
+    fields = {name: option for name, option in options.items() if option is not COMMAND_OPTION}
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         generated = [
-            option_parameter(model, name, option, field_defaults) for name, option in options.items()
+            name if option is COMMAND_OPTION else option_parameter(model, name, option, field_defaults)
+            for name, option in options.items()
         ]
         parameters = _with_options(command, generated)
 
         @functools.wraps(command)
         def run(**values: Any) -> Any:
-            read = {name: values.pop(name) for name in options}
-            return command(**values, **{SETTINGS_PARAMETER: _given_settings(options, read)})
+            read = {name: values.pop(name) for name in fields}
+            return command(**values, **{SETTINGS_PARAMETER: _given_settings(fields, read)})
 
         run.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
         run.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
@@ -121,25 +124,36 @@ def settings_options(
     return decorate
 
 
-def _with_options(command: Callable[..., Any], generated: list[inspect.Parameter]) -> list[inspect.Parameter]:
-    """`command`'s parameters (their annotations resolved) with `generated` in place of `settings`."""
+def _with_options(
+    command: Callable[..., Any], generated: list[inspect.Parameter | str]
+) -> list[inspect.Parameter]:
+    """`command`'s parameters (their annotations resolved) with `generated` in place of `settings`; a name in
+    `generated` is the command's own parameter of that name, moved there."""
     hints = typing.get_type_hints(command)
     own = inspect.signature(command).parameters
     if SETTINGS_PARAMETER not in own:
         raise TypeError(
             f"{command.__name__} has no parameter {SETTINGS_PARAMETER!r} for the settings options"
         )
-    clash = sorted(set(own) & {parameter.name for parameter in generated})
+    placed = {entry for entry in generated if isinstance(entry, str)}
+    missing = sorted(placed - set(own))
+    if missing:
+        raise TypeError(
+            f"{command.__name__}: no parameter {', '.join(missing)} to list among the settings options"
+        )
+    clash = sorted(set(own) & {entry.name for entry in generated if isinstance(entry, inspect.Parameter)})
     if clash:
         raise TypeError(f"{command.__name__}: {', '.join(clash)} declared by hand and as settings options")
+
+    def resolved(parameter: inspect.Parameter) -> inspect.Parameter:
+        return parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[parameter.name])
+
     parameters: list[inspect.Parameter] = []
     for parameter in own.values():
         if parameter.name == SETTINGS_PARAMETER:
-            parameters += generated
-        else:
-            parameters.append(
-                parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[parameter.name])
-            )
+            parameters += [resolved(own[entry]) if isinstance(entry, str) else entry for entry in generated]
+        elif parameter.name not in placed:
+            parameters.append(resolved(parameter))
     return parameters
 
 

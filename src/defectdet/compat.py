@@ -2,7 +2,8 @@
 
 Bundles, config files, scripts and command lines written with an old name keep working: each old name is read
 as its current one, with the deprecation note it has always given. Every reader of an old name goes through
-this module; the rest of the code only knows the current names.
+this module; the rest of the code only knows the current names. Likewise a function that now takes a settings
+object still takes its fields as keyword arguments (`with_keywords`).
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from defectdet.errors import ConfigError
+
+Settings = TypeVar("Settings")
 
 
 class Surface(Enum):
@@ -134,3 +137,25 @@ def retired_attributes(surface: Surface, where: str) -> type:
         return property(read, doc=f"Deprecated: `{new}`.")
 
     return type("RetiredNames", (), {old: alias(old, new) for old, new in RENAMED[surface].items()})
+
+
+def with_keywords(
+    model: type[Settings],
+    settings: Settings | None,
+    keywords: Mapping[str, Any],
+    function: str,
+    surface: Surface | None = None,
+) -> Settings:
+    """`settings` (default: `model()`, all defaults) with `keywords` applied over it: a function that takes a
+    settings object still takes its fields as keyword arguments, as it did before it took the object. Retired
+    names of `surface` are read as their current ones, with a warning; a keyword that is no field is the
+    TypeError Python raises for `function`."""
+    if surface is not None:
+        keywords = current_keys(keywords, surface, f"{function}()", stacklevel=5)
+    unknown = sorted(set(keywords) - set(model.model_fields))  # type: ignore[attr-defined]
+    if unknown:
+        raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
+    base = settings if settings is not None else model()
+    if not keywords:
+        return base
+    return model.model_validate({**dict(base), **keywords})  # type: ignore[attr-defined]

@@ -16,6 +16,7 @@ from defectdet.compat import Surface, current_keys
 from defectdet.data.recapture import RecaptureConfig
 from defectdet.errors import ConfigError
 from defectdet.evaluation.threshold import DEFAULT_TARGET_ESCAPE
+from defectdet.runtime.repeat_check import REPEAT_CHECK_HELP
 
 PROTOCOLS = ("coco", "deeppcb", "both")
 THRESHOLD_RULES = ("escape", "f1")
@@ -110,11 +111,6 @@ class ValidateSettings(BaseModel):
         base = settings if settings is not None else cls()
         return cls.model_validate({**dict(base), **overrides}) if overrides else base
 
-
-REPEAT_CHECK_HELP = (
-    "Models without templates: drop detections whose surroundings repeat unchanged elsewhere in the image (a drill "
-    "hole drawn on every pad is design, not a pin-hole; runtime.repeat_check)."
-)
 
 # `defectdet val`'s options, in the order its help lists them (the clean boards' recapture is declared in cli.py:
 # three options make one RecaptureConfig).

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from defectdet.compat import with_keywords
 from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.errors import DatasetError, InputError
 from defectdet.evaluation.types import ImageRecord
@@ -45,10 +46,11 @@ from defectdet.export.compare_score import (
     score_model,
     to_record,
 )
+from defectdet.export.compare_settings import CompareSettings, tolerance_keywords
 from defectdet.runtime.bundle import BundleMetadata, file_sha256, read_metadata
 from defectdet.runtime.predictor import Predictor
 
-__all__ = ["KEEP", "PROMOTE", "RULE", "Tolerances", "compare_models"]
+__all__ = ["KEEP", "PROMOTE", "RULE", "CompareSettings", "Tolerances", "compare_models"]
 
 
 @dataclass
@@ -96,19 +98,15 @@ def _split(data: str | Path, split: str, format: str | None, template: bool) -> 
 
 
 def _boards(
-    dataset: DatasetSplit,
-    meta: BundleMetadata,
-    clean: str | Path | None,
-    clean_templates: str | Path | None,
-    clean_auto: bool,
-    out_dir: Path,
-    seed: int,
+    dataset: DatasetSplit, meta: BundleMetadata, settings: CompareSettings, out_dir: Path
 ) -> list[Sample]:
+    """The clean boards: the settings' folder of them, and recaptures of the split's templates."""
     boards: list[Sample] = []
-    if clean is not None:
-        boards += clean_folder(Path(clean), Path(clean_templates) if clean_templates else None, meta.template)
-    if clean_auto:
-        boards += auto_clean_boards(dataset, out_dir / "clean_boards", meta.channels, seed)
+    if settings.clean is not None:
+        templates = Path(settings.clean_templates) if settings.clean_templates else None
+        boards += clean_folder(Path(settings.clean), templates, meta.template)
+    if settings.clean_auto:
+        boards += auto_clean_boards(dataset, out_dir / "clean_boards", meta.channels, settings.seed)
     return boards
 
 
@@ -147,42 +145,27 @@ def compare_models(
     old: str | Path,
     new: str | Path,
     data: str | Path,
-    *,
-    split: str = "val",
-    format: str | None = None,
-    clean: str | Path | None = None,
-    clean_templates: str | Path | None = None,
-    clean_auto: bool = False,
-    out: str | Path = Path("runs/compare"),
-    threads: int | None = None,
-    tolerances: Tolerances | None = None,
-    max_grid: int = 12,
-    seed: int = 0,
-    progress: bool = False,
+    settings: CompareSettings | None = None,
+    **keywords: Any,
 ) -> dict[str, Any]:
-    """Compare OLD and NEW on `split` of `data` (see the module docstring); writes `out/compare.json` and, when
-    they disagree anywhere, `out/disagreements.png` (at most `max_grid` rows); returns the JSON document
-    (plus its path under "json")."""
+    """Compare OLD and NEW on `settings.split` of `data` (see the module docstring); writes `out/compare.json`
+    and, when they disagree anywhere, `out/disagreements.png` (at most `max_grid` rows); returns the JSON
+    document (plus its path under "json"). `settings` is a `CompareSettings`; its fields may also be given as
+    keywords, which apply over it (`split`, `clean`, `clean_auto`, `out`, `threads`, `tolerances`, ...)."""
     from defectdet.evaluation.report import to_jsonable
 
-    out_dir = Path(out)
+    settings = with_keywords(CompareSettings, settings, tolerance_keywords(keywords), "compare_models")
+    tolerances = settings.tolerances  # checked before any model loads
+    out_dir = Path(settings.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     models = _models(old, new, out_dir)
-    dataset, images_note = _split(data, split, format, models.metas["old"].template)
+    dataset, images_note = _split(data, settings.split, settings.format, models.metas["old"].template)
     agnostic = class_agnostic(models.metas["old"], models.metas["new"])
-    if agnostic:
-        dataset = agnostic_split(dataset)
-        names = [AGNOSTIC_CLASS]
-    else:
-        names = class_space(dataset, models.metas, models.given)
-    boards = _boards(dataset, models.metas["old"], clean, clean_templates, clean_auto, out_dir, seed)
-
-    predictors = {role: Predictor(models.bundles[role], threads=threads) for role in ROLES}
+    dataset, names, class_ids = _class_space(dataset, models, agnostic)
+    boards = _boards(dataset, models.metas["old"], settings, out_dir)
+    predictors = {role: Predictor(models.bundles[role], threads=settings.threads) for role in ROLES}
     samples = [*dataset.samples, *boards]
-    results, latency = run_interleaved(predictors, samples, progress)
-    class_ids = {name: index for index, name in enumerate(names)}
-    if agnostic:  # every class of either model is the one class
-        class_ids = {name: 0 for role in ROLES for name in models.metas[role].class_names}
+    results, latency = run_interleaved(predictors, samples, settings.progress)
     records = {
         role: [to_record(s, r, class_ids) for s, r in zip(samples, results[role], strict=True)]
         for role in ROLES
@@ -193,34 +176,72 @@ def compare_models(
         for role, threshold in zip(ROLES, thresholds, strict=True)
     }
     found = _disagreements(records, thresholds, names)
-    grid = _draw(records, found, names, thresholds, out_dir, max_grid)
-    document = {
-        "description": "defectdet compare: OLD vs NEW on the same held-out images, each at its own stored "
-        "threshold, through the torch-free runtime, scored by defectdet's evaluator",
-        "data": str(data),
-        "images": images_note,
-        "split_images": count,
-        "clean_boards": {
-            "folder": str(clean) if clean is not None else None,
-            "recaptured_from_templates": clean_auto,
-            "count": len(boards),
-        },
-        "classes": {"evaluated": names, "matching": models.class_note, "class_agnostic": agnostic},
-        "models": {role: _model_entry(models, role, scores[role]) for role in ROLES},
-        "latency": "milliseconds per image end to end through Predictor.predict (decode of the files, "
-        "registration, letterbox, model, NMS, boxes to original pixels), both models in one process, "
-        f"interleaved per image (first model alternating), {predictors['old'].threads} onnxruntime thread(s) each, "
-        "one untimed warm-up call each",
-        "disagreements": [
-            _disagreement_entry(records, i, reason, count, thresholds, names) for i, reason in found
-        ],
-        "disagreements_png": str(grid) if grid else None,
-        "verdict": decide(scores["old"], scores["new"], tolerances or Tolerances()),
-    }
+    grid = _draw(records, found, names, thresholds, out_dir, settings.max_grid)
+    run = _Run(models, names, agnostic, count, len(boards), records, scores, found, predictors["old"].threads)
+    document = _document(data, images_note, settings, run, grid)
+    document["verdict"] = decide(scores["old"], scores["new"], tolerances)
     document = to_jsonable(document)
     (out_dir / "compare.json").write_text(json.dumps(document, indent=1), encoding="utf-8")
     document["json"] = str(out_dir / "compare.json")
     return document
+
+
+def _class_space(
+    dataset: DatasetSplit, models: _Models, agnostic: bool
+) -> tuple[DatasetSplit, list[str], dict[str, int]]:
+    """(the split, the class names evaluated, each model class name -> its id there): the classes matched by
+    name, or one class for all when either model is good-parts-only (`class_agnostic`)."""
+    if agnostic:
+        # every class of either model is the one class
+        class_ids = {name: 0 for role in ROLES for name in models.metas[role].class_names}
+        return agnostic_split(dataset), [AGNOSTIC_CLASS], class_ids
+    names = class_space(dataset, models.metas, models.given)
+    return dataset, names, {name: index for index, name in enumerate(names)}
+
+
+@dataclass
+class _Run:
+    """What one comparison measured: the split's images first (`count`), then the clean boards."""
+
+    models: _Models
+    names: list[str]
+    agnostic: bool
+    count: int
+    boards: int
+    records: dict[str, list[ImageRecord]]
+    scores: dict[str, dict[str, Any]]
+    found: list[tuple[int, str]]
+    threads: int
+
+
+def _document(
+    data: str | Path, images_note: str, settings: CompareSettings, run: _Run, grid: Path | None
+) -> dict[str, Any]:
+    """compare.json without its verdict."""
+    models, thresholds = run.models, run.models.thresholds
+    return {
+        "description": "defectdet compare: OLD vs NEW on the same held-out images, each at its own stored "
+        "threshold, through the torch-free runtime, scored by defectdet's evaluator",
+        "data": str(data),
+        "images": images_note,
+        "split_images": run.count,
+        "clean_boards": {
+            "folder": str(settings.clean) if settings.clean is not None else None,
+            "recaptured_from_templates": settings.clean_auto,
+            "count": run.boards,
+        },
+        "classes": {"evaluated": run.names, "matching": models.class_note, "class_agnostic": run.agnostic},
+        "models": {role: _model_entry(models, role, run.scores[role]) for role in ROLES},
+        "latency": "milliseconds per image end to end through Predictor.predict (decode of the files, "
+        "registration, letterbox, model, NMS, boxes to original pixels), both models in one process, "
+        f"interleaved per image (first model alternating), {run.threads} onnxruntime thread(s) each, "
+        "one untimed warm-up call each",
+        "disagreements": [
+            _disagreement_entry(run.records, i, reason, run.count, thresholds, run.names)
+            for i, reason in run.found
+        ],
+        "disagreements_png": str(grid) if grid else None,
+    }
 
 
 def _model_entry(models: _Models, role: str, score: dict[str, Any]) -> dict[str, Any]:
@@ -288,14 +309,20 @@ def _source(meta: BundleMetadata) -> str:
     return source
 
 
-def compare(old: str | Path, new: str | Path, data: str | Path, **options: Any) -> dict[str, Any]:
+def compare(
+    old: str | Path,
+    new: str | Path,
+    data: str | Path,
+    settings: CompareSettings | None = None,
+    **keywords: Any,
+) -> dict[str, Any]:
     """Should NEW replace OLD on the line? Both models (bundles, or checkpoints exported first) run on the same
     held-out images, each at its own stored threshold; what `defectdet compare` runs. Returns the comparison
     document (also written to `out/compare.json`): per model mAP, escapes, false calls and latency, the images
     where they disagree, and `verdict` with `decision` "promote" or "keep".
 
-    `options` are those of `compare_models`: `split` (default "val"), `clean` (a folder of defect-free
-    boards), `clean_auto`, `out`, `threads`, `tolerances`, ...
+    `settings` is a `CompareSettings`; its fields may also be given as keywords: `split` (default "val"),
+    `clean` (a folder of defect-free boards), `clean_auto`, `out`, `threads`, `tolerances`, ...
 
     Example:
         ```python
@@ -305,4 +332,4 @@ def compare(old: str | Path, new: str | Path, data: str | Path, **options: Any) 
         print(document["verdict"]["decision"])
         ```
     """
-    return compare_models(old, new, data, **options)
+    return compare_models(old, new, data, settings, **keywords)

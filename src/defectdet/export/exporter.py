@@ -22,9 +22,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from defectdet.compat import Surface, current_keys
+from defectdet.compat import Surface, current_keys, with_keywords
 from defectdet.engine.start_model import WEIGHTS_KEY, encode_weights
 from defectdet.errors import ConfigError, DatasetError, DefectDetError
+from defectdet.export.export_settings import ExportSettings
 from defectdet.export.fragment_choice import choose_merged, merge_candidates
 from defectdet.runtime.bundle import (
     FEATURES_OUTPUT,
@@ -216,26 +217,20 @@ def _checked_options(formats: tuple[str, ...], flip_views: str) -> set[str]:
 def export_bundle(
     checkpoint: str | Path,
     out: str | Path | None = None,
+    settings: ExportSettings | None = None,
     *,
-    data: str | Path | None = None,
-    split: str | None = None,
-    formats: tuple[str, ...] = ("onnx",),
-    int8: bool = False,
-    force: bool = False,
-    calibration_images: int = 64,
-    target_recall: float = 0.99,
-    flip_views: str = "none",
-    repeat_check: bool = False,
-    merge_fragments: bool = True,
     console: Any = None,
+    **keywords: Any,
 ) -> ExportResult:
     """Export ``checkpoint`` (EMA weights, BatchNorm folded) to a bundle at ``out`` (default: beside the
-    checkpoint, ``<stem>.onnx``). With validation data (``data``, default the training config's dataset and
-    ``split``, default its validation split) the bundle carries thresholds and metrics measured on it, and
-    a drift reference from the same dataset's training split (the split itself when that is missing);
-    without, the checkpoint's logged thresholds and no drift reference. `flip_views` (`model.flip_average`):
-    test-time flips averaged inside the graph, one more forward pass per view. `repeat_check`: `runtime.repeat_check`.
-    `merge_fragments`: choose the fragment merge's classes on the measured split (False: none).
+    checkpoint, ``<stem>.onnx``). `settings` is an `ExportSettings`; its fields may also be given as keywords,
+    which apply over it (`data`, `split`, `formats`, `int8`, `flip_views`, ...). With validation data (``data``,
+    default the training config's dataset and ``split``, default its validation split) the bundle carries
+    thresholds and metrics measured on it, and a drift reference from the same dataset's training split (the
+    split itself when that is missing); without, the checkpoint's logged thresholds and no drift reference.
+    `flip_views` (`model.flip_average`): test-time flips averaged inside the graph, one more forward pass per
+    view. `repeat_check`: `runtime.repeat_check`. `merge_fragments`: choose the fragment merge's classes on the
+    measured split (False: none).
 
     Example:
         ```python
@@ -246,72 +241,111 @@ def export_bundle(
     """
     from defectdet.engine.checkpoint import load_detector
 
-    wanted = _checked_options(formats, flip_views)
+    settings = with_keywords(ExportSettings, settings, keywords, "export_bundle")
+    wanted = _checked_options(settings.formats, settings.flip_views)
     checkpoint = Path(checkpoint)
     bundle = Path(out) if out else checkpoint.with_suffix(".onnx")
     if bundle.suffix.lower() != ".onnx":
         raise ConfigError(f"--out {bundle}: the bundle file name must end in .onnx")
     detector, state = load_detector(checkpoint)
     config = state.get("config") or {}
-    data = data or config.get("data")
-    split = split or config.get("val_split") or "val"
-    has_data = bool(data) and Path(str(data)).exists()
-    if int8 and not has_data:
+    settings = settings.model_copy(
+        update={
+            "data": settings.data or config.get("data"),
+            "split": settings.split or config.get("val_split") or "val",
+        }
+    )
+    if settings.int8 and not _has_data(settings):
         raise ConfigError("--int8 needs validation data to prove the int8 model (pass --data)")
-    # written beside the target and moved onto it only when complete: a failed export leaves no bundle
+    result = _write_bundle(_Export(detector, state, checkpoint, bundle, settings, wanted))
+    if settings.int8:
+        result.int8 = _quantize(bundle, settings, config, console)
+    return result
+
+
+def _has_data(settings: ExportSettings) -> bool:
+    return bool(settings.data) and Path(str(settings.data)).exists()
+
+
+@dataclass
+class _Export:
+    """One export under way: the detector and its checkpoint, where the bundle goes, what to write."""
+
+    detector: nn.Module
+    state: dict[str, Any]
+    checkpoint: Path
+    bundle: Path
+    settings: ExportSettings
+    formats: set[str]
+
+
+def _write_bundle(export: _Export) -> ExportResult:
+    """The bundle (measured on the settings' data when there is some) and the extra formats; written beside the
+    target and moved onto it only when complete, so that a failed export leaves no bundle."""
+    settings, bundle = export.settings, export.bundle
     partial = bundle.with_name(f".{bundle.stem}.partial-{os.getpid()}.onnx")
     try:
         detector, metadata, max_diff = _write_graph(
-            detector, state, checkpoint, partial, flip_views, repeat_check
+            export.detector,
+            export.state,
+            export.checkpoint,
+            partial,
+            settings.flip_views,
+            settings.repeat_check,
         )
         measured_on = None
-        if has_data:
-            train_split = config.get("train_split") or "train"
-            metadata = _measure(partial, metadata, data, split, target_recall, train_split, merge_fragments)
+        if _has_data(settings):
+            metadata = _measured(partial, metadata, settings, export.state.get("config") or {})
             metadata = flag_quality(metadata, bundle)
             write_metadata(partial, metadata)
-            measured_on = f"{data}, split {split}"
+            measured_on = f"{settings.data}, split {settings.split}"
         else:
             logger.warning(
                 "no validation data (%s): the bundle keeps the checkpoint's logged thresholds and has no drift "
                 "reference; pass --data to measure them",
-                data,
+                settings.data,
             )
         result = ExportResult(bundle, metadata, max_diff, measured_on=measured_on)
-        if "torchscript" in wanted:
+        if "torchscript" in export.formats:
             result.extra_files["torchscript"] = export_torchscript(
                 detector, bundle.with_suffix(".ts"), metadata
             )
-        if "pt2" in wanted:
+        if "pt2" in export.formats:
             result.extra_files["pt2"] = export_pt2(detector, bundle.with_suffix(".pt2"), metadata)
         os.replace(partial, bundle)
     finally:
         partial.unlink(missing_ok=True)
-    if int8:
-        result.int8 = _quantize(bundle, data, config, split, calibration_images, force, console)
     return result
 
 
-def _quantize(
-    bundle: Path,
-    data: Any,
-    config: dict[str, Any],
-    split: str,
-    calibration_images: int,
-    force: bool,
-    console: Any,
-) -> Any:
-    """The int8 variant of `bundle`, calibrated on the training split and proven on `split`."""
+def _measured(
+    partial: Path, metadata: BundleMetadata, settings: ExportSettings, config: dict[str, Any]
+) -> BundleMetadata:
+    """`metadata` with the thresholds, metrics and drift reference measured on the settings' data."""
+    train_split = config.get("train_split") or "train"
+    return _measure(
+        partial,
+        metadata,
+        settings.data,
+        settings.split,
+        settings.target_recall,
+        train_split,
+        settings.merge_fragments,
+    )
+
+
+def _quantize(bundle: Path, settings: ExportSettings, config: dict[str, Any], console: Any) -> Any:
+    """The int8 variant of `bundle`, calibrated on the training split and proven on the settings' split."""
     from defectdet.export.quantize import quantize_bundle
 
     return quantize_bundle(
         bundle,
-        data,
+        settings.data,
         train_split=config.get("train_split") or "train",
-        val_split=split,
-        calibration_images=calibration_images,
+        val_split=settings.split,
+        calibration_images=settings.calibration_images,
         max_drop=INT8_MAX_MAP50_DROP,
-        force=force,
+        force=settings.force,
         console=console,
     )
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from defectdet.errors import InputError
+from defectdet.runtime.predict_settings import PredictSettings
 
 logger = logging.getLogger(__name__)
 
@@ -37,24 +38,27 @@ def resolve_bundle(model: str | Path, work_dir: Path, flip_views: str | None = N
 def _check_bundle_views(bundle: Path, flip_views: str) -> None:
     """InputError when `bundle`'s graph was exported with views other than `flip_views`."""
     from defectdet.runtime.bundle import read_metadata
+    from defectdet.runtime.predict import check_bundle_views
 
-    exported = read_metadata(bundle).flip_views
-    if exported != flip_views:
-        raise InputError(
-            f"--flip-views {flip_views}: {bundle} was exported with flip views {exported!r} (they are part of "
-            f"its graph); export its checkpoint again with `defectdet export --flip-views {flip_views}`, or "
-            "predict with the checkpoint and --flip-views"
-        )
+    check_bundle_views(bundle, read_metadata(bundle).flip_views, flip_views)
 
 
-def predict(model: str | Path, source: str | Path, out: str | Path = "runs/predict", **options: Any) -> Any:
-    """Predict an image file, a folder or a glob with a bundle or a checkpoint (exported first); what
-    `defectdet predict` runs. Writes annotated images, `predictions.jsonl` and YOLO label files into `out` and
-    returns a `PredictSummary` (`images`, `defective`, `detections`, `failed`, ...).
+def predict(
+    model: str | Path,
+    source: str | Path,
+    out: str | Path = "runs/predict",
+    settings: PredictSettings | None = None,
+    **keywords: Any,
+) -> Any:
+    """Predict an image file, a folder or a glob with a bundle or a checkpoint (exported first, with the
+    settings' `flip_views`); what `defectdet predict` runs. Writes annotated images, `predictions.jsonl` and
+    YOLO label files into `out` and returns a `PredictSummary` (`images`, `defective`, `detections`, `failed`,
+    ...).
 
-    `options` are those of `defectdet.runtime.predict.predict_source`: `templates` (a folder of templates
-    matched by file name), `threshold` (default: the bundle's), `save_images`, `threads`, `tiles`,
-    `repeat_check`. For one image at a time in your own code, use `Predictor`.
+    `settings` is a `PredictSettings` (default: no progress bar); its fields may also be given as keywords,
+    which apply over it: `templates` (a folder of templates matched by file name), `threshold` (default: the
+    bundle's), `save_images`, `threads`, `tiles`, `flip_views`, `repeat_check`. For one image at a time in your
+    own code, use `Predictor`.
 
     Example:
         ```python
@@ -64,7 +68,9 @@ def predict(model: str | Path, source: str | Path, out: str | Path = "runs/predi
         print(summary.images, summary.defective)
         ```
     """
+    from defectdet.compat import Surface, with_keywords
     from defectdet.runtime.predict import predict_source
 
-    options.setdefault("progress", False)
-    return predict_source(resolve_bundle(model, Path(out)), source, out, **options)
+    settings = settings if settings is not None else PredictSettings(progress=False)
+    settings = with_keywords(PredictSettings, settings, keywords, "predict", Surface.PREDICT_SOURCE)
+    return predict_source(resolve_bundle(model, Path(out), settings.flip_views), source, out, settings)

@@ -1,5 +1,6 @@
 """`predict_source`: run a bundle over a file, folder or glob; write annotated images, predictions.jsonl and
-YOLO label files. An unreadable file is listed and skipped; the run goes on."""
+YOLO label files. An unreadable file is listed and skipped; the run goes on. How it runs: `PredictSettings`
+(`runtime.predict_settings`)."""
 
 from __future__ import annotations
 
@@ -15,18 +16,29 @@ from typing import Any
 import cv2
 import numpy as np
 
-from defectdet.compat import Surface, current_keywords
+from defectdet.compat import Surface, with_keywords
 from defectdet.data.companions import tagged_capture
 from defectdet.data.formats.yolo import label_line
 from defectdet.data.imageio import IMAGE_SUFFIXES
 from defectdet.errors import InputError, describe_failure
 from defectdet.runtime.bundle import check_companion_names
+from defectdet.runtime.predict_settings import PredictSettings
 from defectdet.runtime.predictor import Detection, PredictionResult, Predictor
 
 logger = logging.getLogger(__name__)
 
-_PALETTE = [(230, 25, 75), (60, 180, 75), (255, 160, 0), (0, 130, 200), (145, 30, 180), (70, 240, 240),
-            (240, 50, 230), (210, 245, 60), (0, 128, 128), (170, 110, 40)]  # fmt: skip
+_PALETTE = [
+    (230, 25, 75),
+    (60, 180, 75),
+    (255, 160, 0),
+    (0, 130, 200),
+    (145, 30, 180),
+    (70, 240, 240),
+    (240, 50, 230),
+    (210, 245, 60),
+    (0, 128, 128),
+    (170, 110, 40),
+]
 
 
 @dataclass
@@ -276,8 +288,10 @@ def draw_detections(image: np.ndarray, result: PredictionResult) -> np.ndarray:
             cv2.LINE_AA,
         )
     verdict_color = (40, 40, 220) if result.defective else (60, 170, 60)
-    cv2.putText(canvas, result.verdict.upper(), (6, int(28 * scale) + 6), cv2.FONT_HERSHEY_SIMPLEX, scale * 1.2,
-                verdict_color, max(1, thickness), cv2.LINE_AA)  # fmt: skip
+    origin = (6, int(28 * scale) + 6)
+    text = result.verdict.upper()
+    font = cv2.FONT_HERSHEY_SIMPLEX
+    cv2.putText(canvas, text, origin, font, scale * 1.2, verdict_color, max(1, thickness), cv2.LINE_AA)
     return canvas
 
 
@@ -359,70 +373,108 @@ def predict_source(
     model: str | Path,
     source: str | Path,
     out: str | Path,
-    *,
-    templates: str | Path | None = None,
-    threshold: float | None = None,
-    save_images: bool = True,
-    threads: int | None = None,
-    progress: bool = True,
-    tiles: bool | None = None,
-    repeat_check: bool | None = None,
-    companions: Mapping[str, str | Path] | None = None,
-    **renamed: Any,
+    settings: PredictSettings | None = None,
+    **keywords: Any,
 ) -> PredictSummary:
-    """Predict every image of ``source`` with ``model`` (a bundle; `defectdet.export.resolve.resolve_bundle` exports
-    a checkpoint); ``threshold``, ``tiles`` and ``repeat_check`` override the bundle's.
+    """Predict every image of ``source`` with ``model`` (a bundle; `defectdet.export.resolve.resolve_bundle`
+    exports a checkpoint) into ``out``. `settings` is a `PredictSettings`; its fields may also be given as
+    keywords, which apply over it: ``threshold``, ``tiles`` and ``repeat_check`` override the bundle's;
     ``companions``: name -> folder of each aligned capture the bundle takes (`parse_companions` reads
     ``--companion NAME=DIR``); each image's capture is the file of its name there."""
     from rich.progress import Progress
 
-    threshold = current_keywords(renamed, Surface.PREDICT_SOURCE).get("threshold", threshold)
-    out_dir = Path(out)
-    predictor = Predictor(_bundle_path(model), threads=threads, tiles=tiles, repeat_check=repeat_check)
-    companion_dirs = {name: Path(folder) for name, folder in (companions or {}).items()}
+    settings = with_keywords(PredictSettings, settings, keywords, "predict_source", Surface.PREDICT_SOURCE)
+    predictor = Predictor(
+        _bundle_path(model),
+        threads=settings.threads,
+        tiles=settings.tiles,
+        repeat_check=settings.repeat_check,
+    )
+    if settings.flip_views is not None:
+        check_bundle_views(model, predictor.metadata.flip_views, settings.flip_views)
+    companion_dirs = {name: Path(folder) for name, folder in (settings.companions or {}).items()}
     check_companion_folders(companion_dirs, predictor.metadata.companions, model)
-    template_dir = _template_folder(templates)
+    template_dir = _template_folder(settings.templates)
     images, skipped = _inputs(source, template_dir, companion_dirs)
-    names = output_names(images)
-    labels_dir = out_dir / "labels"
-    labels_dir.mkdir(parents=True, exist_ok=True)
-    if save_images:
-        (out_dir / "images").mkdir(exist_ok=True)
-    summary = PredictSummary(out_dir=out_dir, templates_skipped=len(skipped))
-    totals: list[float] = []
+    summary = PredictSummary(out_dir=Path(out), templates_skipped=len(skipped))
+    outputs = _Outputs(Path(out), predictor, summary, output_names(images), template_dir, companion_dirs)
+    outputs.make_folders(settings.save_images)
     with (
-        (out_dir / "predictions.jsonl").open("w", encoding="utf-8") as jsonl,
-        Progress(disable=not progress) as bar,
+        (outputs.out_dir / "predictions.jsonl").open("w", encoding="utf-8") as jsonl,
+        Progress(disable=not settings.progress) as bar,
     ):
         task = bar.add_task("predicting", total=len(images))
-        answers = iterate_predictions(predictor, images, template_dir, threshold, names, companion_dirs)
+        answers = iterate_predictions(
+            predictor, images, template_dir, settings.threshold, outputs.names, companion_dirs
+        )
         for path, image, result, error in answers:
             bar.advance(task)
-            if result is None or image is None:
-                logger.warning("skipping %s: %s", path, error)
-                summary.failed.append((str(path), str(error)))
-                jsonl.write(json.dumps({"file": str(path), "error": error}) + "\n")
-                continue
-            name = names[path]
-            label_path = labels_dir / name.with_name(name.name + ".txt")
-            try:
-                _write_outputs(image, result, label_path, out_dir / "images" if save_images else None, name)
-            except Exception as error:  # noqa: BLE001 - as for decoding: this file fails, the run goes on
-                message = _failure(path, error)
-                logger.warning("skipping %s: %s", path, message)
-                summary.failed.append((str(path), message))
-                jsonl.write(json.dumps({"file": str(path), "error": message}) + "\n")
-                continue
-            summary.images += 1
-            summary.defective += result.defective
-            summary.detections += len(result.detections)
-            totals.append(result.timings["total"])
-            jsonl.write(
-                _jsonl_line(path, label_path, out_dir, result, predictor, template_dir, name, companion_dirs)
-            )
-    (out_dir / "classes.txt").write_text("".join(f"{name}\n" for name in predictor.metadata.class_names))
-    summary.mean_total_ms = round(float(np.mean(totals)), 3) if totals else None
-    return summary
+            jsonl.write(outputs.add(path, image, result, error))
+    return outputs.finish()
+
+
+def check_bundle_views(bundle: str | Path, exported: str, flip_views: str) -> None:
+    """InputError when `bundle`'s graph was exported with views (`exported`) other than `flip_views`."""
+    if exported != flip_views:
+        raise InputError(
+            f"--flip-views {flip_views}: {bundle} was exported with flip views {exported!r} (they are part of "
+            f"its graph); export its checkpoint again with `defectdet export --flip-views {flip_views}`, or "
+            "predict with the checkpoint and --flip-views"
+        )
+
+
+@dataclass
+class _Outputs:
+    """What a `predict_source` run writes for each image (its label file, annotated PNG and predictions.jsonl
+    line) and counts in its summary."""
+
+    out_dir: Path
+    predictor: Predictor
+    summary: PredictSummary
+    names: dict[Path, Path]  # each input's output name (`output_names`)
+    templates: Path | None
+    companions: dict[str, Path]
+    images_dir: Path | None = None
+    totals: list[float] = field(default_factory=list)  # each image's end-to-end milliseconds
+
+    def make_folders(self, save_images: bool) -> None:
+        (self.out_dir / "labels").mkdir(parents=True, exist_ok=True)
+        if save_images:
+            self.images_dir = self.out_dir / "images"
+            self.images_dir.mkdir(exist_ok=True)
+
+    def add(
+        self, path: Path, image: np.ndarray | None, result: PredictionResult | None, error: str | None
+    ) -> str:
+        """Write one image's outputs and count it; returns its predictions.jsonl line. A file that failed, to
+        read or to write, is listed in the summary and the run goes on."""
+        if result is None or image is None:
+            return self._failed(path, str(error))
+        name = self.names[path]
+        label_path = self.out_dir / "labels" / name.with_name(name.name + ".txt")
+        try:
+            _write_outputs(image, result, label_path, self.images_dir, name)
+        except Exception as error:  # noqa: BLE001 - as for decoding: this file fails, the run goes on
+            return self._failed(path, _failure(path, error))
+        self.summary.images += 1
+        self.summary.defective += result.defective
+        self.summary.detections += len(result.detections)
+        self.totals.append(result.timings["total"])
+        return _jsonl_line(
+            path, label_path, self.out_dir, result, self.predictor, self.templates, name, self.companions
+        )
+
+    def _failed(self, path: Path, message: str) -> str:
+        logger.warning("skipping %s: %s", path, message)
+        self.summary.failed.append((str(path), message))
+        return json.dumps({"file": str(path), "error": message}) + "\n"
+
+    def finish(self) -> PredictSummary:
+        """The summary, with classes.txt written beside the outputs."""
+        names = self.predictor.metadata.class_names
+        (self.out_dir / "classes.txt").write_text("".join(f"{name}\n" for name in names))
+        self.summary.mean_total_ms = round(float(np.mean(self.totals)), 3) if self.totals else None
+        return self.summary
 
 
 def _inputs(

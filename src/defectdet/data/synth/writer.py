@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
 import yaml
 
+from defectdet.compat import with_keywords
 from defectdet.data.formats.yolo import label_line
 from defectdet.data.synth.board import generate_board
 from defectdet.data.synth.companion import checked_companion_names, companion_capture, faint_defects
 from defectdet.data.synth.defects import CLASS_NAMES
+from defectdet.data.synth.settings import SynthSettings
+from defectdet.data.synth.shift import checked_shifts, shift_dataset
 from defectdet.data.synth.surface import MATERIALS, SURFACE_CLASS_NAMES, generate_surface
 from defectdet.errors import DefectDetError
 
@@ -51,21 +56,10 @@ def _split_of_boards(boards: int, val_fraction: float, seed: int) -> list[str]:
     return splits
 
 
-def synthesize_dataset(
-    out: Path,
-    boards: int = 40,
-    seed: int = 0,
-    template: bool | None = None,
-    min_size: int | None = None,
-    max_size: int | None = None,
-    val_fraction: float = 0.2,
-    color: bool | None = None,
-    progress: bool = True,
-    kind: str = "pcb",
-    materials: tuple[str, ...] | None = None,
-    companions: tuple[str, ...] = (),
-) -> Path:
-    """Generate `boards` synthetic images with exact defect boxes; returns `out/data.yaml`.
+def synthesize_dataset(out: str | Path, settings: SynthSettings | None = None, **keywords: Any) -> Path:
+    """Generate `settings.boards` synthetic images with exact defect boxes; returns `out/data.yaml`. `settings`
+    is a `SynthSettings`; its fields may also be given as keywords, which apply over it (`boards`, `seed`,
+    `kind`, `min_size`, ...).
 
     `kind='pcb'`: PCB boards (480-800 px, gray unless `color`) with their defect-free templates
     (`template` None = True). `kind='surface'`: textured surfaces (128-2048 px, non-square; `color`
@@ -75,56 +69,90 @@ def synthesize_dataset(
     `cls cx cy w h`), `templates/...png` (boards with templates), `data.yaml`. The same seed gives
     identical files. `companions` (names): for each, an aligned second capture of every image under another
     lighting in `companions/NAME/{train,val}/`, declared in data.yaml's `companions:`; the images then show
-    their defects faintly and each companion plainly (`synth.companion`).
+    their defects faintly and each companion plainly (`synth.companion`). `shift` (names from
+    `synth.shift.SHIFTS`): the tested images then show a shifted line, recorded in `shift.json`.
     """
+    settings = _checked(with_keywords(SynthSettings, settings, keywords, "synthesize_dataset"))
     out = Path(out)
+    splits = _split_of_boards(settings.boards, settings.val_fraction, settings.seed)
+    _make_folders(out, settings)
+    label = f"synthesizing {'surfaces' if settings.kind == 'surface' else 'boards'}"
+    _run_each(
+        functools.partial(_write_image, out, settings, splits),
+        settings.boards,
+        label if settings.progress else None,
+    )
+    data_yaml = _write_data_yaml(out, settings)
+    used_splits = sorted(set(splits), key=["train", "val"].index)
+    logger.info("wrote %d %s images (%s) to %s", settings.boards, settings.kind, ", ".join(used_splits), out)
+    if settings.shift:
+        changed = shift_dataset(out, settings.shift, settings.seed)
+        logger.info("shifted line (%s): %d tested images changed", ", ".join(settings.shift), changed)
+    return data_yaml
+
+
+def _checked(settings: SynthSettings) -> SynthSettings:
+    """`settings` checked (DefectDetError naming the setting), with the kind's defaults in place of None: the
+    template, the sizes; the companion and shift names as lists of names."""
+    kind = settings.kind
     if kind not in KINDS:
         raise DefectDetError(f"kind: must be one of {', '.join(KINDS)}, got {kind!r}")
-    if kind == "surface" and template:
+    if kind == "surface" and settings.template:
         raise DefectDetError("template: synthetic surfaces have no template (use kind='pcb' for pairs)")
+    materials = settings.materials
     if materials is not None and (not materials or set(materials) - set(MATERIALS)):
         raise DefectDetError(
             f"materials: choose from {', '.join(MATERIALS)}; got {', '.join(materials) or 'none'}"
         )
-    template = kind == "pcb" if template is None else template
-    companions = tuple(checked_companion_names(list(companions)))
-    min_size = DEFAULT_SIZES[kind][0] if min_size is None else min_size
-    max_size = DEFAULT_SIZES[kind][1] if max_size is None else max_size
-    _check_counts(boards, seed, min_size, max_size, val_fraction)
-    splits = _split_of_boards(boards, val_fraction, seed)
-    used_splits = sorted(set(splits), key=["train", "val"].index)
-    folders = ["images", "labels"] + (["templates"] if template else [])
-    folders += [f"companions/{name}" for name in companions]
+    settings = settings.model_copy(
+        update={
+            "template": kind == "pcb" if settings.template is None else settings.template,
+            "companions": tuple(checked_companion_names(list(settings.companions))),
+            "shift": checked_shifts(settings.shift),
+            "min_size": DEFAULT_SIZES[kind][0] if settings.min_size is None else settings.min_size,
+            "max_size": DEFAULT_SIZES[kind][1] if settings.max_size is None else settings.max_size,
+        }
+    )
+    _check_counts(settings.boards, settings.seed, settings.min_size, settings.max_size, settings.val_fraction)
+    return settings
+
+
+def _make_folders(out: Path, settings: SynthSettings) -> None:
+    folders = ["images", "labels"] + (["templates"] if settings.template else [])
+    folders += [f"companions/{name}" for name in settings.companions]
     for folder in folders:
         for split in ("train", "val"):
             (out / folder / split).mkdir(parents=True, exist_ok=True)
 
-    def work(index: int) -> None:
-        split = splits[index]
-        image, boxes, classes, name, golden, clean = _generate(
-            kind, seed, index, (min_size, max_size), color, materials, bool(companions)
-        )
-        if template and golden is not None:
-            _write_png(out / "templates" / split / f"{name}.png", golden)
-        if clean is not None:
-            image = _write_companions(
-                out / "companions", companions, split, name, image, clean, [seed, index]
-            )
-        _write_png(out / "images" / split / f"{name}.png", image)
-        (out / "labels" / split / f"{name}.txt").write_text(_label_lines(image, boxes, classes))
 
-    _run_each(
-        work, boards, f"synthesizing {'surfaces' if kind == 'surface' else 'boards'}" if progress else None
+def _write_image(out: Path, settings: SynthSettings, splits: list[str], index: int) -> None:
+    """Image `index`: its PNG, label file, template and companion captures."""
+    split, seed, companions = splits[index], settings.seed, settings.companions
+    image, boxes, classes, name, golden, clean = _generate(
+        settings.kind,
+        seed,
+        index,
+        (settings.min_size, settings.max_size),
+        settings.color,
+        settings.materials,
+        bool(companions),
     )
+    if settings.template and golden is not None:
+        _write_png(out / "templates" / split / f"{name}.png", golden)
+    if clean is not None:
+        image = _write_companions(out / "companions", companions, split, name, image, clean, [seed, index])
+    _write_png(out / "images" / split / f"{name}.png", image)
+    (out / "labels" / split / f"{name}.txt").write_text(_label_lines(image, boxes, classes))
 
+
+def _write_data_yaml(out: Path, settings: SynthSettings) -> Path:
     config: dict = {"path": ".", "train": "images/train", "val": "images/val"}
-    if template:
+    if settings.template:
         config["templates"] = {"train": "templates/train", "val": "templates/val"}
-    config.update(_companions_entry(companions))
-    config["names"] = list(SURFACE_CLASS_NAMES if kind == "surface" else CLASS_NAMES)
+    config.update(_companions_entry(settings.companions))
+    config["names"] = list(SURFACE_CLASS_NAMES if settings.kind == "surface" else CLASS_NAMES)
     data_yaml = out / "data.yaml"
     data_yaml.write_text(yaml.safe_dump(config, sort_keys=False))
-    logger.info("wrote %d %s images (%s) to %s", boards, kind, ", ".join(used_splits), out)
     return data_yaml
 
 
