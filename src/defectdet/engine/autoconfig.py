@@ -159,10 +159,6 @@ def collect_split_stats(
 ) -> SplitStats:
     """Image/box sizes of up to `max_images` samples (headers only), class counts of all samples,
     and whether `color_samples` of them have colour (gray files by header; RGB files decoded)."""
-    from PIL import Image
-
-    from defectdet.data.imageio import read_image, read_image_size
-
     samples = split.samples
     order = np.random.default_rng(seed).permutation(len(samples))[:max_images]
     sizes, box_wh, box_long = [], [], []
@@ -170,37 +166,21 @@ def collect_split_stats(
     unreadable = 0
     for index in order.tolist():
         sample = samples[index]
-        if sample.width and sample.height:
-            width, height = sample.width, sample.height
-        else:
-            try:
-                width, height = read_image_size(sample.image_path)
-            except ImageReadError:
-                unreadable += 1
-                continue
-        sizes.append((width, height))
+        size = _image_size(sample)
+        if size is None:
+            unreadable += 1
+            continue
+        sizes.append(size)
         if len(sample.boxes):
             wh = np.clip(sample.boxes[:, 2:] - sample.boxes[:, :2], 1.0, None)
             box_wh.append(wh)
-            box_long.append(np.full(len(wh), max(width, height), np.float32))
+            box_long.append(np.full(len(wh), max(size), np.float32))
         if color_checked < color_samples:
-            try:
-                with Image.open(sample.image_path) as image:
-                    gray = image.mode in GRAY_MODES
+            color = _color_check(sample.image_path)
+            if color is not None:
                 color_checked += 1
-                # a file stored as RGB may still be gray: decode it to look
-                color_images += (
-                    0 if gray else int(color_spread(read_image(sample.image_path, 3)) > COLOR_SPREAD)
-                )
-            except (OSError, ValueError, ImageReadError):
-                pass
-    num_classes = len(split.class_names)
-    class_boxes = np.zeros(num_classes, np.int64)
-    class_images = np.zeros(num_classes, np.int64)
-    for sample in samples:
-        present = sample.classes[(sample.classes >= 0) & (sample.classes < num_classes)]
-        np.add.at(class_boxes, present, 1)
-        class_images[np.unique(present)] += 1
+                color_images += color
+    class_boxes, class_images = _class_counts(samples, len(split.class_names))
     notes = [f"{unreadable} sampled images unreadable (skipped)"] if unreadable else []
     return SplitStats(
         images=len(samples),
@@ -219,6 +199,49 @@ def collect_split_stats(
         color_images=color_images,
         notes=notes,
     )
+
+
+def _image_size(sample: Sample) -> tuple[int, int] | None:
+    """(width, height) of a sample: from its labels when they give it, else its file's header; None unreadable."""
+    from defectdet.data.imageio import read_image_size
+
+    if sample.width and sample.height:
+        return sample.width, sample.height
+    try:
+        return read_image_size(sample.image_path)
+    except ImageReadError:
+        return None
+
+
+def _color_check(path: Path) -> int | None:
+    """1 when the image has colour content, 0 when it is gray (by its header, or decoded when it is stored as
+    colour; 0 too when that decode fails), None when its header cannot be read (not checked)."""
+    from PIL import Image
+
+    from defectdet.data.imageio import read_image
+
+    try:
+        with Image.open(path) as image:
+            gray = image.mode in GRAY_MODES
+    except (OSError, ValueError, ImageReadError):
+        return None
+    if gray:
+        return 0
+    try:  # a file stored as RGB may still be gray: decode it to look
+        return int(color_spread(read_image(path, 3)) > COLOR_SPREAD)
+    except (OSError, ValueError, ImageReadError):
+        return 0
+
+
+def _class_counts(samples: list[Sample], num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(K,) boxes per class and (K,) images containing each class, over `samples`."""
+    class_boxes = np.zeros(num_classes, np.int64)
+    class_images = np.zeros(num_classes, np.int64)
+    for sample in samples:
+        present = sample.classes[(sample.classes >= 0) & (sample.classes < num_classes)]
+        np.add.at(class_boxes, present, 1)
+        class_images[np.unique(present)] += 1
+    return class_boxes, class_images
 
 
 def color_spread(image: np.ndarray) -> float:
@@ -550,72 +573,104 @@ def choose_settings(
     whether lite0 fits it. Pure otherwise: no IO."""
     if previous is not None:  # a checkpoint written before the renaming uses retired names
         previous = current_keys(previous, Surface.TRAIN_CONFIG, warn=False)
-    choices: list[Choice] = []
-    values: dict[str, Any] = {}
+    made = _Decisions(config, previous)
+    input_size, crop, template = _decide_input(made, stats)
+    lite0_step = None
+    if config.preset is None and not (previous or {}).get("preset") and not template:
+        lite0_step = _lite0_step(config, made.values, crop or input_size, step_seconds)
+    preset = made.decide("preset", *auto_preset(bool(template), lite0_step))
+    made.decide("strides", *auto_strides(stats, input_size, preset))
+    made.decide("batch", *auto_batch(crop or input_size, preset))
+    made.decide("class_balance", *auto_class_balance(stats))
+    made.decide("tiles", *auto_tiles(stats, input_size))
+    made.decide("clean_templates", *auto_clean_templates(stats, bool(template)))
+    _decide_start(made, preset, bool(template))
+    made.choices.append(_NO_REGRESSION_RANGES)
+    for note in stats.notes:
+        logger.warning("settings from the data: %s", note)
+    return config.model_copy(update=made.values), made.choices
 
-    def decide(name: str, auto_value: Any, auto_reason: str) -> Any:
-        given = getattr(config, name)
+
+_NO_REGRESSION_RANGES = Choice(
+    "regression ranges",
+    "none",
+    "task-aligned assignment over every level (score x IoU) and unbounded softplus x stride "
+    "distances leave no size ranges to tune",
+    "fixed",
+)
+
+
+@dataclass
+class _Decisions:
+    """The settings decided so far (`values`) and why (`choices`): the user's value wins, then a resumed
+    checkpoint's (`previous`), then the data's."""
+
+    config: TrainConfig
+    previous: dict[str, Any] | None
+    choices: list[Choice] = field(default_factory=list)
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def decide(self, name: str, auto_value: Any, auto_reason: str) -> Any:
+        given = getattr(self.config, name)
         if given is not None:
             reason = "set by you"
             if given != auto_value:
                 reason += f"; from the data: {_show(auto_value)} ({auto_reason})"
-            choices.append(Choice(name, given, reason, "user"))
+            self.choices.append(Choice(name, given, reason, "user"))
             value = given
-        elif previous is not None and previous.get(name) is not None:
-            value = previous[name]
-            choices.append(Choice(name, value, "kept from the checkpoint being resumed", "checkpoint"))
+        elif self.previous is not None and self.previous.get(name) is not None:
+            value = self.previous[name]
+            self.choices.append(Choice(name, value, "kept from the checkpoint being resumed", "checkpoint"))
         else:
             value = auto_value
-            choices.append(Choice(name, value, auto_reason, "auto"))
-        values[name] = value
+            self.choices.append(Choice(name, value, auto_reason, "auto"))
+        self.values[name] = value
         return value
 
+    def keep_from_checkpoint(self, name: str, value: Any) -> None:
+        """`name` as a checkpoint from before the setting existed had it (its model was built so)."""
+        self.values[name] = value
+        self.choices.append(Choice(name, value, "kept from the checkpoint being resumed", "checkpoint"))
+
+    def predates(self, name: str) -> bool:
+        """Whether `name` is left to the data while a resumed checkpoint has no value for it."""
+        return (
+            getattr(self.config, name) is None
+            and self.previous is not None
+            and self.previous.get(name) is None
+        )
+
+
+def _decide_input(made: _Decisions, stats: SplitStats) -> tuple[int, int, bool]:
+    """The input settings (size, crops, channels, template, companions); returns (input size, crop, template)."""
+    config = made.config
     auto_size, size_reason = auto_input_size(stats)
     if config.input_size is None and (config.crop_size == 0 or auto_crop(stats, auto_size)[0] == 0):
         smaller, why = shrink_whole_images(stats, auto_size)
         if why:
             auto_size, size_reason = smaller, f"{size_reason}; {why}"
-    input_size = decide("input_size", auto_size, size_reason)
-    crop = decide("crop_size", *auto_crop(stats, input_size))
-    decide("channels", *auto_channels(stats))
-    template = decide("template", *auto_template(stats))
+    input_size = made.decide("input_size", auto_size, size_reason)
+    crop = made.decide("crop_size", *auto_crop(stats, input_size))
+    made.decide("channels", *auto_channels(stats))
+    template = made.decide("template", *auto_template(stats))
     check_companions(config, stats)
-    if config.companions is None and previous is not None and "companions" not in previous:
-        # a checkpoint from before companions existed: its model takes none
-        values["companions"] = []
-        choices.append(Choice("companions", [], "kept from the checkpoint being resumed", "checkpoint"))
+    if config.companions is None and made.previous is not None and "companions" not in made.previous:
+        made.keep_from_checkpoint("companions", [])  # from before companions existed: its model takes none
     else:
-        decide("companions", *auto_companions(stats))
-    lite0_step = None
-    if config.preset is None and not (previous or {}).get("preset") and not template:
-        lite0_step = _lite0_step(config, values, crop or input_size, step_seconds)
-    preset = decide("preset", *auto_preset(bool(template), lite0_step))
-    decide("strides", *auto_strides(stats, input_size, preset))
-    decide("batch", *auto_batch(crop or input_size, preset))
-    decide("class_balance", *auto_class_balance(stats))
-    decide("tiles", *auto_tiles(stats, input_size))
-    decide("clean_templates", *auto_clean_templates(stats, bool(values["template"])))
-    if config.pretrained is None and previous is not None and previous.get("pretrained") is None:
-        # a checkpoint from before shipped weights existed: it started from random weights
-        values["pretrained"] = False
-        choices.append(Choice("pretrained", False, "kept from the checkpoint being resumed", "checkpoint"))
+        made.decide("companions", *auto_companions(stats))
+    return input_size, crop, template
+
+
+def _decide_start(made: _Decisions, preset: str, template: bool) -> None:
+    """Where the weights start and how the backbone learns (pretrained, backbone_lr_scale, frozen_stem)."""
+    companions = len(made.values["companions"])
+    if made.predates("pretrained"):  # from before shipped weights existed: it started from random weights
+        made.keep_from_checkpoint("pretrained", False)
     else:
-        decide("pretrained", *auto_pretrained(preset, bool(template), len(values["companions"])))
-    decide("backbone_lr_scale", *auto_backbone_lr_scale(preset, bool(values["pretrained"])))
-    frozen = auto_frozen_stem(preset, bool(values["pretrained"]), bool(template), len(values["companions"]))
-    decide("frozen_stem", *frozen)
-    choices.append(
-        Choice(
-            "regression ranges",
-            "none",
-            "task-aligned assignment over every level (score x IoU) and unbounded softplus x stride "
-            "distances leave no size ranges to tune",
-            "fixed",
-        )
-    )
-    for note in stats.notes:
-        logger.warning("settings from the data: %s", note)
-    return config.model_copy(update=values), choices
+        made.decide("pretrained", *auto_pretrained(preset, template, companions))
+    pretrained = bool(made.values["pretrained"])
+    made.decide("backbone_lr_scale", *auto_backbone_lr_scale(preset, pretrained))
+    made.decide("frozen_stem", *auto_frozen_stem(preset, pretrained, template, companions))
 
 
 def _lite0_step(

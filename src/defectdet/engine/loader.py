@@ -16,6 +16,7 @@ import math
 import os
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from defectdet.trainingdata.dataset import collate_detections
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Which share of the data one process loads: `rank` of `world_size` (one process: 0 of 1)."""
+
+    rank: int = 0
+    world_size: int = 1
 
 
 class SampleIndex(int):
@@ -111,14 +120,13 @@ def build_loader(
     train: bool,
     workers: int | None = None,
     seed: int = 0,
-    rank: int = 0,
-    world_size: int = 1,
+    shard: Shard = Shard(),
     collate_fn: Callable | None = None,
     pin_memory: bool | None = None,
 ) -> DataLoader:
-    """The DataLoader for `dataset`: shuffled by (seed, epoch) when `train`, sharded by rank.
+    """The DataLoader for `dataset`: shuffled by (seed, epoch) when `train`, this process's `shard` of it.
 
-    - workers None -> `default_workers(world_size)`: in-process on <= 2 cores per rank.
+    - workers None -> `default_workers(shard.world_size)`: in-process on <= 2 cores per rank.
     - workers > 0: persistent (no fork + dataset copy per epoch), prefetch_factor 2, `seed_worker`.
     - pin_memory None -> only when CUDA is available.
     - drop_last when training with more than one batch per rank: equal batch sizes keep BatchNorm
@@ -128,6 +136,7 @@ def build_loader(
     Call `start_epoch` before iterating each epoch.
     """
     length = len(dataset)  # type: ignore[arg-type]
+    rank, world_size = shard.rank, shard.world_size
     sampler = ResumableSampler(length, shuffle=train, seed=seed, rank=rank, world_size=world_size)
     workers = default_workers(world_size) if workers is None else workers
     per_rank = math.ceil(length / world_size) if length else 0

@@ -49,7 +49,7 @@ from defectdet.engine.distributed import (
 )
 from defectdet.engine.ema import ModelEMA
 from defectdet.engine.grad_stats import GradStatsMonitor
-from defectdet.engine.loader import build_loader, start_epoch
+from defectdet.engine.loader import Shard, build_loader, start_epoch
 from defectdet.engine.loop import (
     EpochSummary,
     LoopOptions,
@@ -664,8 +664,7 @@ class Trainer:
             True,
             config.workers,
             config.seed,
-            context.rank,
-            context.world_size,
+            Shard(context.rank, context.world_size),
             data.collate_fn,
             pin_memory=self.device.type == "cuda",
         )
@@ -846,22 +845,39 @@ class Trainer:
 
     def _save_checkpoints(self, metrics: dict, improved: bool) -> None:
         """last.pt every time; best.pt when the fitness improved (or once, without validation)."""
-        payload = _checkpoint_payload(
-            self.config,
-            self.model,
-            self.ema,
-            self.optimizer,
-            self.scaler,
-            self.schedule,
-            self.state,
-            self.data,
-            _scalar_metrics(metrics),
-            self.best_metrics,
-        )
+        payload = self._checkpoint_payload(_scalar_metrics(metrics))
         save_checkpoint(self.last_path, payload)
         if improved or (not self.saved_best and self.val_set is None):
             save_checkpoint(self.best_path, payload)
             self.saved_best = True
+
+    def _checkpoint_payload(self, metrics: dict) -> dict:
+        """Everything a resume needs (weights, optimizer, schedule, progress, random state) and what the run
+        reports (config, settings chosen, classes, `metrics`, the best metrics so far)."""
+        from defectdet import __version__
+
+        plain = unwrap_model(self.model)
+        state, data = self.state, self.data
+        return {
+            "model": plain.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "scheduler": self.schedule.state_dict(),
+            "epoch": state.epoch,
+            "step": state.step,
+            "train_state": state.to_dict(),
+            "rng": capture_rng_state(),
+            "config": self.config.to_dict(),
+            "settings_chosen": [choice.to_dict() for choice in data.choices],
+            "model_config": getattr(plain, "config", None),
+            "class_names": list(data.class_names),
+            "metrics": metrics,
+            "best_metrics": self.best_metrics,
+            "version": CHECKPOINT_VERSION,
+            "defectdet_version": __version__,
+            "torch_version": str(torch.__version__),
+        }
 
     # ------------------------------------------------------------------------------------------ finish
 
@@ -933,34 +949,6 @@ def _choice_notes(choices: list) -> list[str]:
         return []
     lines = ["settings chosen for this run (engine.autoconfig; set a field to override it):"]
     return lines + [f"  {c.name} = {c.value} [{c.source}]: {c.reason}" for c in choices]
-
-
-def _checkpoint_payload(
-    config, model, ema, optimizer, scaler, schedule, state, data, metrics, best_metrics
-) -> dict:
-    from defectdet import __version__
-
-    plain = unwrap_model(model)
-    return {
-        "model": plain.state_dict(),
-        "ema": ema.state_dict() if ema is not None else None,
-        "optimizer": optimizer.state_dict(),
-        "scaler": scaler.state_dict(),
-        "scheduler": schedule.state_dict(),
-        "epoch": state.epoch,
-        "step": state.step,
-        "train_state": state.to_dict(),
-        "rng": capture_rng_state(),
-        "config": config.to_dict(),
-        "settings_chosen": [choice.to_dict() for choice in data.choices],
-        "model_config": getattr(plain, "config", None),
-        "class_names": list(data.class_names),
-        "metrics": metrics,
-        "best_metrics": best_metrics,
-        "version": CHECKPOINT_VERSION,
-        "defectdet_version": __version__,
-        "torch_version": str(torch.__version__),
-    }
 
 
 def _restore(
