@@ -80,6 +80,8 @@ SUITES = {
                 Step("bench.pretrained", ("--summary",), 0.2),
                 Step("bench.realdata", (), 300),
                 Step("bench.realdata", ("--summary",), 0.2),
+                Step("bench.frozen_features", ("--dataset", "agdd_1light", "--minutes", "10"), 12),
+                Step("bench.frozen_features", ("--dataset", "deeppcb_plain", "--minutes", "10"), 14),
                 Step("bench.preset_modes", ("--all", "--minutes", "5", "--threads", "1"), 60),
                 Step("bench.preset_modes", ("--summary", "--minutes", "5"), 0.2),
             ),
