@@ -355,6 +355,7 @@ def page_real_data(results: dict[str, Result], plots: list[Callable[[], None]]) 
     )
     experiments = realdata_results(results, experiments=True)
     _presets(page, runs, [r for r in experiments if is_preset_run(r)])
+    _frozen_features(page, runs, results)
     experiments = [r for r in experiments if not is_preset_run(r)]
     _fragments(page, runs + experiments)
     _tried(page, runs, [r for r in experiments if not is_step_matched(r)])
@@ -613,6 +614,102 @@ def _presets(page: Page, runs: list[Result], preset_runs: list[Result]) -> None:
             "file",
         ),
         _preset_rows(page, runs, preset_runs),
+    )
+
+
+BESIDE_SECONDS = 20 * 60  # two runs that finished within this of each other trained at the same time
+
+
+def _finished(result: Result) -> float:
+    import datetime
+
+    stamp = str(result.env.get("timestamp") or "")
+    return datetime.datetime.fromisoformat(stamp).timestamp() if stamp else 0.0
+
+
+def _beside(result: Result, runs: list[Result]) -> Result | None:
+    """The defaults' run of the same data and minutes that finished within `BESIDE_SECONDS` of `result`."""
+    key = (result.doc["dataset"], result.minutes)
+    near = [
+        run
+        for run in runs
+        if (run.doc["dataset"], run.minutes) == key
+        and abs(_finished(run) - _finished(result)) <= BESIDE_SECONDS
+        and run.threads == result.threads
+    ]
+    return min(near, key=lambda run: abs(_finished(run) - _finished(result))) if near else None
+
+
+def _run_seed(result: Result) -> int:
+    return int(result.doc.get("seed", result.seed()))
+
+
+def _frozen_rows(page: Page, runs: list[Result], frozen: list[Result]) -> list[list[Any]]:
+    rows = []
+    for result in frozen:
+        doc, control = result.doc, _beside(result, runs)
+        model = doc.get("model") or {}
+        rows.append(
+            [
+                LABELS.get(doc["dataset"], doc["dataset"]),
+                f"{result.minutes:g}",
+                _run_seed(result),
+                f"neck {model.get('neck_width')}, head depth {model.get('head_depth')}",
+                f"{doc.get('images_stored', 0):,} in {doc.get('store_s', 0):.0f} s",
+                f"{doc.get('steps') or 0:,}",
+                f3(doc.get("mAP50")),
+                f3(without_rare(doc)),
+                f"{f3(control.doc.get('mAP50'))} ({control.doc.get('steps') or 0:,} steps)"
+                if control
+                else "-",
+                ", ".join(f"{name} {f3(ap)}" for name, ap in (doc.get("per_class_AP50") or {}).items()),
+                page.cite(result.name) + (f", {page.cite(control.name)}" if control else ""),
+            ]
+        )
+    return rows
+
+
+def _frozen_sentences(runs: list[Result], frozen: list[Result]) -> list[str]:
+    sentences = []
+    for result in frozen:
+        control = _beside(result, runs)
+        if control is None or result.doc.get("mAP50") is None or control.doc.get("mAP50") is None:
+            continue
+        difference = result.doc["mAP50"] - control.doc["mAP50"]
+        sentences.append(
+            f"{LABELS.get(result.doc['dataset'], result.doc['dataset'])}, {result.minutes:g} minutes, seed "
+            f"{_run_seed(result)}: frozen features {f3(result.doc['mAP50'])} against the defaults' "
+            f"{f3(control.doc['mAP50'])} trained beside it ({difference:+.3f})."
+        )
+    return sentences
+
+
+def _frozen_features(page: Page, runs: list[Result], results: dict[str, Result]) -> None:
+    """Frozen lite0 features with only the neck and head trained, beside the defaults trained at the same time."""
+    frozen = sorted(
+        (r for name, r in results.items() if name.startswith("frozen_features_") and not r.dirty),
+        key=lambda r: (r.doc["dataset"], r.minutes or 0, _run_seed(r), r.name),
+    )
+    page.prose("frozen-imagenet-features")
+    if not frozen:
+        page.prose("no-frozen-features-run")
+        return
+    page.para(*_frozen_sentences(runs, frozen))
+    page.table(
+        (
+            "data",
+            "minutes",
+            "seed",
+            "neck and head",
+            "images stored, time",
+            "steps",
+            "mAP@0.5",
+            "mAP@0.5 without crack (AGDD)",
+            "the defaults trained beside it",
+            "AP@0.5 per class",
+            "files",
+        ),
+        _frozen_rows(page, runs, frozen),
     )
 
 
