@@ -33,7 +33,7 @@ from defectdet.data.letterbox import boxes_to_letterbox, letterbox_image
 from defectdet.data.sample import DatasetSplit
 from defectdet.engine.loader import SampleIndex, build_loader, start_epoch
 from defectdet.trainingdata.augment import AugmentConfig, build_augment
-from defectdet.trainingdata.dataset import DetectionDataset
+from defectdet.trainingdata.dataset import DetectionDataset, Draws, ItemLayout, Reading
 
 DEEPPCB = Path("/work/shared/datasets/deeppcb")
 
@@ -62,7 +62,7 @@ def stage_breakdown(split: DatasetSplit, samples: int) -> dict[str, float]:
         "augment": [],
         "to tensor": [],
     }
-    dataset = DetectionDataset(split, input_size=640, augment=AugmentConfig(), train=True)
+    dataset = DetectionDataset(split, ItemLayout(input_size=640), Draws(augment=AugmentConfig(), train=True))
     for index, sample in enumerate(split.samples[:samples]):
         start = time.perf_counter()
         if sample.template_path:
@@ -115,12 +115,8 @@ def time_loader(
 ) -> dict:
     dataset = DetectionDataset(
         split,
-        input_size=640,
-        channels=1,
-        augment=AugmentConfig(),
-        train=True,
-        crop_size=crop,
-        image_dtype=DTYPES[image_dtype],
+        ItemLayout(input_size=640, channels=1, dtype=DTYPES[image_dtype]),
+        Draws(augment=AugmentConfig(), train=True, crop_size=crop),
     )
     loader = build_loader(dataset, batch_size=batch, train=True, workers=workers, seed=0)
     start_epoch(loader, 0)
@@ -155,9 +151,11 @@ def cache_effect(split: DatasetSplit, batch: int, crop: int | None, batches: int
         split.samples[: batch * batches], split.class_names, split.format, split.split, split.root
     )
     dataset = DetectionDataset(
-        subset, input_size=640, channels=1, augment=AugmentConfig(), train=True, crop_size=crop,
-        cache_bytes=4 * 2**30,
-    )  # fmt: skip
+        subset,
+        ItemLayout(input_size=640, channels=1),
+        Draws(augment=AugmentConfig(), train=True, crop_size=crop),
+        Reading(cache_bytes=4 * 2**30),
+    )
     loader = build_loader(dataset, batch_size=batch, train=True, workers=0, seed=0)
     rates = []
     for epoch in (0, 1):

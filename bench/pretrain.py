@@ -32,7 +32,7 @@ from defectdet.engine.checkpoint import load_detector
 from defectdet.engine.config import TrainConfig
 from defectdet.engine.trainer import TrainData, cache_budget_bytes, train
 from defectdet.model.pretrained import WEIGHTS_DIR, layout_name, save_weights
-from defectdet.trainingdata.dataset import DetectionDataset
+from defectdet.trainingdata.dataset import DetectionDataset, Draws, ItemLayout, Reading
 
 ROOT = Path(__file__).resolve().parents[1]
 PCB_SEEDS = {"gray": 1001, "color": 1002}
@@ -133,15 +133,9 @@ def main() -> int:
         augment = config.augment if training else None
         return DetectionDataset(
             splits[split],
-            IMGSZ,
-            3,
-            template,
-            augment,
-            training,
-            None,
-            seed=args.seed,
-            register_pairs=False,
-            cache_bytes=cache_budget_bytes(None, None) if training else 0,
+            ItemLayout(input_size=IMGSZ, channels=3, template=template),
+            Draws(augment=augment, train=training, seed=args.seed),
+            Reading(register_pairs=False, cache_bytes=cache_budget_bytes(None, None) if training else 0),
         )
 
     data = TrainData(

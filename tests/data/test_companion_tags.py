@@ -12,7 +12,7 @@ import torch
 from defectdet.data.check import check_dataset
 from defectdet.data.formats import load_dataset
 from defectdet.runtime.predict import companion_files
-from defectdet.trainingdata.dataset import DetectionDataset
+from defectdet.trainingdata.dataset import DetectionDataset, ItemLayout
 
 
 def _one_folder(root: Path, parts: int = 3) -> Path:
@@ -48,7 +48,7 @@ def test_one_folder_pairs_by_tag_like_predict_and_trains_no_capture_alone(tmp_pa
     assert "1 of 4 images have no companion 'L2'" in " ".join(messages)
     report = check_dataset(yaml_path)
     assert report.splits[0].images == 4 and report.splits[0].companions_found == {"L2": 3}
-    dataset = DetectionDataset(split, input_size=64, companions=["L2"], image_dtype=torch.uint8)
+    dataset = DetectionDataset(split, ItemLayout(input_size=64, dtype=torch.uint8, companions=["L2"]))
     assert len(dataset) == 3 and dataset.left_out == [str(split.samples[3].image_path)]
     tensor, _, _ = dataset[0]
     assert tensor.shape == (2, 64, 64) and int(tensor[1].max()) > int(tensor[0].max())  # L2 is the brighter

@@ -21,7 +21,7 @@ from defectdet.data.planes import input_array, stack_planes
 from defectdet.data.sample import DatasetSplit, Sample, common_companions, companion_name_problem
 from defectdet.errors import DatasetError
 from defectdet.trainingdata.augment import AugmentConfig, build_augment
-from defectdet.trainingdata.dataset import DetectionDataset
+from defectdet.trainingdata.dataset import DetectionDataset, Draws, ItemLayout, Reading
 
 AGDD = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "agdd"  # ../shared beside the repo
 PLANES_ONLY = {  # no photometric change and no pair jitter: every plane gets exactly the image's geometry
@@ -170,7 +170,9 @@ def test_companion_draws_leave_the_image_and_template_draws_unchanged() -> None:
 def test_dataset_stacks_image_then_companion(companion_yaml: Path) -> None:
     split = load_dataset(companion_yaml, "train")
     dataset = DetectionDataset(
-        split, input_size=64, companions=[COMPANION], image_dtype=torch.uint8, cache_bytes=10**6
+        split,
+        ItemLayout(input_size=64, dtype=torch.uint8, companions=[COMPANION]),
+        reading=Reading(cache_bytes=10**6),
     )
     tensor, target, meta = dataset[0]
     assert dataset.input_channels == 2 and tensor.shape == (2, 64, 64) == dataset.output_shape
@@ -180,9 +182,14 @@ def test_dataset_stacks_image_then_companion(companion_yaml: Path) -> None:
         assert np.array_equal(tensor[plane].numpy(), expected)
     assert meta["companion_paths"] == {COMPANION: str(sample.companion_paths[COMPANION])}
     assert dataset.cache_info["bytes"] == 2 * 64 * 64  # both planes cached
-    rgb = DetectionDataset(split, input_size=64, channels=3, companions=[COMPANION], crop_size=32, train=True,
-                           augment=AugmentConfig())  # fmt: skip
-    assert rgb[1][0].shape == (6, 32, 32) and DetectionDataset(split, input_size=64)[0][0].shape == (
+    rgb = DetectionDataset(
+        split,
+        ItemLayout(input_size=64, channels=3, companions=[COMPANION]),
+        Draws(augment=AugmentConfig(), train=True, crop_size=32),
+    )
+    assert rgb[1][0].shape == (6, 32, 32) and DetectionDataset(split, ItemLayout(input_size=64))[0][
+        0
+    ].shape == (
         1,
         64,
         64,
@@ -194,7 +201,9 @@ def test_dataset_planes_are_image_template_companion(companion_yaml: Path) -> No
     companion_yaml.write_text(companion_yaml.read_text() + "templates: {train: images/train}\n")
     split = load_dataset(companion_yaml, "train")
     dataset = DetectionDataset(
-        split, input_size=96, companions=[COMPANION], register_pairs=False, image_dtype=torch.uint8
+        split,
+        ItemLayout(input_size=96, dtype=torch.uint8, companions=[COMPANION]),
+        reading=Reading(register_pairs=False),
     )
     tensor = dataset[0][0]
     assert dataset.use_template and tensor.shape == (3, 96, 96)
@@ -208,13 +217,13 @@ def test_dataset_leaves_out_samples_without_the_companion(
     (companion_yaml.parent / COMPANION / "train_002.png").unlink()
     split = load_dataset(companion_yaml, "train")
     with caplog.at_level(logging.WARNING, logger="defectdet.trainingdata.dataset"):
-        dataset = DetectionDataset(split, input_size=32, companions=[COMPANION])
+        dataset = DetectionDataset(split, ItemLayout(input_size=32, companions=[COMPANION]))
     assert len(dataset) == 7 and [Path(p).name for p in dataset.left_out] == ["train_002.png"]
     assert any("leaving out 1 of 8 images" in record.getMessage() for record in caplog.records)
     (companion_yaml.parent / COMPANION / "train_003.png").write_bytes(b"not a png")
     assert dataset[2] is None and dataset.skipped_paths[0].endswith("L2/train_003.png")
     with pytest.raises(DatasetError, match="no image of split 'train' has the companion 'UV'"):
-        DetectionDataset(split, input_size=32, companions=["UV"])
+        DetectionDataset(split, ItemLayout(input_size=32, companions=["UV"]))
 
 
 def test_hold_out_keeps_an_image_and_its_companion_together() -> None:
@@ -247,7 +256,7 @@ def test_agdd_second_lighting_as_a_companion(tmp_path: Path) -> None:
     path.write_text(json.dumps(subset))
     split = read_coco(path, image_roots=(AGDD / "images",))
     assert len(split.samples) == 4 and split.companion_names == ["L2"] and not split.problems
-    dataset = DetectionDataset(split, input_size=160, companions=["L2"], image_dtype=torch.uint8)
+    dataset = DetectionDataset(split, ItemLayout(input_size=160, dtype=torch.uint8, companions=["L2"]))
     tensor, target, _ = dataset[0]
     assert tensor.shape == (2, 160, 160) and len(target) > 0
     sample = dataset.samples[0]

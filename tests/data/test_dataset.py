@@ -14,7 +14,7 @@ from defectdet.data.sample import DatasetSplit, Sample
 from defectdet.engine.loader import SampleIndex, build_loader, default_workers, start_epoch
 from defectdet.errors import DatasetError
 from defectdet.trainingdata.augment import AugmentConfig
-from defectdet.trainingdata.dataset import DetectionDataset, collate_detections
+from defectdet.trainingdata.dataset import DetectionDataset, Draws, ItemLayout, Reading, collate_detections
 
 CLASS_NAMES = ["open", "short", "spur"]
 
@@ -50,7 +50,7 @@ def split(tmp_path: Path) -> DatasetSplit:
 def test_item_shapes_and_targets(
     split: DatasetSplit, channels: int, use_template: bool, expected: int
 ) -> None:
-    dataset = DetectionDataset(split, input_size=64, channels=channels, use_template=use_template)
+    dataset = DetectionDataset(split, ItemLayout(input_size=64, channels=channels, template=use_template))
     assert dataset.output_shape == (expected, 64, 64)
     image, target, meta = dataset[0]
     assert image.shape == (expected, 64, 64) and image.dtype == torch.float32
@@ -71,24 +71,26 @@ def test_item_shapes_and_targets(
 
 
 def test_uint8_images_hold_the_same_pixels(split: DatasetSplit) -> None:
-    as_float = DetectionDataset(split, input_size=64)[0][0]
-    as_bytes = DetectionDataset(split, input_size=64, image_dtype=torch.uint8)[0][0]
+    as_float = DetectionDataset(split, ItemLayout(input_size=64))[0][0]
+    as_bytes = DetectionDataset(split, ItemLayout(input_size=64, dtype=torch.uint8))[0][0]
     assert as_bytes.dtype == torch.uint8
     torch.testing.assert_close(as_bytes.float() / 255, as_float)
 
 
 def test_template_is_automatic_only_when_every_sample_has_one(split: DatasetSplit) -> None:
-    assert DetectionDataset(split, input_size=64).use_template
+    assert DetectionDataset(split, ItemLayout(input_size=64)).use_template
     split.samples[1].template_path = None
-    assert not DetectionDataset(split, input_size=64).use_template
+    assert not DetectionDataset(split, ItemLayout(input_size=64)).use_template
     with pytest.raises(DatasetError, match="b_test.png"):
-        DetectionDataset(split, input_size=64, use_template=True)
+        DetectionDataset(split, ItemLayout(input_size=64, template=True))
 
 
 @pytest.mark.parametrize("channels", [1, 3])
 def test_training_crop_shapes_bias_and_bounds(split: DatasetSplit, channels: int) -> None:
     dataset = DetectionDataset(
-        split, input_size=64, channels=channels, augment=AugmentConfig(), train=True, crop_size=32, seed=1
+        split,
+        ItemLayout(input_size=64, channels=channels),
+        Draws(augment=AugmentConfig(), train=True, crop_size=32, seed=1),
     )
     assert dataset.output_shape == (2 * channels, 32, 32)
     with_defect = 0
@@ -106,7 +108,9 @@ def test_training_crop_shapes_bias_and_bounds(split: DatasetSplit, channels: int
 
 
 def test_evaluation_ignores_crop_and_augmentation(split: DatasetSplit) -> None:
-    dataset = DetectionDataset(split, input_size=64, augment=AugmentConfig(), train=False, crop_size=32)
+    dataset = DetectionDataset(
+        split, ItemLayout(input_size=64), Draws(augment=AugmentConfig(), train=False, crop_size=32)
+    )
     first, second = dataset[0], dataset[0]
     assert first[0].shape == (2, 64, 64)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
@@ -118,7 +122,7 @@ def test_template_of_another_size_is_resized_with_one_warning(
     for sample in split.samples:
         template = cv2.imread(str(sample.template_path))
         cv2.imwrite(str(sample.template_path), cv2.resize(template, (50, 50)))
-    dataset = DetectionDataset(split, input_size=64)
+    dataset = DetectionDataset(split, ItemLayout(input_size=64))
     with caplog.at_level(logging.WARNING, logger="defectdet.trainingdata.dataset"):
         shapes = [dataset[index][0].shape for index in range(3)]
     assert shapes == [(2, 64, 64)] * 3
@@ -126,7 +130,7 @@ def test_template_of_another_size_is_resized_with_one_warning(
 
 
 def test_collate_varying_counts_and_failures(split: DatasetSplit) -> None:
-    dataset = DetectionDataset(split, input_size=64)
+    dataset = DetectionDataset(split, ItemLayout(input_size=64))
     items = [dataset[0], dataset[1], None, dataset[2]]
     images, targets, metas = collate_detections(items)
     assert images.shape == (3, 2, 64, 64)
@@ -142,7 +146,7 @@ def test_corrupt_image_is_skipped_with_one_warning(
 ) -> None:
     broken = split.samples[1].image_path
     broken.write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
-    dataset = DetectionDataset(split, input_size=64)
+    dataset = DetectionDataset(split, ItemLayout(input_size=64))
     loader = build_loader(dataset, batch_size=3, train=False, workers=0)
     with caplog.at_level(logging.WARNING, logger="defectdet.trainingdata.dataset"):
         for _ in range(2):  # two epochs: the file is named once
@@ -157,13 +161,15 @@ def test_corrupt_image_is_skipped_with_one_warning(
 def test_all_failed_batch_is_empty(split: DatasetSplit) -> None:
     for sample in split.samples:
         sample.image_path.write_bytes(b"")
-    loader = build_loader(DetectionDataset(split, input_size=64), batch_size=3, train=False, workers=0)
+    loader = build_loader(
+        DetectionDataset(split, ItemLayout(input_size=64)), batch_size=3, train=False, workers=0
+    )
     images, targets, _ = next(iter(loader))
     assert images.shape == (0, 2, 64, 64) and targets == []
 
 
 def test_loader_defaults(split: DatasetSplit) -> None:
-    dataset = DetectionDataset(split, input_size=64, augment=AugmentConfig(), train=True)
+    dataset = DetectionDataset(split, ItemLayout(input_size=64), Draws(augment=AugmentConfig(), train=True))
     loader = build_loader(dataset, batch_size=2, train=True, workers=0)
     assert loader.drop_last and loader.num_workers == 0 and not loader.pin_memory
     assert len(loader) == 1  # 3 samples, batch 2, last partial batch dropped
@@ -186,7 +192,9 @@ def test_items_depend_on_seed_epoch_and_index_only(tmp_path: Path) -> None:
 
     def dataset(seed: int = 0) -> DetectionDataset:
         return DetectionDataset(
-            split, input_size=48, augment=AugmentConfig(), train=True, crop_size=40, seed=seed
+            split,
+            ItemLayout(input_size=48),
+            Draws(augment=AugmentConfig(), train=True, crop_size=40, seed=seed),
         )
 
     first = dataset()
@@ -217,12 +225,9 @@ def test_the_decoded_image_cache_changes_nothing_but_the_work(split: DatasetSpli
     def dataset(cache_bytes: int) -> DetectionDataset:
         return DetectionDataset(
             split,
-            input_size=96,
-            use_template=True,
-            augment=AugmentConfig(),
-            train=True,
-            crop_size=64,
-            cache_bytes=cache_bytes,
+            ItemLayout(input_size=96, template=True),
+            Draws(augment=AugmentConfig(), train=True, crop_size=64),
+            Reading(cache_bytes=cache_bytes),
         )
 
     cached, plain = dataset(10 * 2**20), dataset(0)

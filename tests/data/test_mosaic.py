@@ -10,7 +10,7 @@ import pytest
 
 from defectdet.data.formats import load_dataset
 from defectdet.trainingdata.augment import AugmentConfig
-from defectdet.trainingdata.dataset import DetectionDataset
+from defectdet.trainingdata.dataset import DetectionDataset, Draws, ItemLayout
 from defectdet.trainingdata.mosaic import Planes, mosaic_origin, tile_window
 
 SIDE = 64
@@ -76,7 +76,9 @@ def test_dataset_mosaic_items_keep_planes_aligned_and_boxes_on_their_defects(tmp
         rotate_degrees=0, scale=(1, 1), translate=0, pair_jitter_prob=0, brightness_contrast_prob=0,
         gamma_prob=0, blur_prob=0, noise_prob=0, glare_prob=0, mosaic_prob=1.0,
     )  # fmt: skip
-    dataset = DetectionDataset(split, input_size=SIDE, augment=still, train=True, companions=["L2"], seed=3)
+    dataset = DetectionDataset(
+        split, ItemLayout(input_size=SIDE, companions=["L2"]), Draws(augment=still, train=True, seed=3)
+    )
     levels_seen = set()
     for index in range(len(dataset)):
         tensor, target, _ = dataset[index]
@@ -90,10 +92,12 @@ def test_dataset_mosaic_items_keep_planes_aligned_and_boxes_on_their_defects(tmp
     assert len(levels_seen) >= 4
     # crops and validation never tile
     plain = DetectionDataset(
-        split, input_size=SIDE, augment=still, train=True, companions=["L2"], crop_size=32
+        split, ItemLayout(input_size=SIDE, companions=["L2"]), Draws(augment=still, train=True, crop_size=32)
     )
     assert plain.mosaic_prob == 0.0
     assert (
-        DetectionDataset(split, input_size=SIDE, augment=still, train=False, companions=["L2"]).mosaic_prob
+        DetectionDataset(
+            split, ItemLayout(input_size=SIDE, companions=["L2"]), Draws(augment=still, train=False)
+        ).mosaic_prob
         == 0.0
     )

@@ -17,7 +17,7 @@ from defectdet.data.sample import common_companions
 from defectdet.data.synth import generate_surface, synthesize_dataset
 from defectdet.data.synth.companion import GAIN, companion_capture, faint_defects
 from defectdet.errors import DefectDetError
-from defectdet.trainingdata.dataset import DetectionDataset
+from defectdet.trainingdata.dataset import DetectionDataset, ItemLayout
 
 
 def test_synth_companions_are_aligned_captures_the_dataset_reads(tmp_path: Path) -> None:
@@ -34,7 +34,7 @@ def test_synth_companions_are_aligned_captures_the_dataset_reads(tmp_path: Path)
             assert path == out / "companions" / name / "train" / sample.image_path.name
             companion = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
             assert companion.shape == image.shape and not np.array_equal(companion, image)
-    dataset = DetectionDataset(split, input_size=64, companions=["L2", "UV"], image_dtype=torch.uint8)
+    dataset = DetectionDataset(split, ItemLayout(input_size=64, dtype=torch.uint8, companions=["L2", "UV"]))
     tensor, _, meta = dataset[0]
     assert tensor.shape == (3, 64, 64) and set(meta["companion_paths"]) == {"L2", "UV"}
 

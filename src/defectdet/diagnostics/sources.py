@@ -50,7 +50,7 @@ def nan_batches(
     when `data` is the run's dataset, else detected)."""
     from defectdet.data.formats import load_dataset
     from defectdet.runtime.spec import ModelSpec
-    from defectdet.trainingdata.dataset import DetectionDataset, collate_detections
+    from defectdet.trainingdata.dataset import DetectionDataset, Draws, ItemLayout, collate_detections
 
     config = checkpoint.get("config") or {}
     spec = ModelSpec.from_checkpoint(checkpoint)
@@ -67,14 +67,14 @@ def nan_batches(
         raise CheckpointError(f"{data}: split {split_name!r} has no samples")
     dataset = DetectionDataset(
         dataset_split,
-        input_size=spec.input_size,
-        channels=spec.channels,
-        use_template=spec.template,
-        augment=None,
-        train=True,
-        crop_size=config.get("crop_size") or None,  # 0: whole images
-        seed=int(config.get("seed") or 0),
-        companions=spec.companions,
+        ItemLayout(
+            input_size=spec.input_size,
+            channels=spec.channels,
+            template=spec.template,
+            companions=spec.companions,
+        ),
+        # crop_size 0: whole images
+        Draws(train=True, crop_size=config.get("crop_size") or None, seed=int(config.get("seed") or 0)),
     )
     result = []
     for start in range(0, min(len(dataset), batches * batch_size), batch_size):

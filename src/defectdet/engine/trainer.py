@@ -142,7 +142,7 @@ def build_train_data(config: TrainConfig) -> TrainData:
     from defectdet.data.formats import load_dataset
     from defectdet.data.holdout import same_images
     from defectdet.engine.autoconfig import choose_settings, collect_split_stats
-    from defectdet.trainingdata.dataset import DetectionDataset
+    from defectdet.trainingdata.dataset import DetectionDataset, Draws, ItemLayout, Reading
 
     if config.data is None:
         raise ConfigError(
@@ -167,16 +167,17 @@ def build_train_data(config: TrainConfig) -> TrainData:
     channels = config.channels or 1
     train_set = DetectionDataset(
         train_split,
-        config.input_size,
-        channels,
-        config.template,
-        config.augment,
-        True,
-        config.crop_size or None,
-        seed=config.seed,
-        register_pairs=config.register_pairs,
-        cache_bytes=cache_budget_bytes(config.cache_mb, config.workers),
-        companions=config.companions or (),
+        ItemLayout(
+            input_size=config.input_size,
+            channels=channels,
+            template=config.template,
+            companions=config.companions or (),
+        ),
+        Draws(augment=config.augment, train=True, crop_size=config.crop_size or None, seed=config.seed),
+        Reading(
+            register_pairs=config.register_pairs,
+            cache_bytes=cache_budget_bytes(config.cache_mb, config.workers),
+        ),
     )
     template = bool(train_set.use_template)
     companions = list(config.companions or [])
@@ -334,15 +335,22 @@ def _with_start_rows(config: TrainConfig, choices: list) -> list:
 
 def _val_set(split: Any, config: TrainConfig, template: bool) -> Dataset | None:
     """A validation DetectionDataset of `split` (None when it is missing or empty)."""
-    from defectdet.trainingdata.dataset import DetectionDataset
+    from defectdet.trainingdata.dataset import DetectionDataset, Draws, ItemLayout, Reading
 
     if split is None or not split.samples:
         return None
     channels = config.channels or 1
     return DetectionDataset(
-        split, config.input_size, channels, template, None, False, None, seed=config.seed,
-        register_pairs=config.register_pairs, companions=config.companions or (),
-    )  # fmt: skip
+        split,
+        ItemLayout(
+            input_size=config.input_size,
+            channels=channels,
+            template=template,
+            companions=config.companions or (),
+        ),
+        Draws(seed=config.seed),
+        Reading(register_pairs=config.register_pairs),
+    )
 
 
 def _resumed_start(config: TrainConfig, previous: dict) -> TrainConfig:

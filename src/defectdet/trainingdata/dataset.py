@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,54 @@ logger = logging.getLogger(__name__)
 Item = tuple[torch.Tensor, torch.Tensor, dict[str, Any]]
 
 
+@dataclass(frozen=True)
+class ItemLayout:
+    """What an item holds: every plane letterboxed to `input_size`, `channels` per plane (1 gray, 3 RGB), the
+    template (None: when every sample has one) and the companion captures named, in that order, as `dtype`
+    (torch.float32 in [0, 1] or torch.uint8 0..255)."""
+
+    input_size: int = DEFAULT_INPUT_SIZE
+    channels: int = 1
+    template: bool | None = None
+    companions: Sequence[str] = ()
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "companions", tuple(self.companions))
+        if self.channels not in (1, 3):
+            raise ValueError(f"channels must be 1 (gray) or 3 (RGB), got {self.channels}")
+        if self.input_size <= 0:
+            raise ValueError(f"input_size must be positive, got {self.input_size}")
+        if self.dtype not in (torch.float32, torch.uint8):
+            raise ValueError(f"dtype must be torch.float32 or torch.uint8, got {self.dtype}")
+
+
+@dataclass(frozen=True)
+class Draws:
+    """The random part of training items: `augment` (None: none) and `crop_size` windows (None: whole images),
+    a window aimed at a defect `crop_defect_fraction` of the time, all drawn from `seed`. Only with `train`."""
+
+    augment: AugmentConfig | None = None
+    train: bool = False
+    crop_size: int | None = None
+    crop_defect_fraction: float = 0.8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.crop_size is not None and self.crop_size <= 0:
+            raise ValueError(f"crop_size must be positive, got {self.crop_size}")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How files are read: images over `max_pixels` refused, templates registered to their images
+    (`register_pairs`), and up to `cache_bytes` of decoded planes kept per loading process (0: none)."""
+
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    register_pairs: bool = True
+    cache_bytes: int = 0
+
+
 class DetectionDataset(Dataset):
     """Samples of a `DatasetSplit` as model-ready tensors.
 
@@ -40,11 +89,13 @@ class DetectionDataset(Dataset):
     `crop_size` window, biased towards defects -> tensor `[C, S, S]`, C = channels x (1 + template + companions), planes in the order
     [tested, template, *companions].
 
-    `use_template=None` uses templates when every sample has one. `companions` names the companion captures to
-    stack, in order; samples without one of them are left out with a warning (`left_out` lists their images).
-    `augment=None` means no augmentation; augmentation and cropping only happen with `train=True`.
+    `layout` (`ItemLayout`) says what an item holds, `draws` (`Draws`) what is random in training items, `reading`
+    (`Reading`) how files are read. `template=None` uses templates when every sample has one. `companions` names
+    the companion captures to stack, in order; samples without one of them are left out with a warning (`left_out`
+    lists their images). `augment=None` means no augmentation; augmentation and cropping only happen with
+    `train=True`.
 
-    `image_dtype=torch.uint8` returns raw 0..255 images instead of float32 0..1 (the caller then does
+    `dtype=torch.uint8` returns raw 0..255 images instead of float32 0..1 (the caller then does
     `images.float().div_(255)`, ideally on the device): 4x less data through worker IPC and no float
     copies in the loader (throughput per dtype: bench/results/loader.json).
 
@@ -62,45 +113,29 @@ class DetectionDataset(Dataset):
     def __init__(
         self,
         split: DatasetSplit,
-        input_size: int = DEFAULT_INPUT_SIZE,
-        channels: int = 1,
-        use_template: bool | None = None,
-        augment: AugmentConfig | None = None,
-        train: bool = False,
-        crop_size: int | None = None,
-        max_pixels: int = DEFAULT_MAX_PIXELS,
-        crop_defect_fraction: float = 0.8,
-        seed: int = 0,
-        image_dtype: torch.dtype = torch.float32,
-        register_pairs: bool = True,
-        cache_bytes: int = 0,
-        companions: Sequence[str] = (),
+        layout: ItemLayout = ItemLayout(),
+        draws: Draws = Draws(),
+        reading: Reading = Reading(),
     ) -> None:
-        if channels not in (1, 3):
-            raise ValueError(f"channels must be 1 (gray) or 3 (RGB), got {channels}")
-        if input_size <= 0:
-            raise ValueError(f"input_size must be positive, got {input_size}")
-        if image_dtype not in (torch.float32, torch.uint8):
-            raise ValueError(f"image_dtype must be torch.float32 or torch.uint8, got {image_dtype}")
-        if crop_size is not None and crop_size <= 0:
-            raise ValueError(f"crop_size must be positive, got {crop_size}")
         self.split = split
         self.samples: list[Sample] = list(split.samples)
-        self.companions = list(companions)
+        self.companions = list(layout.companions)
         self.left_out = self._keep_with_companions()
-        self.input_size = input_size
-        self.channels = channels
-        self.use_template = self._resolve_use_template(use_template)
-        self.register_pairs = register_pairs and self.use_template  # data.registration, before letterbox
-        self.train = train
+        self.input_size = input_size = layout.input_size
+        self.channels = layout.channels
+        self.use_template = self._resolve_use_template(layout.template)
+        # data.registration, before letterbox
+        self.register_pairs = reading.register_pairs and self.use_template
+        self.train = train = draws.train
+        crop_size = draws.crop_size
         self.crop_size = crop_size if train and crop_size is not None and crop_size < input_size else None
-        self.max_pixels = max_pixels
-        self.image_dtype = image_dtype
-        self.crop_defect_fraction = crop_defect_fraction
-        config = augment or AugmentConfig(enabled=False)
+        self.max_pixels = reading.max_pixels
+        self.image_dtype = layout.dtype
+        self.crop_defect_fraction = draws.crop_defect_fraction
+        config = draws.augment or AugmentConfig(enabled=False)
         self.min_visibility = config.min_visibility
-        self.seed = seed
-        self.augmenter = build_augment(config, train=train and augment is not None, seed=seed)
+        self.seed = seed = draws.seed
+        self.augmenter = build_augment(config, train=train and draws.augment is not None, seed=seed)
         # mosaic items in whole-image training only: a crop already varies what surrounds a defect
         whole_images = self.augmenter.active and self.crop_size is None and len(self.samples) > 1
         self.mosaic_prob = config.mosaic_prob if whole_images else 0.0
@@ -109,7 +144,7 @@ class DetectionDataset(Dataset):
         self._unkeyed = np.random.default_rng(seed)  # draws for plain int indices
         self._rng = np.random.default_rng(seed)
         # decoded, registered and letterboxed pairs (everything before the random draws), up to a budget
-        self.cache_bytes = max(0, int(cache_bytes))
+        self.cache_bytes = max(0, int(reading.cache_bytes))
         self._cache: dict[int, tuple] = {}
         self._cache_used = 0
         self._cache_full_logged = False
