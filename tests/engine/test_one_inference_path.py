@@ -67,6 +67,10 @@ def test_clean_boards_and_threshold_from_another_split(trained) -> None:
     assert boards["defective_boards"] + boards["clean_boards"] == metrics["num_images"]
     assert 0 <= boards["false_calls"] <= boards["clean_boards"]
     assert (out / "clean_boards" / "clean_boards.json").is_file()
+    # the report's threshold card says where the threshold came from, not "given"
+    card = (out / "report.html").read_text().split("operating threshold", 1)[1][:400]
+    assert "defective images of split &#x27;train&#x27;" in card and "given" not in card
+    assert metrics["operating_point"]["chosen"]["chosen_by"].startswith("the highest at which at most 1%")
     rows = list(csv.DictReader((out / "registration.csv").open()))
     assert len(rows) == 2 * val_images and all(abs(float(row["dx"])) <= 8 for row in rows)
 
@@ -83,6 +87,7 @@ def test_clean_boards_and_threshold_from_another_split(trained) -> None:
     )  # keywords apply over
     assert (root / "given" / "report.html").is_file()
     assert given["threshold"]["rule"] == "given" and given["headline"]["threshold"] == 0.5
+    assert "given with --threshold" in (root / "given" / "report.html").read_text()
     assert given["registration"] is None
     by_f1 = validate(
         result.best_checkpoint,

@@ -258,6 +258,7 @@ def _score(
             deeppcb_results_dir=deeppcb_dir,
             title=f"defectdet val: {Path(run.checkpoint).name} on {Path(run.data).name} [{split}]",
             settings=_report_settings(run, settings, len(skipped), recapture, threshold_note),
+            threshold_source=None if choice is None else _threshold_words(choice.to_dict()),
         ),
     )
     threshold = float(metrics["headline"]["threshold"])

@@ -80,6 +80,9 @@ class EvaluationOutputs:
     deeppcb_results_dir: str | Path | None = None
     title: str = "defectdet evaluation"
     settings: Mapping | None = None
+    # how a given `threshold` was chosen, in words ("the best box F1 on split 'val' of ..."); the report's
+    # threshold card and metrics.json's chosen point say it (`chosen_by`)
+    threshold_source: str | None = None
 
 
 def evaluate_records(
@@ -114,6 +117,8 @@ def evaluate_records(
     class_names = list(class_names)
 
     operating = operating_points(records, class_names, 0.5, target_recall, threshold)
+    if threshold is not None and outputs.threshold_source:
+        operating.summary["chosen"]["chosen_by"] = outputs.threshold_source
     metrics = _metrics(records, class_names, protocol, operating, timing, outputs.deeppcb_results_dir)
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
 
@@ -350,7 +355,7 @@ def _operating_cards(operating: dict, chosen: dict) -> list[str]:
         _card(
             "operating threshold",
             _fmt(chosen.get("threshold")),
-            "given" if chosen.get("source") == "given" else "max F1 at IoU 0.5",
+            chosen.get("chosen_by") or ("given" if chosen.get("source") == "given" else "max F1 at IoU 0.5"),
         ),
         _card(
             "precision / recall",
