@@ -32,16 +32,17 @@ PACKAGE = "defectdet"
 
 # package -> layer; an import must go to a strictly lower layer. The same table is in docs/design/architecture.md.
 LAYERS: dict[str, int] = {
-    # leaf modules: import nothing from defectdet (postprocess: NumPy + OpenCV NMS, shared by data, runtime, ...)
+    # leaf modules: import nothing from defectdet
     "_lazy": 0,
     "_limits": 0,
     "cli_app": 0,  # the typer app classes (help shows flags without a value type); imports only typer
     "cli_option": 0,  # how a settings field shows on the command line (read by cli_settings)
+    "defaults": 0,  # defaults the settings share with the NumPy/OpenCV code applying them (postprocess, threshold)
     "errors": 0,
-    "postprocess": 0,
     # the package root: __version__ and the lazy top-level exports
     "defectdet": 1,
     "compat": 1,  # the retired names (threshold, score floor, NMS IoU, input size) read as the current ones
+    "postprocess": 1,  # NumPy + OpenCV NMS, shared by data, runtime, ...; its defaults are in `defaults`
     "data": 2,
     # model (torch), runtime (torch-free: reads and runs bundles) and trainingdata (torch: the training dataset,
     # augmentation, mosaic) sit side by side, none imports another; data is the torch-free part they share

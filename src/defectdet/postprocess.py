@@ -1,6 +1,7 @@
 """Score filtering + class-aware NMS on decoded predictions (NumPy + OpenCV only, no torch).
 
-A leaf module (imports nothing from defectdet): data.tiling, model, engine, runtime and export all use it.
+Imports nothing from defectdet but its defaults (`defectdet.defaults`): data.tiling, model, engine, runtime and export
+all use it.
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ from typing import Any
 import cv2
 import numpy as np
 
-# The one source of the post-processing defaults (TrainConfig, training-time evaluation, `val`, the bundle):
-# evaluation keeps every candidate above 0.001 so PR curves and operating points see low scores too.
-DEFAULT_SCORE_FLOOR = 0.001
-DEFAULT_NMS_IOU = 0.6
-DEFAULT_MAX_DETECTIONS = 300
+# The post-processing defaults (TrainConfig, training-time evaluation, `val`, the bundle): `defectdet.defaults`
+from defectdet.defaults import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_FLOOR
+
 # A box thinner or lower than one pixel of the original image is no detection (nobody can see, draw or label it).
 MIN_BOX_PIXELS = 1.0
 # Boxes are reported with this many decimals: the size check measures the box as it is reported.

@@ -30,6 +30,8 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from defectdet._limits import DEFAULT_MAX_PIXELS, OPENCV_PIXELS_VARIABLE, opencv_pixel_ceiling
+from defectdet.data.image_types import IMAGE_SUFFIXES as IMAGE_SUFFIXES
+from defectdet.data.image_types import image_format
 from defectdet.errors import ImageReadError, ImageTooLargeError
 
 logger = logging.getLogger(__name__)
@@ -46,11 +48,8 @@ ACCEPTED_FORMATS: dict[str, str] = {
     "WebP": "WEBP",
     "PNM": "PPM",  # PBM/PGM/PPM, P1..P6
 }
-# The file name suffixes of those formats: what a folder listing (predict, review, the keep folder) takes
-# as an image. Decoding still goes by the magic bytes.
-IMAGE_SUFFIXES = frozenset(
-    {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".pnm", ".pbm", ".pgm", ".ppm"}
-)
+# The file name suffixes of those formats (what a folder listing takes as an image, `IMAGE_SUFFIXES`) and
+# `image_format`, which tells them apart by their magic bytes: `data.image_types`, imported above
 _HEAD_BYTES = 1 << 16  # read_image_size reads this much first, more only if the header needs it
 _MAX_HEAD_BYTES = 1 << 24
 _TIFF_TILE_ALLOWANCE = 4096 * 4096  # a tile may exceed a small max_pixels, never this
@@ -61,8 +60,6 @@ MAX_ASPECT_RATIO = 1000
 # Bytes a pixel takes in Pillow's buffer, by mode (RGB is stored as RGBX); other modes count 4
 _PILLOW_PIXEL_BYTES = {"1": 1, "L": 1, "P": 1, "I;16": 2, "I;16B": 2, "I;16L": 2, "I;16N": 2}
 
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_JPEG_SIGNATURE = b"\xff\xd8\xff"
 # SOF0..SOF15 carry the frame size; C4 (DHT), C8 (JPG) and CC (DAC) share the range but do not.
 _JPEG_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _EXIF_ORIENTATION_TAG = 0x0112
@@ -268,23 +265,6 @@ def read_file_bytes(path: str | Path) -> bytes:
 
 
 # ---------------------------------------------------------------- decoding
-
-
-def image_format(data: bytes) -> str | None:
-    """The accepted format `data` is in, from its magic bytes (a key of `ACCEPTED_FORMATS`), or None."""
-    if data.startswith(_PNG_SIGNATURE):
-        return "PNG"
-    if data.startswith(_JPEG_SIGNATURE):
-        return "JPEG"
-    if data.startswith(b"BM"):
-        return "BMP"
-    if data[:4] in (b"II*\x00", b"MM\x00*"):
-        return "TIFF"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "WebP"
-    if len(data) >= 3 and data[0] == ord("P") and data[1] in b"123456" and data[2] in b" \t\r\n":
-        return "PNM"
-    return None
 
 
 def _accepted_format(data: bytes, path: Path) -> str:

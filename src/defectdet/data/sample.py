@@ -6,10 +6,11 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Literal
 
 import numpy as np
 
+from defectdet.data.problem import Problem as Problem
+from defectdet.data.problem import Severity as Severity
 from defectdet.errors import DatasetError
 
 COMPANION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
@@ -92,23 +93,6 @@ def id_path(image_id: str, suffix: str) -> PurePosixPath:
         part for part in PurePosixPath(str(image_id).replace("\\", "/")).parts if part not in ("/", ".", "..")
     ]
     return PurePosixPath(*(parts or ["image"])).with_name(f"{(parts or ['image'])[-1]}{suffix}")
-
-
-Severity = Literal["error", "warning"]
-
-
-@dataclass(frozen=True)
-class Problem:
-    """Something wrong with one file of a dataset. `line` is 1-based, 0 when not line-specific."""
-
-    severity: Severity
-    path: str
-    message: str
-    line: int = 0
-
-    def __str__(self) -> str:
-        where = f"{self.path}:{self.line}" if self.line else self.path
-        return f"{self.severity}: {where}: {self.message}"
 
 
 @dataclass

@@ -9,13 +9,12 @@ import difflib
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from defectdet.cli_option import CliOption
 from defectdet.compat import Surface, current_keys
+from defectdet.defaults import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_FLOOR
 from defectdet.errors import ConfigError
-from defectdet.postprocess import DEFAULT_MAX_DETECTIONS, DEFAULT_NMS_IOU, DEFAULT_SCORE_FLOOR
 from defectdet.trainingdata.augment_config import AugmentConfig
 
 DEFAULT_EPOCHS = 50
@@ -268,6 +267,8 @@ def load_config(yaml_path: str | Path | None = None, overrides: dict[str, Any] |
 
     Overrides are applied as given, including None values: pass only what the user set.
     """
+    import yaml  # here, not at the top: the command line reads these settings at start without it
+
     values: dict[str, Any] = {}
     where = "overrides"
     if yaml_path is not None:
@@ -303,12 +304,16 @@ def load_config(yaml_path: str | Path | None = None, overrides: dict[str, Any] |
 
 def save_config(config: TrainConfig, path: str | Path, notes: list[str] | None = None) -> None:
     """Write `config` as YAML; `notes` become leading `# ` comment lines (e.g. why settings were chosen)."""
+    import yaml
+
     header = "".join(f"# {line}\n" for note in notes or [] for line in note.splitlines())
     Path(path).write_text(header + yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
 
 
 def parse_overrides(assignments: list[str]) -> dict[str, Any]:
     """`["lr=0.01", "augment.rotate_degrees=0"]` -> `{"lr": 0.01, "augment.rotate_degrees": 0}` (values parsed as YAML)."""
+    import yaml
+
     overrides: dict[str, Any] = {}
     for assignment in assignments:
         key, sep, raw = assignment.partition("=")

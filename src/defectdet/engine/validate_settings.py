@@ -13,10 +13,10 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from defectdet.cli_option import CliOption
 from defectdet.compat import Surface, current_keys
-from defectdet.data.recapture import RecaptureConfig
+from defectdet.data.recapture_config import RecaptureConfig
+from defectdet.defaults import DEFAULT_TARGET_ESCAPE
 from defectdet.errors import ConfigError
-from defectdet.evaluation.threshold import DEFAULT_TARGET_ESCAPE
-from defectdet.runtime.repeat_check import REPEAT_CHECK_HELP
+from defectdet.runtime.predict_settings import REPEAT_CHECK_HELP
 
 PROTOCOLS = ("coco", "deeppcb", "both")
 THRESHOLD_RULES = ("escape", "f1")

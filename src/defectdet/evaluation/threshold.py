@@ -13,10 +13,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from defectdet.defaults import DEFAULT_TARGET_ESCAPE
 from defectdet.evaluation.operating_point import match_detections, pooled_cut_points
 from defectdet.evaluation.types import ImageRecord
-
-DEFAULT_TARGET_ESCAPE = 0.01  # at most 1 % of defective boards called clean on the calibration boards
 
 
 @dataclass(frozen=True)

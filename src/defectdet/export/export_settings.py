@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from defectdet.cli_option import COMMAND_OPTION, CliOption
-from defectdet.runtime.repeat_check import REPEAT_CHECK_HELP
+from defectdet.runtime.predict_settings import REPEAT_CHECK_HELP
 
 
 class ExportSettings(BaseModel):

@@ -10,7 +10,13 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from defectdet.cli_option import COMMAND_OPTION, CliOption
 from defectdet.compat import Surface, current_keys
-from defectdet.runtime.repeat_check import REPEAT_CHECK_HELP
+
+# the repeat check (`runtime.repeat_check`) in the words of the command-line options that turn it on (val, export,
+# predict)
+REPEAT_CHECK_HELP = (
+    "Models without templates: drop detections whose surroundings repeat unchanged elsewhere in the image (a drill "
+    "hole drawn on every pad is design, not a pin-hole; runtime.repeat_check)."
+)
 
 
 class PredictSettings(BaseModel):

@@ -34,12 +34,6 @@ MAX_SHRINK = 4  # ... by at most this factor
 CANDIDATES = 3  # the best coarse copies refined at full resolution
 CHECK_FLOOR = 0.02  # detections scoring lower are kept unchecked (they barely move AP and would cost time)
 
-# the check in the words of the command-line options that turn it on (val, export, predict)
-REPEAT_CHECK_HELP = (
-    "Models without templates: drop detections whose surroundings repeat unchanged elsewhere in the image (a drill "
-    "hole drawn on every pad is design, not a pin-hole; runtime.repeat_check)."
-)
-
 
 @dataclass(frozen=True)
 class RepeatEvidence:

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from defectdet.data.imageio import image_format
+from defectdet.data.image_types import image_format
 
 if TYPE_CHECKING:
     from defectdet.runtime.predictor import PredictionResult

@@ -13,10 +13,14 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from defectdet.data.imageio import IMAGE_SUFFIXES
-from defectdet.data.sample import DatasetSplit, Problem
+from defectdet.data.image_types import IMAGE_SUFFIXES
+from defectdet.data.problem import Problem
 from defectdet.errors import DatasetError
+
+if TYPE_CHECKING:  # the readers make them; this package's own checks only name them
+    from defectdet.data.sample import DatasetSplit
 
 FORMATS = ("yolo", "coco", "voc", "deeppcb")
 # Boxes may overshoot the image by this fraction of its side (at least 1 px) before it is an error.
