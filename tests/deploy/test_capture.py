@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,6 +106,65 @@ def test_a_failed_replace_leaves_no_partial_item(tmp_path: Path, monkeypatch: py
     assert capture.bytes == 0 and not capture.items
 
 
+def test_an_items_files_are_flushed_to_disk_at_once_before_any_is_moved_into_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    capture = Capture(tmp_path)
+    together = threading.Barrier(3, timeout=10)  # passes only when the three fsyncs run at the same time
+    real_fsync = os.fsync
+    seen: list[int] = []
+
+    def fsync_together(descriptor: int) -> None:
+        in_place = [path for path in _kept_files(tmp_path) if not path.name.startswith(".")]
+        seen.append(len(in_place))  # nothing of the item is in place yet (only its temporary files)
+        together.wait()
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(capture_module.os, "fsync", fsync_together)
+    name = capture.write(_item(700, template=True))
+    assert seen == [0, 0, 0] and name is not None
+    assert len(_kept_files(tmp_path)) == 3 and not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_failed_fsync_leaves_no_partial_item(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    capture = Capture(tmp_path)
+    real_fsync = os.fsync
+    calls = {"n": 0}
+
+    def fail_one(descriptor: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(5, "Input/output error")
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(capture_module.os, "fsync", fail_one)
+    with pytest.raises(OSError, match="Input/output"):
+        capture.write(_item(700, template=True))
+    assert not _kept_files(tmp_path) and not list(tmp_path.rglob("*.tmp"))
+    assert capture.bytes == 0 and not capture.items
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own niceness is Linux's")
+def test_the_keep_writer_runs_nicer_than_the_inference_threads(tmp_path: Path) -> None:
+    capture = Capture(tmp_path)
+    assert capture.submit(_item(600))
+    capture.drain()
+    assert capture._thread is not None
+    writer = os.getpriority(os.PRIO_PROCESS, capture._thread.native_id)
+    assert writer == min(19, os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + 10)
+    capture.stop()
+
+
+def test_the_change_mark_is_rewritten_in_place_over_any_earlier_one(tmp_path: Path) -> None:
+    first, second = Capture(tmp_path), Capture(tmp_path)
+    (tmp_path / capture_module.GENERATION_FILE).write_text(f"4194303-{'f' * 32}")  # an older writer's, longer
+    assert first.write(_item(600)) is not None
+    assert (tmp_path / capture_module.GENERATION_FILE).read_text() == first._generation
+    assert second.write(_item(600)) is not None  # sees the other writer's item before its own
+    assert len(second.items) == 2
+    assert second.bytes == sum(path.stat().st_size for path in _kept_files(tmp_path))
+
+
 def test_items_that_queue_up_are_written_under_one_lock_and_one_change_mark(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -150,6 +211,18 @@ def test_an_item_the_full_queue_turns_away_is_counted_never_silently_lost(tmp_pa
     capture.drain()
     written = len(list((tmp_path / "predictions").iterdir()))
     assert written == accepted.count(True) and accepted.count(False) == capture.counts["dropped:queue"] > 0
+
+
+def test_a_full_queue_warns_once_with_the_count_not_once_per_answer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    capture = Capture(tmp_path, queue_size=1)
+    with caplog.at_level(logging.WARNING), capture_module.folder_lock(tmp_path / capture_module.LOCK_FILE):
+        accepted = [capture.submit(_item(600)) for _ in range(8)]
+    capture.drain()
+    warnings = [record.getMessage() for record in caplog.records if "keep queue full" in record.getMessage()]
+    assert accepted.count(False) == capture.counts["dropped:queue"] >= 5
+    assert len(warnings) == 1 and "1 answer(s) not kept" in warnings[0]
 
 
 def test_the_disk_cap_deletes_the_oldest_unreviewed_items_and_never_exceeds(tmp_path: Path) -> None:
@@ -307,10 +380,10 @@ def test_a_score_just_under_the_threshold_is_never_rounded_over_it(
 def test_a_disk_error_never_fails_the_request(
     keep_client: TestClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def full(path: Path, data: bytes) -> None:
+    def full(files: list[tuple[Path, bytes]], fsync_all: object = None) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(capture_module, "atomic_write", full)
+    monkeypatch.setattr(capture_module, "write_files", full)
     with caplog.at_level(logging.WARNING):
         assert _detect(keep_client)["kept"] is True  # queued; the write fails later, off the request
         keep_client.app.state.service.capture.drain()
