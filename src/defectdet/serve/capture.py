@@ -137,10 +137,10 @@ class KeptItem:
     """One answer to keep: the uploaded bytes (image, template, companion captures by name) and the sidecar's
     content."""
 
-    image: bytes
-    template: bytes | None
+    image: bytes | bytearray
+    template: bytes | bytearray | None
     sidecar: dict[str, Any]
-    companions: dict[str, bytes] = field(default_factory=dict)
+    companions: dict[str, bytes | bytearray] = field(default_factory=dict)
 
 
 class Capture:
@@ -378,7 +378,9 @@ class Capture:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(item.sidecar.get("time", time.time())))
         name = f"{stamp}Z-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         extension = EXTENSIONS.get(image_format(item.image) or "", ".bin")
-        files: list[tuple[Path, bytes]] = [(self.folder / "images" / f"{name}{extension}", item.image)]
+        files: list[tuple[Path, bytes | bytearray]] = [
+            (self.folder / "images" / f"{name}{extension}", item.image)
+        ]
         if item.template is not None:
             template_ext = EXTENSIONS.get(image_format(item.template) or "", ".bin")
             files.append((self.folder / "templates" / f"{name}{template_ext}", item.template))
@@ -523,7 +525,7 @@ def atomic_write(path: str | Path, data: bytes) -> None:
 
 
 def write_files(
-    files: list[tuple[str | Path, bytes]], fsync_all: Callable[[list[int]], None] | None = None
+    files: list[tuple[str | Path, bytes | bytearray]], fsync_all: Callable[[list[int]], None] | None = None
 ) -> None:
     """Write each (path, data) to a temporary file beside its path, flush them all to disk (`fsync_all`
     gets their descriptors; default: one fsync after the other), then move them into place with `os.replace`

@@ -27,11 +27,12 @@ THRESHOLD_FIELDS = ("threshold", *retired_names("threshold", Surface.DETECT_FORM
 
 @dataclass(frozen=True)
 class Upload:
-    """One /v1/detect request's planes as received: the image, its template and its companion captures."""
+    """One /v1/detect request's planes as received: the image, its template and its companion captures (the
+    form's own buffers, not copies: nothing writes to them once the form is read)."""
 
-    image: bytes
-    template: bytes | None = None
-    companions: Mapping[str, bytes] = field(default_factory=dict)
+    image: bytes | bytearray
+    template: bytes | bytearray | None = None
+    companions: Mapping[str, bytes | bytearray] = field(default_factory=dict)
     filename: str | None = None  # the image's file name as the client sent it (kept, sanitised)
 
 
@@ -64,7 +65,7 @@ def upload_of(form: dict[str, Part], metadata: BundleMetadata) -> tuple[Upload, 
     if "image" not in form:
         raise UploadError(422, "missing form field 'image' (the image file to inspect)")
     threshold = _threshold_field(form)
-    template = bytes(form["template"].data) if "template" in form else None
+    template = form["template"].data if "template" in form else None
     if metadata.template and template is None:
         raise UploadError(
             422,
@@ -78,9 +79,9 @@ def upload_of(form: dict[str, Part], metadata: BundleMetadata) -> tuple[Upload, 
                 422,
                 f"this bundle also takes the aligned capture {name!r}: send it as the form field {name!r}",
             )
-    companions = {name: bytes(form[name].data) for name in metadata.companions}
+    companions = {name: form[name].data for name in metadata.companions}
     image = form["image"]
-    return Upload(bytes(image.data), template, companions, image.filename), threshold
+    return Upload(image.data, template, companions, image.filename), threshold
 
 
 async def _stream(request: Request) -> AsyncIterator[bytes]:
