@@ -676,10 +676,26 @@ def _frozen_sentences(runs: list[Result], frozen: list[Result]) -> list[str]:
         if control is None or result.doc.get("mAP50") is None or control.doc.get("mAP50") is None:
             continue
         difference = result.doc["mAP50"] - control.doc["mAP50"]
+        budget, stored = 60 * (result.minutes or 0), result.doc.get("store_s") or 0
+        cost = (
+            f"; the one pass over its {result.doc.get('images_stored', 0):,} training images took {stored:.0f} s "
+            f"of the {budget:.0f}, leaving {result.doc.get('steps') or 0:,} steps"
+            if budget and stored > budget / 2
+            else ""
+        )
         sentences.append(
             f"{LABELS.get(result.doc['dataset'], result.doc['dataset'])}, {result.minutes:g} minutes, seed "
             f"{_run_seed(result)}: frozen features {f3(result.doc['mAP50'])} against the defaults' "
-            f"{f3(control.doc['mAP50'])} trained beside it ({difference:+.3f})."
+            f"{f3(control.doc['mAP50'])} trained beside it ({difference:+.3f}){cost}."
+        )
+    if sentences and all(
+        (r.doc.get("mAP50") or 0) < (c.doc.get("mAP50") or 0)
+        for r in frozen
+        if (c := _beside(r, runs)) is not None
+    ):
+        sentences.append(
+            "In every pair the defaults led: on a CPU, frozen ImageNet features under a trained neck and head "
+            "are not a better start than tiny trained end to end, and `train` keeps tiny."
         )
     return sentences
 
