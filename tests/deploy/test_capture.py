@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -142,17 +141,6 @@ def test_a_failed_fsync_leaves_no_partial_item(tmp_path: Path, monkeypatch: pyte
         capture.write(_item(700, template=True))
     assert not _kept_files(tmp_path) and not list(tmp_path.rglob("*.tmp"))
     assert capture.bytes == 0 and not capture.items
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own niceness is Linux's")
-def test_the_keep_writer_runs_nicer_than_the_inference_threads(tmp_path: Path) -> None:
-    capture = Capture(tmp_path)
-    assert capture.submit(_item(600))
-    capture.drain()
-    assert capture._thread is not None
-    writer = os.getpriority(os.PRIO_PROCESS, capture._thread.native_id)
-    assert writer == min(19, os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + 10)
-    capture.stop()
 
 
 def test_the_change_mark_is_rewritten_in_place_over_any_earlier_one(tmp_path: Path) -> None:

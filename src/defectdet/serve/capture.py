@@ -25,8 +25,8 @@ most once a minute with the count. Blocking instead would hand a slow disk's del
 counted gap in the kept images is the smaller harm. Items that queued up meanwhile are written together, up to
 `WRITE_BATCH`, under one folder lock and one change mark. Each file is still flushed to disk (fsync) before it is
 moved into place: an item's files are flushed at once (a journalling file system commits them together), then
-moved in order, the sidecar last. The writer thread runs nicer than the inference threads (Linux): it takes the
-cores inference leaves.
+moved in order, the sidecar last. The writer runs at the process's own priority: run nicer, it starved under full
+load and the queue turned items away.
 
 Disk cap (`max_bytes`; `serve` keeps at most `DEFAULT_KEEP_MAX_MB` unless told otherwise): the kept images,
 templates, companion captures and sidecars never exceed it. When a new item would pass it, the oldest items not
@@ -46,7 +46,6 @@ import logging
 import math
 import os
 import queue
-import sys
 import threading
 import time
 import uuid
@@ -83,7 +82,6 @@ EVICTION_WARNING_S = 60.0
 FULL_WARNING_S = 60.0  # at most one "keep queue full" warning a minute (with the count)
 WRITE_BATCH = 16  # queued items written under one lock: bounds how long other writers wait
 FSYNC_THREADS = 4  # an item's files flushed to disk at once (image, template, companions, sidecar)
-WRITER_NICENESS = 10  # how much nicer the keep writer thread runs than the process, on Linux
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
 
@@ -323,7 +321,6 @@ class Capture:
         self.queue.join()
 
     def _run(self) -> None:
-        _lower_priority()
         while True:
             batch = [self.queue.get()]
             while batch[-1] is not None and len(batch) < WRITE_BATCH:  # what queued up meanwhile, no waiting
@@ -488,18 +485,6 @@ class Capture:
         )
         self._evicted_unreported = 0
         self._eviction_warned = now
-
-
-def _lower_priority() -> None:
-    """The calling thread only, on Linux (where a thread has its own id and niceness): `WRITER_NICENESS` nicer
-    than it was, so the keep writer takes the cores when inference leaves them, not from it. The threads it
-    starts (its fsyncs) inherit that. Elsewhere nothing changes."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError):  # not allowed here: the writer runs as before
-        thread = threading.get_native_id()
-        niceness = min(19, os.getpriority(os.PRIO_PROCESS, thread) + WRITER_NICENESS)
-        os.setpriority(os.PRIO_PROCESS, thread, niceness)
 
 
 @contextmanager
