@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from bench.benchpages.core import Page, Result, f1, f2, f3, pct, save_figure, threads_text
+from bench.benchpages.core import IMG, Page, Result, f1, f2, f3, pct, save_figure, threads_text
+from bench.common import RESULTS_DIR
 
 LABELS = {
     "agdd_1light": "AGDD, one lighting",
@@ -361,6 +363,7 @@ def page_real_data(results: dict[str, Result], plots: list[Callable[[], None]]) 
     _tried(page, runs, [r for r in experiments if not is_step_matched(r)])
     _step_matched(page, [r for r in experiments if is_step_matched(r)])
     _diagnosis(page, results.get("agdd_diagnosis"))
+    _false_calls(page, results)
     _good_only(page, results)
     return page
 
@@ -825,6 +828,39 @@ def _gap_sentences(runs: list[Result], tried: list[Result]) -> list[str]:
             f"{_changed(best)} at {f3(value)}" + (f", {f3(rare)} without crack." if rare is not None else ".")
         )
     return sentences
+
+
+def _false_call_sentences(result: Result) -> list[str]:
+    doc = result.doc
+    at = doc["at_bundle_threshold"]
+    classes = ", ".join(f"{name} {count}" for name, count in at["per_class"].items())
+    points = "; ".join(
+        f"at most {pct(point['target_escape_rate'])} escapes: {pct(point['false_call_rate'])} of them flagged"
+        for point in doc["operating_points"]
+    )
+    return [
+        f"{LABELS.get(doc['dataset'], doc['dataset'])} (`{Path(doc['bundle']).parent.name}`): at its threshold "
+        f"{at['threshold']:.3f} it flags {at['boards_flagged']} of {doc['clean_boards']} defect-free boards with "
+        f"{at['boxes']} boxes: {classes}.",
+        f"With the threshold set on these boards: {points}.",
+    ]
+
+
+def _false_calls(page: Page, results: dict[str, Result]) -> None:
+    """The false calls of recorded bundles on defect-free boards, with the picture of the highest-scoring ones."""
+    import shutil
+
+    found = [r for name, r in sorted(results.items()) if name.startswith("false_calls_") and not r.dirty]
+    if not found:
+        return
+    page.prose("what-the-false-calls-are")
+    for result in found:
+        page.para(*_false_call_sentences(result))
+        picture = RESULTS_DIR / f"{result.name}.png"
+        if picture.is_file():
+            IMG.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(picture, IMG / picture.name)
+            page.image(picture.name, "the highest-scoring boxes on defect-free boards, with class and score")
 
 
 def _diagnosis(page: Page, diagnosis: Result | None) -> None:

@@ -169,6 +169,7 @@ ON_REQUEST = {
     "peers_surface": "python -m bench.peers_surface --minutes 10   # needs .venv-peers (make bench-peers)",
     "pretrain": "make pretrain   # the starting weights the package ships",
     "registration": "python -m bench.registration",
+    "false_calls": "python -m bench.false_calls --bundle MODEL.onnx --data DATA --name NAME",
     "repeat_check": "python -m bench.repeat_check RUN/last.pt --data DATA",
     "template_oracle": "python -m bench.template_oracle RUN/last.pt",
     "template_probe": "python -m bench.template_probe CHECKPOINT",
