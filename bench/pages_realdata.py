@@ -843,6 +843,19 @@ def _false_call_sentences(result: Result) -> list[str]:
         f"{at['threshold']:.3f} it flags {at['boards_flagged']} of {doc['clean_boards']} defect-free boards with "
         f"{at['boxes']} boxes: {classes}.",
         f"With the threshold set on these boards: {points}.",
+        *_as_they_are(doc),
+    ]
+
+
+def _as_they_are(doc: dict[str, Any]) -> list[str]:
+    raw = doc.get("templates_as_they_are")
+    if not raw:
+        return []
+    return [
+        f"The templates as they are, without the recapture nuisances, are flagged as often: {raw['boards_flagged']} "
+        f"of {raw['boards']}. The picture shows the highest-scoring false box of each board: on DeepPCB they are "
+        "round holes the boards are designed with (their templates hold them), called pin-hole. One image does not "
+        "tell a designed hole from a pin-hole; the template does (no false call with templates, runs table above)."
     ]
 
 
