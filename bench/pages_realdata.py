@@ -851,12 +851,17 @@ def _as_they_are(doc: dict[str, Any]) -> list[str]:
     raw = doc.get("templates_as_they_are")
     if not raw:
         return []
-    return [
-        f"The templates as they are, without the recapture nuisances, are flagged as often: {raw['boards_flagged']} "
-        f"of {raw['boards']}. The picture shows the highest-scoring false box of each board: on DeepPCB they are "
-        "round holes the boards are designed with (their templates hold them), called pin-hole. One image does not "
-        "tell a designed hole from a pin-hole; the template does (no false call with templates, runs table above)."
+    sentences = [
+        f"The templates as they are, without the recapture nuisances: {raw['boards_flagged']} of {raw['boards']} "
+        "flagged. The picture shows the highest-scoring false box of each board."
     ]
+    if doc["dataset"].startswith("deeppcb"):
+        sentences.append(
+            "On DeepPCB they are round holes the boards are designed with (their templates hold them), called "
+            "pin-hole: one image does not tell a designed hole from a pin-hole; the template does (no false call "
+            "with templates, runs table above)."
+        )
+    return sentences
 
 
 def _false_calls(page: Page, results: dict[str, Result]) -> None:
