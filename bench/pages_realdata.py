@@ -830,7 +830,7 @@ def _gap_sentences(runs: list[Result], tried: list[Result]) -> list[str]:
     return sentences
 
 
-def _false_call_sentences(result: Result) -> list[str]:
+def _false_call_sentences(page: Page, result: Result) -> list[str]:
     doc = result.doc
     at = doc["at_bundle_threshold"]
     classes = ", ".join(f"{name} {count}" for name, count in at["per_class"].items())
@@ -839,7 +839,8 @@ def _false_call_sentences(result: Result) -> list[str]:
         for point in doc["operating_points"]
     )
     return [
-        f"{LABELS.get(doc['dataset'], doc['dataset'])} (`{Path(doc['bundle']).parent.name}`): at its threshold "
+        f"{LABELS.get(doc['dataset'], doc['dataset'])} ({page.cite(result.name)}, the bundle of "
+        f"`{Path(doc['bundle']).parent.name}`): at its threshold "
         f"{at['threshold']:.3f} it flags {at['boards_flagged']} of {doc['clean_boards']} defect-free boards with "
         f"{at['boxes']} boxes: {classes}.",
         f"With the threshold set on these boards: {points}.",
@@ -873,7 +874,7 @@ def _false_calls(page: Page, results: dict[str, Result]) -> None:
         return
     page.prose("what-the-false-calls-are")
     for result in found:
-        page.para(*_false_call_sentences(result))
+        page.para(*_false_call_sentences(page, result))
         picture = RESULTS_DIR / f"{result.name}.png"
         if picture.is_file():
             IMG.mkdir(parents=True, exist_ok=True)
