@@ -2,7 +2,8 @@
 keyboard at 1366x768: the class keys set the class of the next box (a drawn box is not re-classed), move and
 resize, undo, zoom and pan, clear proposals, the score slider hides near misses and `a` never accepts a hidden
 proposal, the saved YOLO label file, the browser download of the labels, the list filters; a bad label file and a
-broken image shown as errors; no sideways scroll.
+broken image shown as errors; no sideways scroll. At 1366x768, 1920x1080 and 1024x768 the page reads fully (the
+header, one line per listed name, the toolbar, box labels apart); box numbers stay put while the operator works.
 
 Skipped with the reason when playwright or a Chromium binary is missing.
 """
@@ -482,3 +483,142 @@ def test_a_stray_accept_is_undone_cleared_proposals_stay_cleared_and_reset_bring
     log = [json.loads(line) for line in (folder / "decisions.jsonl").read_text().splitlines()]
     assert [entry["action"] for entry in log] == ["accept", "undo", "edit", "undo", "accept", "reset", "undo"]
     assert log[2]["proposals_cleared"] is True
+
+
+LONG_NAMES = ("20261208T002304Z-3656-509191d3.png", "20261208T002304Z-3656-594f7658.png")
+# three boxes on one spot (their labels would fall on each other) and two near misses under the threshold
+CROWD = [
+    {"class_id": 1, "score": 0.7, "box": [60, 30, 90, 60]},
+    {"class_id": 1, "score": 0.9, "box": [61, 31, 91, 61]},
+    {"class_id": 0, "score": 0.8, "box": [60, 31, 90, 60]},
+    {"class_id": 2, "score": 0.3, "box": [10, 60, 30, 90]},
+    {"class_id": 0, "score": 0.4, "box": [140, 20, 170, 50]},
+]
+SCREENS = [SCREEN, {"width": 1920, "height": 1080}, {"width": 1024, "height": 768}]
+
+
+def crowd_folder(root: Path) -> Path:
+    """Two kept images with long capture names, kept as flagged and uncertain, the first with the CROWD of
+    proposals at a threshold of 0.5."""
+    for sub in ("images", "predictions"):
+        (root / sub).mkdir(parents=True)
+    for i, name in enumerate(LONG_NAMES):
+        (root / "images" / name).write_bytes(encode(board(i, size=200)[:100]))
+        sidecar = {
+            "time": 1_796_689_384.0 + i,
+            "upload_name": f"line3-000{i}.png",
+            "reasons": ["flagged", "uncertain"],
+            "verdict": "defective",
+            "class_names": CLASSES,
+            "threshold": THRESHOLD,
+            "detections": CROWD if i == 0 else [],
+        }
+        (root / "predictions" / f"{Path(name).stem}.json").write_text(json.dumps(sidecar))
+    return root
+
+
+# True when the element is inside the viewport and both ends of it are what the page shows there (nothing
+# clips or covers it)
+SEEN = """(selector) => {
+  const element = document.querySelector(selector);
+  const r = element.getBoundingClientRect();
+  if (r.width === 0 || r.left < 0 || r.top < 0 || r.right > innerWidth || r.bottom > innerHeight) return false;
+  const y = (r.top + r.bottom) / 2;
+  return [r.left + 2, r.right - 2].every((x) => element.contains(document.elementFromPoint(x, y)));
+}"""
+# the toolbar's parts shown: [top, bottom, left, right, height of one line of its text]
+TOOLBAR = """() => [...document.querySelectorAll('#toolbar > *')].filter((e) => e.offsetParent !== null).map((e) => {
+  const r = e.getBoundingClientRect();
+  return [r.top, r.bottom, r.left, r.right, parseFloat(getComputedStyle(e).fontSize) * 2];
+})"""
+
+
+def _label_rects(page) -> list[dict[str, float]]:
+    return json.loads(_canvas(page, "label-rects"))
+
+
+def _numbers(page) -> dict[str, str]:
+    """The box table, which lists the shown boxes by number: the index of each on the page -> its number."""
+    rows = page.evaluate(
+        "() => [...document.querySelectorAll('#boxes tbody tr')].map((r) => [r.dataset.index, r.cells[0].textContent])"
+    )
+    assert [int(number) for _, number in rows] == sorted(int(number) for _, number in rows)
+    return dict(rows)
+
+
+def _check_layout(page, screen: dict[str, int]) -> None:
+    """What the operator needs reads at this screen size: the whole header, one line per listed name, the
+    toolbar within the viewer (on one line where the screen is wide enough), box labels apart from each other."""
+    page.set_viewport_size(screen)
+    page.wait_for_function(
+        "() => { const c = document.getElementById('canvas'); return c.width === c.parentElement.clientWidth"
+        " && c.height === c.parentElement.clientHeight; }"
+    )
+    assert page.evaluate("document.scrollingElement.scrollWidth") <= screen["width"]
+    for part in ("verdict", "kept", "decided", "uploaded", "captured"):
+        assert page.evaluate(SEEN, f"#item-info [data-part='{part}']"), (screen, part)
+    assert "kept: flagged, uncertain" in page.text_content("#item-info [data-part='kept']")
+    # the end of a long name, which tells it apart from the others
+    assert page.evaluate(SEEN, "#items li.current .name .tail")
+    for name in page.locator("#items li .name").element_handles():
+        box, size = name.bounding_box(), name.evaluate("(e) => parseFloat(getComputedStyle(e).fontSize)")
+        assert box["height"] < 2 * size and name.get_attribute("title").startswith(name.text_content())
+    parts = page.evaluate(TOOLBAR)
+    right = page.locator("#viewer").bounding_box()
+    assert all(part[3] <= right["x"] + right["width"] and part[1] - part[0] < part[4] for part in parts)
+    if screen["width"] >= 1366:  # one line: every part spans the middle of every other
+        assert max(top for top, *_ in parts) < min(bottom for _, bottom, *_ in parts), parts
+    rects = _label_rects(page)
+    canvas = page.locator("#canvas").bounding_box()
+    for i, a in enumerate(rects):
+        assert a["x"] >= 0 and a["y"] >= 0 and a["x"] + a["w"] <= canvas["width"] + 0.5
+        for b in rects[i + 1 :]:
+            apart = a["x"] + a["w"] <= b["x"] or b["x"] + b["w"] <= a["x"] or a["y"] + a["h"] <= b["y"]
+            assert apart or b["y"] + b["h"] <= a["y"], (a, b)
+
+
+def test_the_page_reads_fully_at_common_screen_sizes_and_box_numbers_stay_put(tmp_path: Path) -> None:
+    """At 1366x768, 1920x1080 and 1024x768: the header's parts (why the image was kept, who decided it) are in
+    view, listed names take one line (the full name in the tooltip), the toolbar fits, and the labels of three
+    boxes on one spot do not overlap. Box numbers: the shown boxes are numbered 1.. (the highest score first), a
+    drawn box takes the next number (hidden proposals take none), the slider never renumbers a box, and the
+    numbers are the same on the canvas, in the table and when the operator comes back to the image."""
+    for url in _serve(crowd_folder(tmp_path / "kept")):
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+            try:
+                page = _open(browser, url, LONG_NAMES[0])
+                page.fill("#operator", "anna")
+                page.keyboard.press("Enter")
+                # the three boxes on one spot, by score: 0.9, 0.8, 0.7
+                assert _numbers(page) == {"1": "1", "2": "2", "0": "3"}
+                assert sorted(rect["n"] for rect in _label_rects(page)) == [1, 2, 3]
+                _drag(page, (110, 60), (130, 80))  # a drawn box: 4, not 6 (two proposals hidden)
+                _saved(page, 1)
+                assert _numbers(page)["5"] == "4" and page.locator("#boxes tbody tr").count() == 4
+                page.fill("#min-score", "0")  # the near misses shown: the next numbers, by score
+                assert _numbers(page) == {"1": "1", "2": "2", "0": "3", "5": "4", "4": "5", "3": "6"}
+                page.fill("#min-score", "0.35")
+                assert _numbers(page) == {"1": "1", "2": "2", "0": "3", "5": "4", "4": "5"}
+                assert sorted(rect["n"] for rect in _label_rects(page)) == [1, 2, 3, 4, 5]
+                stage = page.locator("#stage").bounding_box()
+                page.click("#boxes tr[data-index='4']")
+                assert "Box 5 (open)" in page.text_content("#selected-rule")
+                assert page.locator("#stage").bounding_box() == stage  # selecting a box never moves the image
+                page.keyboard.press("Escape")
+                page.keyboard.press("n")
+                _showing(page, LONG_NAMES[1])
+                page.keyboard.press("c")  # decided: the header says by whom
+                _saved(page, 2)
+                page.keyboard.press("p")
+                _showing(page, LONG_NAMES[0])
+                page.fill("#min-score", "0")
+                assert _numbers(page) == {"1": "1", "2": "2", "0": "3", "5": "4", "4": "5", "3": "6"}
+                page.keyboard.press("n")
+                _showing(page, LONG_NAMES[1], "clean")
+                page.keyboard.press("p")
+                _showing(page, LONG_NAMES[0])
+                for screen in SCREENS:
+                    _check_layout(page, screen)
+            finally:
+                browser.close()

@@ -17,6 +17,7 @@ const COLORS = ["#e53935", "#1e88e5", "#43a047", "#fb8c00", "#8e24aa", "#00acc1"
 const MAX_ENLARGE = 8;        // a small image is enlarged to fit the stage, at most this much
 const ZOOM_RANGE = [0.5, 40]; // zoom relative to the fitted view
 const HANDLE = 7;             // corner handle half-size, screen pixels
+const LABEL_H = 15;           // a box label's height, screen pixels
 const MIN_DRAG = 4;           // screen pixels before a press becomes a drag
 const FINAL = new Set(["accept", "clean", "skip"]);
 const STATUS_NAMES = { pending: "unreviewed", edit: "edited", accept: "accepted", clean: "clean", skip: "skipped", labelled: "labelled" };
@@ -27,6 +28,7 @@ let tokenAsked = false;
 const state = {
   items: [], classNames: [], index: -1, boxes: [], selected: -1, nextClass: 0,
   threshold: null, minScore: 0, image: null, view: { s: 1, tx: 0, ty: 0 }, fitted: 1,
+  nextNumber: 1,  // the number the next box shown for the first time on this image gets (numberBoxes)
   plane: "image", planes: {},  // the plane shown (the image or a companion capture) and the loaded ones
   drag: null, space: false, undo: [], memory: new Map(), saved: 0, broken: new Set(), saving: Promise.resolve(),
   busy: false,   // a decision that moves on (or an undo or reset) is being saved
@@ -88,6 +90,18 @@ function kind(b) {
 
 function shown(b) {
   return b.source === "label" || b.score == null || b.score >= state.minScore;
+}
+
+// Box numbers are short and stable while the operator works on an image: a box gets its number the first time
+// it is shown (the operator's boxes first, then the proposals by score, highest first), and keeps it when the
+// slider hides it and shows it again, when it is moved, resized or re-classed, and when the operator comes back
+// to the image. A drawn box takes the next number. Proposals never shown get none, and a number is never given
+// twice on an image (a deleted box's number is not reused).
+function numberBoxes() {
+  const rank = (b) => (b.source === "label" ? 0 : b.score == null ? 1 : 2);
+  const fresh = state.boxes.filter((b) => b.n == null && shown(b));
+  fresh.sort((p, q) => rank(p) - rank(q) || (rank(p) === 2 ? q.score - p.score : 0));
+  for (const b of fresh) b.n = state.nextNumber++;
 }
 
 function iou(a, b) {
@@ -175,6 +189,16 @@ function renderCounts() {
   $("counts").dataset.broken = String(state.broken.size);
 }
 
+// a kept name in the list: its start (cut with an ellipsis when the pane is too narrow) and its end, always shown
+function nameHtml(name, title) {
+  const chars = Array.from(name);
+  const keep = Math.min(12, Math.floor(chars.length / 2));
+  const head = chars.slice(0, chars.length - keep).join("");
+  const tail = chars.slice(chars.length - keep).join("");
+  return `<span class="name" title="${escapeHtml(title)}"><span class="head">${escapeHtml(head)}</span>` +
+    `<span class="tail">${escapeHtml(tail)}</span></span>`;
+}
+
 function renderList() {
   let listed = 0;
   $("items").innerHTML = state.items.map((item, i) => {
@@ -183,8 +207,9 @@ function renderList() {
     const broken = state.broken.has(item.name);
     const label = broken ? "error" : STATUS_NAMES[item.status] || item.status;
     const reasons = (item.reasons || []).join(", ");
+    const named = [item.name, item.upload_name].filter(Boolean).join(" · uploaded as ");
     return `<li data-index="${i}" data-status="${escapeHtml(statusOf(item))}" class="${i === state.index ? "current" : ""} ${broken ? "error" : ""}" ` +
-      `title="${escapeHtml(item.error || item.label_error || [item.name, item.upload_name].filter(Boolean).join(" · uploaded as "))}"><span class="name">${escapeHtml(item.name)}</span>` +
+      `title="${escapeHtml(item.error || item.label_error || named)}">${nameHtml(item.name, named)}` +
       `<span class="state">${escapeHtml(label)}${reasons ? " · kept: " + escapeHtml(reasons) : ""}</span></li>`;
   }).join("");
   $("list-count").textContent = `${listed} of ${state.items.length} listed`;
@@ -198,7 +223,7 @@ function renderClasses() {
     `${i < 9 ? i + 1 + " " : ""}${escapeHtml(name)}</button>`).join("");
   $("next-class").textContent = state.classNames[state.nextClass] || "";
   $("selected-rule").textContent = selected
-    ? `Box ${state.selected + 1} (${state.classNames[selected.class_id] || selected.class_id}) is selected: the keys re-class it; Esc deselects.`
+    ? `Box ${selected.n} (${state.classNames[selected.class_id] || selected.class_id}) is selected: the keys re-class it; Esc deselects.`
     : "A new box is not selected after drawing; click a box to select it, then the keys re-class it.";
 }
 
@@ -226,20 +251,31 @@ async function fetchImage(url) {
 
 function rememberCurrent() {
   const item = state.items[state.index];
-  if (item && state.image && !FINAL.has(item.status)) state.memory.set(item.name, { status: item.status, boxes: state.boxes });
+  if (item && state.image && !FINAL.has(item.status)) {
+    state.memory.set(item.name, { status: item.status, boxes: state.boxes, nextNumber: state.nextNumber });
+  }
 }
 
 function renderItemHead(item) {
   $("item-name").textContent = item.name;
   $("item-status").textContent = STATUS_NAMES[item.status] || item.status;
   $("item-status").className = "badge " + item.status;
-  const info = [];
-  if (item.upload_name) info.push("uploaded as " + item.upload_name);
-  if (item.captured) info.push("captured " + item.captured);
-  if (item.verdict) info.push("model: " + item.verdict);
-  if (item.reasons && item.reasons.length) info.push("kept: " + item.reasons.join(", "));
-  if (item.operator) info.push(`decided by ${item.operator} ${item.decided || ""}`);
-  $("item-info").textContent = info.join(" · ");
+  // why the image is here and who decided it first; where it came from after (the header wraps between parts)
+  const parts = [];
+  if (item.verdict) parts.push(["verdict", "model: " + item.verdict]);
+  if (item.reasons && item.reasons.length) parts.push(["kept", "kept: " + item.reasons.join(", ")]);
+  if (item.operator) parts.push(["decided", `decided by ${item.operator}` + (item.decided ? ` at ${item.decided}` : "")]);
+  if (item.upload_name) parts.push(["uploaded", "uploaded as " + item.upload_name]);
+  if (item.captured) parts.push(["captured", "captured " + item.captured]);
+  const info = $("item-info");
+  info.replaceChildren();
+  parts.forEach(([part, text], i) => {
+    if (i) info.append(" · ");
+    const span = document.createElement("span");
+    span.dataset.part = part;
+    span.textContent = text;
+    info.append(span);
+  });
   $("label-error").hidden = !item.label_error;
   $("label-error").textContent = item.label_error
     ? item.label_error + " — the file is kept as it is until you decide (showing the model's boxes)" : "";
@@ -251,7 +287,7 @@ function setThreshold(threshold) {
   $("min-score").value = String(state.minScore);
   $("min-score-value").textContent = state.minScore.toFixed(3);
   $("threshold-note").textContent = state.threshold == null
-    ? "(no model threshold recorded: all proposals shown)"
+    ? "(no model threshold recorded: all shown)"
     : `(model threshold ${state.threshold.toFixed(3)})`;
 }
 
@@ -263,7 +299,9 @@ async function show(index) {
   delete $("canvas").dataset.size;  // loading
   const item = state.items[index];
   const remembered = state.memory.get(item.name);
-  state.boxes = remembered && remembered.status === item.status ? remembered.boxes : boxesOf(item);
+  const resumed = remembered && remembered.status === item.status;
+  state.boxes = resumed ? remembered.boxes : boxesOf(item);
+  state.nextNumber = resumed ? remembered.nextNumber : 1;
   const empty = (item.predictions || []).length - (item.predictions || []).filter((p) => p.box[2] - p.box[0] >= 1 && p.box[3] - p.box[1] >= 1).length;
   state.selected = -1;
   state.undo = [];
@@ -282,8 +320,9 @@ async function show(index) {
   state.image = loaded.image;
   state.planes = { image: loaded.image };
   state.boxes = state.boxes.map((b) => ({ ...b, box: clip(b.box, imageSize()) }));
-  fitView();
   renderViews(item);
+  renderProposalCount();  // the page around the stage as it will be, then the image fitted to the stage
+  fitView();
   render();
   if (state.plane !== "image") showPlane(planesOf(item).includes(state.plane) ? state.plane : "image");
   else $("canvas").dataset.plane = "image";
@@ -385,6 +424,7 @@ function fitView() {
   const s = Math.min(MAX_ENLARGE, canvas.width / state.image.width, canvas.height / state.image.height);
   state.fitted = s;
   state.view = { s, tx: (canvas.width - state.image.width * s) / 2, ty: (canvas.height - state.image.height * s) / 2 };
+  state.view.fit = true;  // until the operator zooms or pans: a stage that changes size fits the image again
 }
 
 function toScreen(x, y) {
@@ -409,32 +449,81 @@ function render() {
   renderClasses();
 }
 
-function drawBox(context, b, i) {
+function labelText(b) {
+  const name = state.classNames[b.class_id] || b.class_id;
+  return kind(b) === "label" || b.score == null ? `${b.n} ${name}` : `${b.n} ${name} ${Number(b.score).toFixed(2)}`;
+}
+
+function overlaps(a, b) {
+  return a.x < b.x + b.w && b.x < a.x + a.w && a.y < b.y + b.h && b.y < a.y + a.h;
+}
+
+// Where each shown box's label goes, the operator's boxes first, then the proposals by number: above the box's
+// top left corner; where another label is there, below the box, then beside it (right, left), inside it under
+// its top edge (a box tall enough), then further up or down (a thin line leads back), the first spot free.
+// Returns index -> { n, text, rect, detached }.
+function placeLabels(context, shownIndices) {
+  const canvas = $("canvas");
+  const rank = { label: 0, detection: 1, near: 2 };
+  const order = shownIndices.slice().sort((p, q) => rank[kind(state.boxes[p])] - rank[kind(state.boxes[q])] ||
+    state.boxes[p].n - state.boxes[q].n);
+  const placed = new Map();
+  const taken = [];
+  for (const i of order) {
+    const b = state.boxes[i];
+    const [x1, y1] = toScreen(b.box[0], b.box[1]);
+    const [x2, y2] = toScreen(b.box[2], b.box[3]);
+    const text = labelText(b);
+    const w = Math.ceil(context.measureText(text).width) + 8;
+    const spots = [[x1 - 1.5, y1 - LABEL_H - 1], [x1 - 1.5, y2 + 2], [x2 + 3, y1 + 2], [x1 - w - 3, y1 + 2]];
+    if (y2 - y1 >= 3 * LABEL_H) spots.push([x1 + 3, y1 + 3]);
+    const adjacent = spots.length;  // the spots touching the box; the ones further up or down are detached
+    for (let k = 1; k <= 30; k++) {
+      spots.push([x1 - 1.5, y1 - LABEL_H - 1 - k * (LABEL_H + 1)], [x1 - 1.5, y2 + 2 + k * (LABEL_H + 1)]);
+    }
+    const at = ([x, y]) => ({ x: Math.max(0, Math.min(x, canvas.width - w)), y: Math.max(0, Math.min(y, canvas.height - LABEL_H)), w, h: LABEL_H });
+    const free = spots.findIndex((spot) => !taken.some((other) => overlaps(other, at(spot))));
+    const rect = at(spots[Math.max(free, 0)]);
+    taken.push(rect);
+    placed.set(i, { n: b.n, text, rect, detached: free >= adjacent });
+  }
+  return placed;
+}
+
+function drawBox(context, b, label) {
   const [x1, y1] = toScreen(b.box[0], b.box[1]);
   const [x2, y2] = toScreen(b.box[2], b.box[3]);
   const color = COLORS[b.class_id % COLORS.length];
   const k = kind(b);
-  const name = state.classNames[b.class_id] || b.class_id;
+  const { x, y, w, h } = label.rect;
   context.save();
   context.strokeStyle = color;
   context.fillStyle = color;
   if (k === "label") {
     context.lineWidth = 3;
     context.strokeRect(x1, y1, x2 - x1, y2 - y1);
-    const text = `${i + 1} ${name}`;
-    const width = context.measureText(text).width + 6;
-    context.fillRect(x1 - 1.5, Math.max(0, y1 - 16), width, 15);
-    context.fillStyle = "#fff";
-    context.fillText(text, x1 + 2, Math.max(11, y1 - 4));
   } else {
     if (k === "near") { context.globalAlpha = 0.55; context.setLineDash([5, 4]); }
     context.lineWidth = 1.5;
     context.strokeRect(x1, y1, x2 - x1, y2 - y1);
     if (k === "detection") { context.globalAlpha = 0.13; context.fillRect(x1, y1, x2 - x1, y2 - y1); context.globalAlpha = 1; }
     context.setLineDash([]);
-    context.fillStyle = color;
-    context.fillText(`${i + 1} ${name} ${b.score == null ? "" : Number(b.score).toFixed(2)}`, x1 + 2, Math.max(11, y1 - 4));
   }
+  if (label.detached) {  // a label moved away from its box: a thin line leads back to the box's corner
+    context.lineWidth = 1;
+    context.beginPath();
+    context.moveTo(x + 1, y < y1 ? y + h : y);
+    context.lineTo(x1, y < y1 ? y1 : y2);
+    context.stroke();
+  }
+  if (k !== "label") {  // a proposal's label: a dark backing (it reads on a bright or busy image), its colour at the left
+    context.fillStyle = "rgba(20, 22, 30, 0.75)";
+    context.fillRect(x, y, w, h);
+    context.fillStyle = color;
+  }
+  context.fillRect(x, y, k === "label" ? w : 3, h);
+  context.fillStyle = "#fff";
+  context.fillText(label.text, x + 4, y + 12);
   context.restore();
 }
 
@@ -468,16 +557,14 @@ function draw() {
   context.drawImage(state.image, ox, oy, state.image.width * state.view.s, state.image.height * state.view.s);
   drawAnomalyMap(context, ox, oy);  // under the boxes
   context.font = "12px system-ui, sans-serif";
-  let visible = 0, hidden = 0;
+  numberBoxes();
+  const visibleIndices = state.boxes.map((b, i) => i).filter((i) => shown(state.boxes[i]));
+  const visible = visibleIndices.length, hidden = state.boxes.length - visible;
+  const labels = placeLabels(context, visibleIndices);
   // near misses first, operator labels last (on top)
-  const order = state.boxes.map((b, i) => i).sort((p, q) => ["near", "detection", "label"].indexOf(kind(state.boxes[p])) -
+  const order = visibleIndices.sort((p, q) => ["near", "detection", "label"].indexOf(kind(state.boxes[p])) -
     ["near", "detection", "label"].indexOf(kind(state.boxes[q])));
-  for (const i of order) {
-    const b = state.boxes[i];
-    if (!shown(b)) { hidden += 1; continue; }
-    visible += 1;
-    drawBox(context, b, i);
-  }
+  for (const i of order) drawBox(context, state.boxes[i], labels.get(i));
   if (state.selected >= 0 && state.boxes[state.selected]) drawSelection(context, state.boxes[state.selected]);
   const d = state.drag;
   if (d && d.mode === "draw" && d.moved) {
@@ -490,18 +577,30 @@ function draw() {
   canvas.dataset.labels = String(labelBoxes().length);
   canvas.dataset.view = JSON.stringify(state.view);
   canvas.dataset.size = JSON.stringify([state.image.width, state.image.height]);
+  // each shown box's number and its label's rectangle on the canvas (canvas pixels)
+  canvas.dataset.labelRects = JSON.stringify([...labels.values()].map(({ n, rect }) => ({ n, ...rect })));
+  renderProposalCount();
+}
+
+function renderProposalCount() {
   const proposals = state.boxes.length - labelBoxes().length;
-  $("proposal-count").textContent = `${proposals - hidden} of ${proposals} proposals shown` + (hidden ? ` · ${hidden} under the slider hidden` : "");
+  const hidden = state.boxes.filter((b) => !shown(b)).length;
+  $("proposal-count").textContent = `${proposals - hidden} of ${proposals} shown`;
+  $("proposal-count").title = `${proposals - hidden} of the model's ${proposals} proposals shown` +
+    (hidden ? `; ${hidden} scoring under the slider hidden` : "");
 }
 
 function renderTable() {
   const names = { label: "yours", detection: "model", near: "near miss" };
-  $("boxes").querySelector("tbody").innerHTML = state.boxes.map((b, i) => {
-    if (!shown(b)) return "";
+  numberBoxes();
+  const rows = state.boxes.map((b, i) => i).filter((i) => shown(state.boxes[i]));
+  rows.sort((p, q) => state.boxes[p].n - state.boxes[q].n);
+  $("boxes").querySelector("tbody").innerHTML = rows.map((i) => {
+    const b = state.boxes[i];
     const k = kind(b);
     const source = names[k] + (b.score == null ? "" : " " + Number(b.score).toFixed(2));
-    return `<tr data-index="${i}" data-source="${k}" data-class="${b.class_id}" class="${i === state.selected ? "selected" : ""} ${k}" ` +
-      `title="x1, y1, x2, y2: ${b.box.map((v) => Math.round(v)).join(", ")}"><td>${i + 1}</td>` +
+    return `<tr data-index="${i}" data-number="${b.n}" data-source="${k}" data-class="${b.class_id}" class="${i === state.selected ? "selected" : ""} ${k}" ` +
+      `title="x1, y1, x2, y2: ${b.box.map((v) => Math.round(v)).join(", ")}"><td>${b.n}</td>` +
       `<td>${escapeHtml(state.classNames[b.class_id] || b.class_id)}</td><td>${source}</td></tr>`;
   }).join("");
 }
@@ -736,7 +835,7 @@ window.addEventListener("mousemove", (event) => {
     b.score = null;
   }
   d.moved = true;
-  if (d.mode === "pan") state.view = { ...d.view, tx: d.view.tx + d.sx - d.sx0, ty: d.view.ty + d.sy - d.sy0 };
+  if (d.mode === "pan") state.view = { ...d.view, tx: d.view.tx + d.sx - d.sx0, ty: d.view.ty + d.sy - d.sy0, fit: false };
   else if (d.mode !== "draw") dragTo(d);
   draw();
 });
@@ -772,7 +871,8 @@ $("canvas").addEventListener("wheel", (event) => {
 
 $("canvas").addEventListener("auxclick", (event) => event.preventDefault());
 // the stage's size follows the window and the page around it: the canvas follows, the view stays
-new ResizeObserver(() => { sizeCanvas(); draw(); }).observe($("stage"));
+// (a fitted view is fitted again: the header or the toolbar taking another line never leaves the image cut)
+new ResizeObserver(() => { if (state.view.fit) fitView(); else sizeCanvas(); draw(); }).observe($("stage"));
 
 // ------------------------------------------------------------------ keys and buttons
 function onKey(event) {
