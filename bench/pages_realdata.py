@@ -830,7 +830,7 @@ def _gap_sentences(runs: list[Result], tried: list[Result]) -> list[str]:
     return sentences
 
 
-def _false_call_sentences(page: Page, result: Result) -> list[str]:
+def _false_call_sentences(page: Page, result: Result, explain: bool) -> list[str]:
     doc = result.doc
     at = doc["at_bundle_threshold"]
     classes = ", ".join(f"{name} {count}" for name, count in at["per_class"].items())
@@ -839,26 +839,37 @@ def _false_call_sentences(page: Page, result: Result) -> list[str]:
         for point in doc["operating_points"]
     )
     return [
-        f"{LABELS.get(doc['dataset'], doc['dataset'])} ({page.cite(result.name)}, the bundle of "
-        f"`{Path(doc['bundle']).parent.name}`): at its threshold "
+        f"{LABELS.get(doc['dataset'], doc['dataset'])}{_trained_with(page, doc)} ({page.cite(result.name)}, the "
+        f"bundle of `{Path(doc['bundle']).parent.name}`): at its threshold "
         f"{at['threshold']:.3f} it flags {at['boards_flagged']} of {doc['clean_boards']} defect-free boards with "
         f"{at['boxes']} boxes: {classes}.",
         f"With the threshold set on these boards: {points}.",
-        *_as_they_are(doc),
+        *_as_they_are(doc, explain),
     ]
 
 
-def _as_they_are(doc: dict[str, Any]) -> list[str]:
+def _trained_with(page: Page, doc: dict[str, Any]) -> str:
+    """', trained with `key=value`' when the bundle's run changed settings from the defaults."""
+    run = page.results.get(Path(doc["bundle"]).parent.name)
+    overrides = (run.doc.get("overrides") or {}) if run else {}
+    return (
+        (", trained with " + ", ".join(f"`{key}={value}`" for key, value in overrides.items()))
+        if overrides
+        else ""
+    )
+
+
+def _as_they_are(doc: dict[str, Any], explain: bool) -> list[str]:
     raw = doc.get("templates_as_they_are")
     if not raw:
         return []
     sentences = [
         f"The templates as they are, without the recapture nuisances: {raw['boards_flagged']} of {raw['boards']} "
-        "flagged. The picture shows the highest-scoring false box of each board."
+        "flagged."
     ]
-    if doc["dataset"].startswith("deeppcb"):
+    if explain and doc["dataset"].startswith("deeppcb"):
         sentences.append(
-            "On DeepPCB they are round holes the boards are designed with (their templates hold them), called "
+            "The picture shows the highest-scoring false box of each board. On DeepPCB they are round holes the boards are designed with (their templates hold them), called "
             "pin-hole: one image does not tell a designed hole from a pin-hole; the template does (no false call "
             "with templates, runs table above)."
         )
@@ -873,10 +884,10 @@ def _false_calls(page: Page, results: dict[str, Result]) -> None:
     if not found:
         return
     page.prose("what-the-false-calls-are")
-    for result in found:
-        page.para(*_false_call_sentences(page, result))
+    for index, result in enumerate(found):
+        page.para(*_false_call_sentences(page, result, index == 0))
         picture = RESULTS_DIR / f"{result.name}.png"
-        if picture.is_file():
+        if index == 0 and picture.is_file():  # one picture: the others look alike (their files have theirs)
             IMG.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(picture, IMG / picture.name)
             page.image(picture.name, "the highest-scoring boxes on defect-free boards, with class and score")
