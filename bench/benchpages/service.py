@@ -185,6 +185,8 @@ def section_overhead(page: Page) -> None:
         )
         + ".",
     )
+    if not all(verdict["met"] for verdict in verdicts.values()):
+        page.prose("where-the-difference-goes")
 
 
 def section_abuse(page: Page) -> None:
