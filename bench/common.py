@@ -116,6 +116,15 @@ def uncommitted_code(produced: Sequence[Path] = ()) -> list[str] | None:
     return [path for path in changed if (root / path).resolve() not in outputs]
 
 
+def refuse_uncommitted(allow: bool) -> bool:
+    """Stop a benchmark run from a tree with uncommitted code unless `allow` (--allow-dirty); returns whether
+    the tree is dirty, for the result file's `dirty` field."""
+    changed = uncommitted_code()
+    if changed and not allow:
+        raise SystemExit(f"uncommitted code ({', '.join(changed)}): commit it, or pass --allow-dirty")
+    return bool(changed)
+
+
 def environment(packages: Sequence[str] = DEFAULT_PACKAGES, produced: Sequence[Path] = ()) -> dict[str, Any]:
     return {
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

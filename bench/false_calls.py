@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import print_table, uncommitted_code, write_result
+from bench.common import print_table, refuse_uncommitted, write_result
 
 SCORE_FLOOR = 0.01
 GRID = (4, 6)  # rows, columns of the picture of the highest-scoring false boxes
@@ -176,12 +176,7 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("runs/bench_false_calls"))
     parser.add_argument("--allow-dirty", action="store_true")
     args = parser.parse_args()
-    dirty = bool(uncommitted_code())
-    if dirty and not args.allow_dirty:
-        raise SystemExit(
-            f"uncommitted code ({', '.join(uncommitted_code() or [])}): commit it or --allow-dirty"
-        )
-    run(args, dirty)
+    run(args, refuse_uncommitted(args.allow_dirty))
     return 0
 
 

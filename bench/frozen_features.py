@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import limit_threads, print_table, uncommitted_code, write_result
+from bench.common import limit_threads, print_table, refuse_uncommitted, write_result
 from bench.realdata import DATASETS, SHARED, _plan, score_bundle, speed_probe
 
 WORK = Path("runs/bench_frozen_features")
@@ -224,11 +224,7 @@ def main() -> int:
     parser.add_argument("--shared", type=Path, default=SHARED)
     parser.add_argument("--allow-dirty", action="store_true")
     args = parser.parse_args()
-    dirty = bool(uncommitted_code())
-    if dirty and not args.allow_dirty:
-        raise SystemExit(
-            f"uncommitted code ({', '.join(uncommitted_code() or [])}): commit it or --allow-dirty"
-        )
+    dirty = refuse_uncommitted(args.allow_dirty)
     if not (args.shared / "agdd").is_dir():
         raise SystemExit(f"no datasets under {args.shared}")
     limit_threads(args.threads)

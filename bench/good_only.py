@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import limit_threads, print_table, uncommitted_code, write_result
+from bench.common import limit_threads, print_table, refuse_uncommitted, write_result
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 WORK = Path("runs/bench_good_only")
@@ -281,9 +281,7 @@ def run(args: argparse.Namespace) -> Path | None:
     if args.dataset != "surface" and not root.is_dir():
         print(f"skipped: {root} is absent")
         return None
-    dirty = uncommitted_code()
-    if dirty and not args.allow_dirty:
-        raise SystemExit(f"uncommitted code {dirty}: commit first, or pass --allow-dirty")
+    refuse_uncommitted(args.allow_dirty)
     with tempfile.TemporaryDirectory(prefix="good_only_") as folder:
         return _run_on(args, _images(args, root, Path(folder)))
 

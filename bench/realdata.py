@@ -40,7 +40,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, limit_threads, print_table, uncommitted_code, write_result
+from bench.common import (
+    RESULTS_DIR,
+    limit_threads,
+    print_table,
+    refuse_uncommitted,
+    write_result,
+)
 from bench.result_schema import read_result
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
@@ -360,17 +366,14 @@ def main() -> int:
         print(f"wrote {summary()}")
         return 0
     if args.rescore:
-        if uncommitted_code() and not args.allow_dirty:
-            raise SystemExit("uncommitted code: commit it, or pass --allow-dirty")
+        refuse_uncommitted(args.allow_dirty)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
         limit_threads(args.threads)
         print(f"wrote {rescore(args.rescore, args.work or WORK / args.rescore, args.shared)}")
         return 0
     if args.set:
         _check_overrides(parse_overrides(args.set), args.tag)
-    changed = uncommitted_code()
-    if changed and not args.allow_dirty:
-        raise SystemExit(f"uncommitted code ({', '.join(changed)}): commit it, or pass --allow-dirty")
+    dirty = refuse_uncommitted(args.allow_dirty)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     limit_threads(args.threads)
     runs = [(m, s) for m in args.minutes for s in (args.seed or [0])] if args.minutes else list(DEFAULT_RUNS)
@@ -378,7 +381,7 @@ def main() -> int:
         runs = [(m, s) for m in sorted({m for m, _ in DEFAULT_RUNS}) for s in args.seed]
     for dataset in args.dataset or DATASETS:
         for minutes, seed in runs:
-            print(f"wrote {run(dataset, minutes, seed, args, bool(changed))}")
+            print(f"wrote {run(dataset, minutes, seed, args, dirty)}")
     return 0
 
 
