@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import bench.common
 from bench import pages_realdata, realdata
 from bench.benchpages.core import Result
 
@@ -17,7 +18,7 @@ AGDD = ROOT.parent / "shared" / "datasets" / "agdd"
 
 
 def test_a_dirty_tree_is_refused_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(realdata, "uncommitted_code", lambda: ["src/defectdet/x.py"])
+    monkeypatch.setattr(bench.common, "uncommitted_code", lambda: ["src/defectdet/x.py"])
     monkeypatch.setattr(sys, "argv", ["realdata.py", "--dataset", "agdd_1light", "--minutes", "1"])
     with pytest.raises(SystemExit, match="uncommitted code"):
         realdata.main()
