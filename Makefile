@@ -31,9 +31,10 @@ lock:
 check-lock: $(STAMP)
 	$(BIN)/python .ci/check_constraints.py $(BIN)/python
 
-# One worker per core (pytest-xdist); `pytest -m "not slow"` leaves out the end-to-end walks while iterating.
+# One worker per core (pytest-xdist; an idle worker takes tests queued for the other, so the long walks do
+# not leave one core waiting at the end); `pytest -m "not slow"` leaves out the end-to-end walks while iterating.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto tests
+	$(BIN)/python -m pytest -q -n auto --dist worksteal tests
 
 # The documentation site (mkdocs.yml): --strict fails on a broken link, a missing anchor or a page not in the nav.
 docs: $(STAMP)
