@@ -123,6 +123,8 @@ def run(args: argparse.Namespace, dirty: bool) -> Path:
     from defectdet.runtime.bundle import read_metadata
 
     metadata = read_metadata(args.bundle)
+    if metadata.template or metadata.companions:
+        raise SystemExit(f"{args.bundle}: takes a template or companions; this benchmark scores images alone")
     split = load_dataset(args.data, args.split)
     clean_samples = make_clean_boards(
         split, args.work / "clean_boards", RecaptureConfig(), channels=metadata.channels, seed=args.seed
