@@ -8,6 +8,7 @@ object still takes its fields as keyword arguments (`with_keywords`).
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping
 from enum import Enum
@@ -147,15 +148,19 @@ def with_keywords(
     surface: Surface | None = None,
 ) -> Settings:
     """`settings` (default: `model()`, all defaults) with `keywords` applied over it: a function that takes a
-    settings object still takes its fields as keyword arguments, as it did before it took the object. Retired
-    names of `surface` are read as their current ones, with a warning; a keyword that is no field is the
-    TypeError Python raises for `function`."""
+    settings object (a pydantic model or a dataclass) still takes its fields as keyword arguments, as it did
+    before it took the object. Retired names of `surface` are read as their current ones, with a warning; a
+    keyword that is no field is the TypeError Python raises for `function`."""
     if surface is not None:
         keywords = current_keys(keywords, surface, f"{function}()", stacklevel=5)
-    unknown = sorted(set(keywords) - set(model.model_fields))  # type: ignore[attr-defined]
+    is_dataclass = dataclasses.is_dataclass(model)
+    names = {f.name for f in dataclasses.fields(model)} if is_dataclass else set(model.model_fields)  # type: ignore[arg-type,attr-defined]
+    unknown = sorted(set(keywords) - names)
     if unknown:
         raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
     base = settings if settings is not None else model()
     if not keywords:
         return base
+    if is_dataclass:
+        return dataclasses.replace(base, **keywords)  # type: ignore[type-var]
     return model.model_validate({**dict(base), **keywords})  # type: ignore[attr-defined]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import time
@@ -15,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from defectdet.compat import with_keywords
 from defectdet.engine.distributed import DistributedContext, all_ranks_true, broadcast_values, unwrap_model
 from defectdet.engine.ema import ModelEMA
 from defectdet.engine.grad_stats import GradStatsMonitor
@@ -320,7 +320,7 @@ def evaluate(
     `report` (an `EvaluationReport`; its fields may also be given as keywords, `out_dir=...`) says what is
     written. Returns (records, metrics); metrics always has 'mAP50' (None when undefined).
     """
-    report = dataclasses.replace(report or EvaluationReport(), **report_fields)
+    report = with_keywords(EvaluationReport, report, report_fields, "evaluate")
     records = _predicted_records(
         model, dataset, torch.device(device), amp or AmpSettings(), postprocess_settings, tiles
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from defectdet.compat import with_keywords
 from defectdet.evaluation.operating_point import ClassCurve, OperatingPointResult, box_iou, match_detections
 from defectdet.evaluation.types import ImageRecord
 
@@ -318,7 +318,7 @@ def plot_prediction_grid(
     """
     plt = _pyplot()
 
-    layout = dataclasses.replace(layout or GridLayout(), **layout_fields)
+    layout = with_keywords(GridLayout, layout, layout_fields, "plot_prediction_grid")
     max_images, columns, worst_first = layout.max_images, layout.columns, layout.worst_first
     load = load_image or _read_with_cv2
     errors = {
