@@ -8,6 +8,7 @@ experiments: they are listed under "What was tried", apart from the defaults' fi
 
 from __future__ import annotations
 
+import datetime
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -624,8 +625,6 @@ BESIDE_SECONDS = 20 * 60  # two runs that finished within this of each other tra
 
 
 def _finished(result: Result) -> float:
-    import datetime
-
     stamp = str(result.env.get("timestamp") or "")
     return datetime.datetime.fromisoformat(stamp).timestamp() if stamp else 0.0
 
@@ -643,10 +642,6 @@ def _beside(result: Result, runs: list[Result]) -> Result | None:
     return min(near, key=lambda run: abs(_finished(run) - _finished(result))) if near else None
 
 
-def _run_seed(result: Result) -> int:
-    return int(result.doc.get("seed", result.seed()))
-
-
 def _frozen_rows(page: Page, runs: list[Result], frozen: list[Result]) -> list[list[Any]]:
     rows = []
     for result in frozen:
@@ -656,7 +651,7 @@ def _frozen_rows(page: Page, runs: list[Result], frozen: list[Result]) -> list[l
             [
                 LABELS.get(doc["dataset"], doc["dataset"]),
                 f"{result.minutes:g}",
-                _run_seed(result),
+                result.seed(),
                 f"neck {model.get('neck_width')}, head depth {model.get('head_depth')}",
                 f"{doc.get('images_stored', 0):,} in {doc.get('store_s', 0):.0f} s",
                 f"{doc.get('steps') or 0:,}",
@@ -688,7 +683,7 @@ def _frozen_sentences(runs: list[Result], frozen: list[Result]) -> list[str]:
         )
         sentences.append(
             f"{LABELS.get(result.doc['dataset'], result.doc['dataset'])}, {result.minutes:g} minutes, seed "
-            f"{_run_seed(result)}: frozen features {f3(result.doc['mAP50'])} against the defaults' "
+            f"{result.seed()}: frozen features {f3(result.doc['mAP50'])} against the defaults' "
             f"{f3(control.doc['mAP50'])} trained beside it ({difference:+.3f}){cost}."
         )
     if sentences and all(
@@ -707,7 +702,7 @@ def _frozen_features(page: Page, runs: list[Result], results: dict[str, Result])
     """Frozen lite0 features with only the neck and head trained, beside the defaults trained at the same time."""
     frozen = sorted(
         (r for name, r in results.items() if name.startswith("frozen_features_") and not r.dirty),
-        key=lambda r: (r.doc["dataset"], r.minutes or 0, _run_seed(r), r.name),
+        key=lambda r: (r.doc["dataset"], r.minutes or 0, r.seed(), r.name),
     )
     page.prose("frozen-imagenet-features")
     if not frozen:

@@ -101,8 +101,10 @@ class Result:
         return float(minutes) if minutes else None
 
     def seed(self) -> int:
+        """The run's seed: set as an override, else in its settings, else at the top of the file."""
         settings = self.doc.get("settings") or {}
-        return int((self.doc.get("overrides") or {}).get("seed", settings.get("seed", 0)) or 0)
+        seed = settings.get("seed", self.doc.get("seed", 0))
+        return int((self.doc.get("overrides") or {}).get("seed", seed) or 0)
 
     def class_ap(self, name: str) -> float | None:
         return (self.doc.get("held_out_per_class_AP50") or {}).get(name)
