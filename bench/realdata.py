@@ -23,6 +23,10 @@ report split's figures without it):
   validation split; the bundle's threshold is chosen on that split and reported on it too (optimistic for the
   escapes and false calls, not for mAP), clean boards are the templates recaptured (`val --clean-templates`).
 
+`--start-weights FILE` (an experiment, needs `--tag`) starts the model from a pretrained-weights file of the
+chosen preset (`defectdet.model.pretrained` format, e.g. `bench/distill.py`'s) instead of the shipped weights;
+every setting stays as the defaults choose it, and the result file records the file under `start_weights`.
+
 Before training (and again after it), a speed probe times a fixed small workload (nano, batch 8 of 256 px, fp32)
 in the same process, so runs on machines of different speed can be compared. A run from a tree with uncommitted code is refused
 unless `--allow-dirty` (then the file says `dirty: true`). Writes
@@ -166,21 +170,45 @@ def deeppcb_plan(dataset: str, shared: Path) -> dict[str, Any]:
     }
 
 
+def start_model(data: Any, config: Any, weights: Path) -> tuple[Any, dict[str, Any]]:
+    """The model the trainer builds for `data` and `config`, started from the pretrained-weights file `weights`
+    instead of the shipped one; returns it and what the result file records about the start."""
+    from defectdet.engine.autoconfig import model_overrides
+    from defectdet.model import build_model
+    from defectdet.model.pretrained import transfer_weights
+
+    model = build_model(
+        config.preset,
+        len(data.class_names),
+        data.in_channels,
+        data.template,
+        data.companions,
+        **model_overrides(config),
+    )
+    report = transfer_weights(model, weights)
+    return model, {"file": str(weights), "summary": report.summary(), "provenance": report.provenance}
+
+
 def train_run(
-    dataset: str, minutes: float, seed: int, work: Path, shared: Path, overrides: dict[str, Any]
+    dataset: str, minutes: float, seed: int, work: Path, shared: Path, args: argparse.Namespace
 ) -> tuple[dict[str, Any], Any, Any, dict]:
-    """Train with the defaults (and `overrides`); returns (plan, TrainData config, TrainResult, timings)."""
+    """Train with the defaults (and `args.set`'s overrides, from `args.start_weights` when given); returns
+    (plan, TrainData config, TrainResult, timings and the start weights' record)."""
     from defectdet.engine.config import TrainConfig
     from defectdet.engine.trainer import build_train_data, train
 
     plan = _plan(dataset, work, shared)
     base = {**plan["train"], "time_minutes": minutes, "seed": seed, "out": work / "run", "progress": False}
-    config = TrainConfig(**_merged(base, overrides))
+    config = TrainConfig(**_merged(base, parse_overrides(args.set)))
     data = build_train_data(config)
+    config = data.config or config
+    model, start = None, None
+    if args.start_weights is not None:
+        model, start = start_model(data, config, args.start_weights)
     started = time.perf_counter()
-    result = train(data.config or config, data=data)
+    result = train(config, data=data, model=model)
     wall = time.perf_counter() - started
-    return plan, data, result, {"train_wall_s": wall}
+    return plan, data, result, {"train_wall_s": wall, "start_weights": start}
 
 
 def score_bundle(plan: dict[str, Any], checkpoint: Path, out: Path) -> dict[str, Any]:
@@ -265,7 +293,7 @@ def run(dataset: str, minutes: float, seed: int, args: argparse.Namespace, dirty
     threads = args.threads
     probe_ms = speed_probe(threads or _torch_threads())
     overrides = parse_overrides(args.set)
-    plan, data, result, timings = train_run(dataset, minutes, seed, work, args.shared, overrides)
+    plan, data, result, timings = train_run(dataset, minutes, seed, work, args.shared, args)
     probe_after_ms = speed_probe(threads or _torch_threads())  # the load may have changed while it trained
     scoring = score_bundle(plan, result.last_checkpoint, work)
     body = {
@@ -283,6 +311,7 @@ def run(dataset: str, minutes: float, seed: int, args: argparse.Namespace, dirty
         "checkpoint": "last (the final weights)",
         "steps": result.state.step,
         "train_wall_s": timings["train_wall_s"],
+        **({"start_weights": timings["start_weights"]} if timings["start_weights"] else {}),
         "internal_held_out_mAP50": (result.final_metrics.get("headline") or {}).get("mAP50"),
         **scoring,
     }
@@ -352,6 +381,12 @@ def main() -> int:
         help="a training setting changed from the defaults (an experiment; needs --tag), e.g. "
         "augment.noise_prob=0; repeatable",
     )
+    parser.add_argument(
+        "--start-weights",
+        type=Path,
+        metavar="FILE",
+        help="start from this pretrained-weights file instead of the shipped one (an experiment; needs --tag)",
+    )
     parser.add_argument("--shared", type=Path, default=SHARED, help="the folder holding agdd/ and deeppcb/")
     parser.add_argument("--allow-dirty", action="store_true", help="run from uncommitted code (recorded)")
     parser.add_argument("--summary", action="store_true", help="aggregate the result files, train nothing")
@@ -373,6 +408,8 @@ def main() -> int:
         return 0
     if args.set:
         _check_overrides(parse_overrides(args.set), args.tag)
+    if args.start_weights is not None and not args.tag:
+        raise SystemExit("--start-weights makes an experiment: name it with --tag")
     dirty = refuse_uncommitted(args.allow_dirty)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     limit_threads(args.threads)
