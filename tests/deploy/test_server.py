@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -448,3 +449,18 @@ def test_the_answer_is_the_results_own_serializer() -> None:
     } == {key: value for key, value in expected.items() if key != "timings_ms"}
     assert body["registration"] == {"dx": 1.2346, "dy": -0.5, "correlation": None, "applied": True}
     assert {"receive", "queue", "compute", "total"} <= set(body["timings_ms"]) and "drift" in body
+
+
+def test_drift_gauges_show_the_newest_answer_when_scraped(client: TestClient) -> None:
+    charts = [
+        client.post("/v1/detect", files={"image": encode(board(seed))}).json()["drift"]["charts"]
+        for seed in range(3)
+    ]
+    text = client.get("/metrics").text
+    shown = re.search(r'defectdet_drift_value\{statistic="sharpness"\} (\S+)', text)
+    assert shown is not None and float(shown.group(1)) == pytest.approx(charts[-1]["sharpness"]["value"])
+    assert charts[-1]["sharpness"]["value"] != charts[0]["sharpness"]["value"]  # the newest, not the first
+    client.post("/v1/drift/reset", json={}, headers={"X-Defectdet-Request": "1"})
+    assert (
+        'defectdet_drift_z{statistic="sharpness"} 0.0' in client.get("/metrics").text
+    )  # not the old answer's

@@ -70,6 +70,9 @@ class ServiceMetrics:
         for gauge in (self.drift_limit, self.drift_z, self.drift_chart_level, self.drift_value):
             _clear(gauge)
         self._chart_gauges: dict[str, tuple[Any, Any, Any]] = {}  # statistic -> its value, z and level gauges
+        self._drift_unrendered: dict[str, Any] | None = (
+            None  # the newest answer's drift, not yet in the gauges
+        )
         if monitor is None:
             self.drift_level.set(-1)
             return
@@ -317,17 +320,28 @@ class ServiceMetrics:
         self.verdicts.labels(result.verdict).inc()
         for detection in result.detections:
             self.detections.labels(detection.class_name).inc()
-        if drift.get("level") in LEVELS:
-            self.drift_level.set(LEVELS.index(drift["level"]))
-            for name, chart in drift["charts"].items():
-                value, z, level = self._chart_gauges.get(name) or self._chart(name)
-                value.set(chart["value"])
-                z.set(chart["z"])
-                level.set(LEVELS.index(chart["level"]))
+        if drift.get("level") not in LEVELS:
+            return
+        if self.multiprocess:  # another worker may answer the scrape: its file must hold the values now
+            self._set_drift_gauges(drift)
+        else:  # one process: the gauges are set when /metrics is read (`render`), not on every answer
+            self._drift_unrendered = drift
+
+    def _set_drift_gauges(self, drift: dict[str, Any]) -> None:
+        """The overall level and each chart's EWMA, z and level, from an answer's drift state."""
+        self.drift_level.set(LEVELS.index(drift["level"]))
+        for name, chart in drift["charts"].items():
+            value, z, level = self._chart_gauges.get(name) or self._chart(name)
+            value.set(chart["value"])
+            z.set(chart["z"])
+            level.set(LEVELS.index(chart["level"]))
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text: this app's registry, or every worker's values in multiprocess mode."""
         if not self.multiprocess:
+            drift, self._drift_unrendered = self._drift_unrendered, None
+            if drift is not None:
+                self._set_drift_gauges(drift)
             return generate_latest(self.registry), CONTENT_TYPE_LATEST
         from prometheus_client.multiprocess import MultiProcessCollector
 

@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 import h11
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
@@ -41,7 +41,7 @@ class ConnectionLimit:
         connections, tasks = len(self.protocol.connections), len(self.protocol.tasks)
         busy = connections > self.limit or tasks > self.limit
         if scope["type"] != "http" or not busy or scope.get("path", "") in HEALTH_ROUTES:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, self._head_with_body(send))
             return
         logger.warning("%d connections open, limit %d: 503", connections, self.limit)
         reason = (
@@ -50,6 +50,54 @@ class ConnectionLimit:
         )
         headers = {"Retry-After": str(self.retry_after_s), "Connection": "close"}
         await send_error(send, 503, reason, headers)
+
+    def _head_with_body(self, send: Send) -> Send:
+        """`send`, with the response's head written together with its body (`HeadWithBody`)."""
+        transport = self.protocol.transport
+
+        async def send_joined(message: Message) -> None:
+            if message["type"] == "http.response.start" and isinstance(transport, HeadWithBody):
+                transport.hold_head()
+            await send(message)
+
+        return send_joined
+
+
+class HeadWithBody:
+    """The connection's transport, writing a response's head together with its first body bytes: one write
+    (one system call, one TCP segment, one wake-up of the client) instead of two. `hold_head()` is called just
+    before the app sends `http.response.start`; the next write is held and goes out with the one after it, or
+    before the connection closes. Everything else is the transport's own."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.holding = False
+        self.held: bytes | None = None
+
+    def hold_head(self) -> None:
+        self.holding = True
+
+    def write(self, data: bytes) -> None:
+        if self.holding:
+            self.holding, self.held = False, bytes(data)
+            return
+        if self.held is not None:
+            data, self.held = self.held + data, None
+        self.transport.write(data)
+
+    def _flush(self) -> None:
+        self.holding = False
+        if self.held is not None:
+            held, self.held = self.held, None
+            if not self.transport.is_closing():
+                self.transport.write(held)
+
+    def close(self) -> None:
+        self._flush()
+        self.transport.close()
+
+    def __getattr__(self, name: str) -> Any:  # is_closing, abort, get_extra_info, pause_reading, ...
+        return getattr(self.transport, name)
 
 
 class ServiceProtocol(H11Protocol):
@@ -100,6 +148,7 @@ class ServiceProtocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.transport = HeadWithBody(transport)  # type: ignore[assignment]  # the request cycles write here
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from defectdet.errors import DefectDetError, ImageReadError, ImageTooLargeError
+from defectdet.errors import DefectDetError, ImageTooLargeError
 from defectdet.runtime.bundle import BundleMetadata
 from defectdet.runtime.model_quality import validation_quality
 from defectdet.serve.answers import FastJSON, error_response, redact_paths
@@ -72,35 +72,37 @@ def detect_body_schema(metadata: BundleMetadata) -> dict[str, Any]:
     return schema
 
 
-def add_error_handlers(app: FastAPI) -> None:
-    """Every refusal as `{"error": one line, "status": N}`."""
-
-    @app.exception_handler(UploadError)
-    async def upload_error(request: Request, error: UploadError) -> JSONResponse:
+def refusal_response(error: Exception) -> JSONResponse | None:
+    """The JSON answer `{"error": one line, "status": N}` for a refusal (an upload, image, input or HTTP
+    error), None for an exception that is not one (a JSON 500 is `JSONErrors`' to give). The one mapping of
+    the app's handlers and of the detect route (`serve.detect_route`)."""
+    if isinstance(error, UploadError):
         return error_response(error.status, error.reason, error.headers)
-
-    @app.exception_handler(ImageReadError)
-    async def image_error(request: Request, error: ImageReadError) -> JSONResponse:
-        reason = str(error)
-        if not isinstance(error, ImageTooLargeError):
-            return error_response(422, reason)
-        return error_response(
-            413, reason.split("; pass a larger")[0].replace("(max_pixels)", "(serve --max-pixels)")
-        )
-
-    @app.exception_handler(DefectDetError)
-    async def input_error(request: Request, error: DefectDetError) -> JSONResponse:
+    if isinstance(error, ImageTooLargeError):
+        reason = str(error).split("; pass a larger")[0].replace("(max_pixels)", "(serve --max-pixels)")
+        return error_response(413, reason)
+    if isinstance(error, DefectDetError):  # an image that cannot be read, a bad input
         return error_response(422, str(error))
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+    if isinstance(error, RequestValidationError):
         first = error.errors()[0] if error.errors() else {"loc": (), "msg": "invalid request"}
         where = ".".join(str(part) for part in first.get("loc", ()))
         return error_response(422, f"{where}: {first.get('msg')}")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+    if isinstance(error, StarletteHTTPException):
         return error_response(error.status_code, str(error.detail), getattr(error, "headers", None))
+    return None
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every refusal as `{"error": one line, "status": N}` (`refusal_response`)."""
+
+    async def refusal(request: Request, error: Exception) -> JSONResponse:
+        response = refusal_response(error)
+        if response is None:  # only the classes below are registered
+            raise error
+        return response
+
+    for kind in (UploadError, DefectDetError, RequestValidationError, StarletteHTTPException):
+        app.add_exception_handler(kind, refusal)
 
 
 def add_inspection_routes(app: FastAPI, service: Service, settings: ServeSettings) -> None:

@@ -5,6 +5,7 @@
   form `serve.detect_form` reads and checks.
 - `serve.routes`: the service's routes and the JSON error handlers; `serve.review` and `serve.model_routes`
   add the review and models routes.
+- `serve.detect_route`: `POST /v1/detect` answered before the router (the route's own hot path).
 - `serve.guards`: the middlewares (JSON 500s, request metrics, Host/token/cross-site access control);
   `serve.json_body` bounds JSON bodies.
 - `serve.protocol`: uvicorn's h11 protocol with a request-head timeout and a connection limit.
@@ -24,6 +25,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from defectdet.runtime.predictor import Predictor
+from defectdet.serve.detect_route import DetectRoute
 from defectdet.serve.guards import AccessGuard, JSONErrors, RequestMetrics
 from defectdet.serve.json_body import JSONBodyLimit
 from defectdet.serve.model_routes import models_router
@@ -106,7 +108,8 @@ def _lifespan(service: Service) -> Callable[[FastAPI], AbstractAsyncContextManag
 
 def _add_middlewares(app: FastAPI, service: Service, settings: ServeSettings) -> None:
     # outermost last: errors (any exception -> JSON 500) > metrics (counts every answer) > guard (access)
-    # > JSON body limits (size and nesting, before any route parses a body)
+    # > JSON body limits (size and nesting, before any route parses a body) > POST /v1/detect, before the router
+    app.add_middleware(DetectRoute, service=service)
     app.add_middleware(JSONBodyLimit)
     app.add_middleware(AccessGuard, settings=settings)
     app.add_middleware(RequestMetrics, metrics=service.metrics)
