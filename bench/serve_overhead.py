@@ -12,11 +12,16 @@ for every detection down to 0 (300 per image), which no trained bundle does.
 The clients are threads with keep-alive `http.client` connections posting a body encoded once (little CPU
 taken from the server on the same cores); a request that does not answer 200 is counted as an error.
 
+The floor of serving over HTTP from Python: a bare ASGI app under uvicorn's h11 protocol (`FLOOR_APP`: reads the
+same body, answers a JSON of the service's answer's length, no framework, no form parsing, no model) at one
+client, its CPU per request and p50 round trip (`http_floor`).
+
 Reported per level: throughput ratio (served / in-process; also the median of the ratios of each pair of
 neighbouring blocks, less moved by a neighbour's job starting mid-level), p50 overhead in ms (served p50 -
 in-process p50), CPU milliseconds per request of each side (the in-process side: this process; served: the
-server's processes and the clients; the least moved by other jobs on the machine) and the server's own p50
-timings (receive, queue, decode, model, ...). Targets: a ratio of at least
+server's processes and the clients; the least moved by other jobs on the machine), the part of it the server's
+event loop spent (its main thread: HTTP, the form, the guards, the answer) and the server's own p50 timings
+(receive, queue, decode, model, ...). Targets: a ratio of at least
 0.95 at 4 clients and at most 2 ms of p50 overhead at 1 client, with no error.
 
 Run: python -m bench.serve_overhead [--bundle model.onnx] [--requests 96] (without --bundle: a nano template
@@ -41,8 +46,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import print_table, summarize, write_result
-from bench.serve_abuse import service
+from bench.common import print_table, summarize, wait_until_ready, write_result
+from bench.serve_abuse import free_port, service
 from bench.serve_load import encode, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,6 +103,17 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / tick + sum(process_cpu_s(int(child)) for child in children)
 
 
+def loop_cpu_s(pid: int) -> float:
+    """CPU seconds of the main thread (the event loop) of process `pid` and of each of its children."""
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:  # it ended
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / tick + sum(loop_cpu_s(int(child)) for child in children)
+
+
 def run_threads(
     clients: int, count: int, call: Callable[[], float | None], server_pid: int | None = None
 ) -> dict[str, Any]:
@@ -121,9 +137,10 @@ def run_threads(
                 server_totals.append(total)
 
     threads = [threading.Thread(target=worker) for _ in range(clients)]
-    cpu, server_cpu, started = (
+    cpu, server_cpu, loop_cpu, started = (
         time.process_time(),
         process_cpu_s(server_pid) if server_pid else 0.0,
+        loop_cpu_s(server_pid) if server_pid else 0.0,
         time.perf_counter(),
     )
     for thread in threads:
@@ -134,6 +151,7 @@ def run_threads(
         "seconds": time.perf_counter() - started, "latencies": latencies, "errors": errors,
         "cpu_s": time.process_time() - cpu,
         "server_cpu_s": process_cpu_s(server_pid) - server_cpu if server_pid else 0.0,
+        "server_loop_cpu_s": loop_cpu_s(server_pid) - loop_cpu if server_pid else 0.0,
     }  # fmt: skip
 
 
@@ -146,6 +164,7 @@ class Poster:
         self.headers = {**headers, "Content-Length": str(len(body))}
         self.local = threading.local()
         self.timings: list[dict[str, float]] = []
+        self.answer_bytes = 0  # the last answer's length
 
     def __call__(self) -> None:
         connection = getattr(self.local, "connection", None)
@@ -160,6 +179,7 @@ class Poster:
             connection.close()
             self.local.connection = None
             raise RuntimeError(f"status {response.status}: {payload[:120]!r}")
+        self.answer_bytes = len(payload)
         self.timings.append(json.loads(payload)["timings_ms"])
 
     def close(self) -> None:
@@ -211,12 +231,15 @@ def side_summary(blocks: list[dict[str, Any]]) -> dict[str, Any]:
     seconds = sum(block["seconds"] for block in blocks)
     errors = [error for block in blocks for error in block["errors"]]
     stats = summarize(latencies)
-    cpu, server_cpu = (sum(block[key] for block in blocks) for key in ("cpu_s", "server_cpu_s"))
+    cpu, server_cpu, loop_cpu = (
+        sum(block[key] for block in blocks) for key in ("cpu_s", "server_cpu_s", "server_loop_cpu_s")
+    )
     return {
         # CPU of every process involved per answered request: this one (the in-process side, or the
         # clients) and the server's; less moved by other jobs on the machine than the seconds are
         "cpu_ms_per_request": round((cpu + server_cpu) * 1e3 / max(1, len(latencies)), 2),
         "server_cpu_ms_per_request": round(server_cpu * 1e3 / max(1, len(latencies)), 2),
+        "server_loop_cpu_ms_per_request": round(loop_cpu * 1e3 / max(1, len(latencies)), 2),
         "requests": len(latencies) + len(errors),
         "errors": len(errors),
         "first_errors": errors[:3],
@@ -262,7 +285,53 @@ def measure_configuration(
             measure_level(clients, args.requests, args.rounds, in_process, poster) for clients in args.clients
         ]
         poster.close()
-    return {"options": list(options), "in_process_threads": predictor.threads, "levels": levels}
+    return {
+        "options": list(options), "in_process_threads": predictor.threads, "levels": levels,
+        "answer_bytes": poster.answer_bytes,
+    }  # fmt: skip
+
+
+FLOOR_APP = """
+import sys, uvicorn
+ANSWER = b'{"timings_ms":{},"pad":"' + b"x" * int(sys.argv[2]) + b'"}'
+HEAD = {"type": "http.response.start", "status": 200, "headers": [
+    (b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())]}
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    await send(HEAD)
+    await send({"type": "http.response.body", "body": ANSWER})
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), http="h11", log_config=None, access_log=False)
+"""
+
+
+def measure_floor(
+    payload: tuple[bytes, dict[str, str]], answer_bytes: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The bare ASGI app (`FLOOR_APP`) under uvicorn's h11 protocol at one client: what serving the same body
+    and an answer of the same length over HTTP from Python costs with no framework, form parsing or model."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-c", FLOOR_APP, str(port), str(max(0, answer_bytes - 24))])
+    try:
+        wait_until_ready(process, f"http://127.0.0.1:{port}", timeout_s=30)
+        poster = Poster(port, *payload, pid=process.pid)
+        run_threads(1, args.warmup, poster)
+        summary = side_summary([run_threads(1, args.requests, poster, process.pid)])
+    finally:
+        process.terminate()
+        process.wait(30)
+    keys = (
+        "requests",
+        "errors",
+        "requests_per_s",
+        "p50_ms",
+        "cpu_ms_per_request",
+        "server_cpu_ms_per_request",
+    )
+    return {"clients": 1, "answer_bytes": answer_bytes, **{key: summary[key] for key in keys}}
 
 
 def verdicts(configs: dict[str, Any]) -> dict[str, Any]:
@@ -335,7 +404,10 @@ def main() -> None:
             for name, options in wanted.items()
             if args.only is None or name in args.only
         }
+    answer_bytes = next(iter(configs.values()))["answer_bytes"] if configs else 3000
+    floor = measure_floor(payload, answer_bytes, args)
     show(configs)
+    print(f"HTTP floor (bare ASGI app, 1 client): {json.dumps(floor)}")
     found = verdicts(configs)
     print(json.dumps(found, indent=1))
     path = write_result(args.name, {
@@ -344,7 +416,7 @@ def main() -> None:
         "bundle": str(bundle), "pair": [str(args.image), str(args.template)],
         "requests_per_side_and_level": args.requests, "rounds": args.rounds, "keep_policy": KEEP_POLICY,
         "targets": {"throughput_ratio_at_4": TARGET_RATIO_AT_4, "p50_overhead_ms_at_1": TARGET_P50_OVERHEAD_AT_1_MS},
-        "verdicts": found, "configurations": configs, "seconds": round(time.perf_counter() - started, 1),
+        "verdicts": found, "configurations": configs, "http_floor": floor, "seconds": round(time.perf_counter() - started, 1),
     })  # fmt: skip
     print(f"wrote {path}")
 

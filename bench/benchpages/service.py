@@ -170,10 +170,12 @@ def section_overhead(page: Page) -> None:
                 OVERHEAD_CONFIGS.get(name, name), level["clients"], f1(theirs["requests_per_s"]),
                 f1(ours["requests_per_s"]), f2(level["throughput_ratio"]),
                 f"{f1(theirs['p50_ms'])} / {f1(ours['p50_ms'])}", f1(level["p50_overhead_ms"]),
-                f"{f1(theirs['cpu_ms_per_request'])} / {f1(ours['cpu_ms_per_request'])}", ours["errors"],
+                f"{f1(theirs['cpu_ms_per_request'])} / {f1(ours['cpu_ms_per_request'])}" + loop_part(ours),
+                ours["errors"],
             ])  # fmt: skip
     headers = ("served with", "clients", "in-process req/s", "served req/s", "ratio",
-               "p50 ms in-process / served", "p50 overhead ms", "CPU ms/request in-process / served", "errors")  # fmt: skip
+               "p50 ms in-process / served", "p50 overhead ms",
+               "CPU ms/request in-process / served (its event loop)", "errors")  # fmt: skip
     page.table(headers, rows)
     verdicts = doc["verdicts"]
     page.para(
@@ -186,7 +188,30 @@ def section_overhead(page: Page) -> None:
         + ".",
     )
     if not all(verdict["met"] for verdict in verdicts.values()):
-        page.prose("where-the-difference-goes")
+        page.prose("where-the-difference-goes", **difference_figures(doc))
+
+
+def loop_part(served: dict) -> str:
+    loop = served.get("server_loop_cpu_ms_per_request")
+    return "" if loop is None else f" ({f1(loop)})"
+
+
+def difference_figures(doc: dict) -> dict[str, str]:
+    """The CPU the service adds per request at 4 clients with the defaults, its event loop's part, and the
+    floor a bare ASGI app costs (older result files without these fields get dashes)."""
+    levels = {level["clients"]: level for level in doc["configurations"].get("default", {}).get("levels", [])}
+    level = levels.get(4) or next(iter(levels.values()), None)
+    floor = doc.get("http_floor") or {}
+    if level is None or "server_loop_cpu_ms_per_request" not in level["served"]:
+        return {"clients": "4", "cpu_gap": "-", "loop_cpu": "-", "floor_cpu": "-", "floor_p50": "-"}
+    gap = level["served"]["cpu_ms_per_request"] - level["in_process"]["cpu_ms_per_request"]
+    return {
+        "clients": str(level["clients"]),
+        "cpu_gap": f1(gap),
+        "loop_cpu": f1(level["served"]["server_loop_cpu_ms_per_request"]),
+        "floor_cpu": f2(floor.get("server_cpu_ms_per_request", float("nan"))),
+        "floor_p50": f2(floor.get("p50_ms", float("nan"))),
+    }
 
 
 def section_abuse(page: Page) -> None:
