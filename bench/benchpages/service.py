@@ -191,6 +191,17 @@ def section_overhead(page: Page) -> None:
         page.prose("where-the-difference-goes", **difference_figures(doc))
 
 
+DIFFERENCE_KEYS = (
+    "clients",
+    "cpu_gap",
+    "loop_cpu",
+    "floor_cpu",
+    "floor_p50",
+    "served_pipeline",
+    "caller_pipeline",
+)
+
+
 def loop_part(served: dict) -> str:
     loop = served.get("server_loop_cpu_ms_per_request")
     return "" if loop is None else f" ({f1(loop)})"
@@ -202,10 +213,13 @@ def difference_figures(doc: dict) -> dict[str, str]:
     levels = {level["clients"]: level for level in doc["configurations"].get("default", {}).get("levels", [])}
     level = levels.get(4) or next(iter(levels.values()), None)
     floor = doc.get("http_floor") or {}
-    if level is None or "server_loop_cpu_ms_per_request" not in level["served"]:
-        return {"clients": "4", "cpu_gap": "-", "loop_cpu": "-", "floor_cpu": "-", "floor_p50": "-"}
+    alone = levels.get(1, {})
+    if level is None or "server_loop_cpu_ms_per_request" not in level["served"] or not alone:
+        return dict.fromkeys(DIFFERENCE_KEYS, "-") | {"clients": "4"}
     gap = level["served"]["cpu_ms_per_request"] - level["in_process"]["cpu_ms_per_request"]
     return {
+        "served_pipeline": f1(alone["server_timings_ms_p50"].get("compute", float("nan"))),
+        "caller_pipeline": f1(alone["in_process"].get("pipeline_p50_ms", float("nan"))),
         "clients": str(level["clients"]),
         "cpu_gap": f1(gap),
         "loop_cpu": f1(level["served"]["server_loop_cpu_ms_per_request"]),
