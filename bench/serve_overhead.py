@@ -92,26 +92,19 @@ def the_pair(data: Path, bundle_dir: Path) -> tuple[Path, Path]:
     return pair[0], pair[1]
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of process `pid` and its descendants (the workers of `--workers N`)."""
+def process_cpu_s(pid: int, main_thread: bool = False) -> float:
+    """CPU seconds (user + system) of process `pid` and its descendants (the workers of `--workers N`);
+    `main_thread`: of each one's main thread only (the service's event loop)."""
     tick = os.sysconf("SC_CLK_TCK")
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        stat = Path(f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat").read_text()
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:  # it ended
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / tick + sum(process_cpu_s(int(child)) for child in children)
-
-
-def loop_cpu_s(pid: int) -> float:
-    """CPU seconds of the main thread (the event loop) of process `pid` and of each of its children."""
-    tick = os.sysconf("SC_CLK_TCK")
-    try:
-        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:  # it ended
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / tick + sum(loop_cpu_s(int(child)) for child in children)
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / tick + sum(
+        process_cpu_s(int(child), main_thread) for child in children
+    )
 
 
 def run_threads(
@@ -140,7 +133,7 @@ def run_threads(
     cpu, server_cpu, loop_cpu, started = (
         time.process_time(),
         process_cpu_s(server_pid) if server_pid else 0.0,
-        loop_cpu_s(server_pid) if server_pid else 0.0,
+        process_cpu_s(server_pid, main_thread=True) if server_pid else 0.0,
         time.perf_counter(),
     )
     for thread in threads:
@@ -151,7 +144,7 @@ def run_threads(
         "seconds": time.perf_counter() - started, "latencies": latencies, "errors": errors, "totals": server_totals,
         "cpu_s": time.process_time() - cpu,
         "server_cpu_s": process_cpu_s(server_pid) - server_cpu if server_pid else 0.0,
-        "server_loop_cpu_s": loop_cpu_s(server_pid) - loop_cpu if server_pid else 0.0,
+        "server_loop_cpu_s": process_cpu_s(server_pid, main_thread=True) - loop_cpu if server_pid else 0.0,
     }  # fmt: skip
 
 
