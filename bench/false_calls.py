@@ -9,7 +9,8 @@ nuisances `val --clean-templates` uses (same seed), so the figures match that ru
 highest-scoring box. The escape-rate operating point is chosen on the same boards it is reported on (optimistic:
 it says how far the scores separate, not what a threshold chosen elsewhere would do). Writes
 `bench/results/false_calls_<name>.json` and, beside it, `false_calls_<name>.png`: the highest-scoring false boxes
-on the defect-free boards, each cut out with its surroundings (the real-data page shows it).
+on the defect-free boards, each cut out with its surroundings, and `false_calls_<name>_labelled.png`: labelled
+defects of the class called most often, cut out the same way (the real-data page shows both).
 """
 
 from __future__ import annotations
@@ -83,10 +84,35 @@ def false_boxes(clean: list[list[Any]], threshold: float) -> dict[str, Any]:
     }
 
 
-def false_box_grid(clean: list[list[Any]], images: list[Path], threshold: float, out: Path) -> Path:
-    """A PNG of the highest-scoring false boxes (one per board, best first), each with its class and score."""
+def crop_cell(path: Path, box: Any, label: str) -> np.ndarray:
+    """80 x 80 px of the board around the box's centre (grey beyond its edges), enlarged to `CELL_PX`, labelled."""
     import cv2
 
+    image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    centre_x, centre_y = (int((box[0] + box[2]) / 2), int((box[1] + box[3]) / 2))
+    padded = cv2.copyMakeBorder(image, 40, 40, 40, 40, cv2.BORDER_CONSTANT, value=(64, 64, 64))
+    cell = cv2.resize(
+        padded[centre_y : centre_y + 80, centre_x : centre_x + 80],
+        (CELL_PX, CELL_PX),
+        interpolation=cv2.INTER_NEAREST,
+    )
+    cv2.putText(cell, label, (3, 14), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 255), 1)
+    return cell
+
+
+def write_grid(cells: list[np.ndarray], out: Path) -> Path:
+    """`GRID` cells (blank where there are fewer) as one PNG."""
+    import cv2
+
+    blank = np.full((CELL_PX, CELL_PX, 3), 255, np.uint8)
+    cells = cells[: GRID[0] * GRID[1]] + [blank] * (GRID[0] * GRID[1] - len(cells))
+    rows = [np.hstack(cells[row * GRID[1] : (row + 1) * GRID[1]]) for row in range(GRID[0])]
+    cv2.imwrite(str(out), np.vstack(rows))
+    return out
+
+
+def false_box_grid(clean: list[list[Any]], images: list[Path], threshold: float, out: Path) -> Path:
+    """A PNG of the highest-scoring false boxes (one per board, best first), each with its class and score."""
     best = sorted(
         (
             (max(boxes, key=lambda box: box.score), path)
@@ -95,25 +121,22 @@ def false_box_grid(clean: list[list[Any]], images: list[Path], threshold: float,
         ),
         key=lambda pair: -pair[0].score,
     )
-    cells = []
-    for box, path in [pair for pair in best if pair[0].score >= threshold][: GRID[0] * GRID[1]]:
-        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
-        centre_x, centre_y = (int((box.box[0] + box.box[2]) / 2), int((box.box[1] + box.box[3]) / 2))
-        padded = cv2.copyMakeBorder(image, 40, 40, 40, 40, cv2.BORDER_CONSTANT, value=(64, 64, 64))
-        cell = cv2.resize(
-            padded[centre_y : centre_y + 80, centre_x : centre_x + 80],
-            (CELL_PX, CELL_PX),
-            interpolation=cv2.INTER_NEAREST,
-        )
-        cv2.putText(
-            cell, f"{box.class_name} {box.score:.2f}", (3, 14), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 255), 1
-        )
-        cells.append(cell)
-    blank = np.full((CELL_PX, CELL_PX, 3), 255, np.uint8)
-    cells += [blank] * (GRID[0] * GRID[1] - len(cells))
-    rows = [np.hstack(cells[row * GRID[1] : (row + 1) * GRID[1]]) for row in range(GRID[0])]
-    cv2.imwrite(str(out), np.vstack(rows))
-    return out
+    chosen = [pair for pair in best if pair[0].score >= threshold][: GRID[0] * GRID[1]]
+    return write_grid(
+        [crop_cell(path, box.box, f"{box.class_name} {box.score:.2f}") for box, path in chosen], out
+    )
+
+
+def labelled_grid(split: Any, class_name: str, out: Path) -> Path:
+    """A PNG of labelled defects of `class_name` in the split (one per board, in file order), cut out as the
+    false boxes are: what the model was taught that class looks like, beside what it calls it on clean boards."""
+    class_id = split.class_names.index(class_name)
+    chosen = []
+    for sample in split.samples:
+        boxes = [box for box, label in zip(sample.boxes, sample.classes, strict=True) if label == class_id]
+        if boxes:
+            chosen.append((sample.image_path, boxes[0]))
+    return write_grid([crop_cell(path, box, f"label {class_name}") for path, box in chosen], out)
 
 
 def run(args: argparse.Namespace, dirty: bool) -> Path:
@@ -156,6 +179,9 @@ def run(args: argparse.Namespace, dirty: bool) -> Path:
     path = write_result(f"false_calls_{args.name}", body)
     clean_images = [sample.image_path for sample in clean_samples]
     false_box_grid(clean, clean_images, bundle_threshold, path.with_suffix(".png"))
+    per_class = body["at_bundle_threshold"]["per_class"]
+    if per_class:  # the class called most often, as the split's labels show it
+        labelled_grid(split, next(iter(per_class)), path.with_name(f"{path.stem}_labelled.png"))
     rows = [
         [p["target_escape_rate"], f"{p['threshold']:.3f}", f"{p['false_call_rate']:.3f}"]
         for p in body["operating_points"]

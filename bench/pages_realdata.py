@@ -872,20 +872,37 @@ def _as_they_are(doc: dict[str, Any], explain: bool) -> list[str]:
 
 
 def _false_calls(page: Page, results: dict[str, Result]) -> None:
-    """The false calls of recorded bundles on defect-free boards, with the picture of the highest-scoring ones."""
-    import shutil
-
+    """The false calls of recorded bundles on defect-free boards, with the picture of the highest-scoring ones
+    and, where the run drew it, the labelled defects of the class they are called."""
     found = [r for name, r in sorted(results.items()) if name.startswith("false_calls_") and not r.dirty]
     if not found:
         return
     page.prose("what-the-false-calls-are")
-    for index, result in enumerate(found):
-        page.para(*_false_call_sentences(page, result, index == 0))
-        picture = RESULTS_DIR / f"{result.name}.png"
-        if index == 0 and picture.is_file():  # one picture: the others look alike (their files have theirs)
-            IMG.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(picture, IMG / picture.name)
-            page.image(picture.name, "the highest-scoring boxes on defect-free boards, with class and score")
+    for result in found:
+        page.para(*_false_call_sentences(page, result, result is found[0]))
+    shown = next((r for r in found if (RESULTS_DIR / f"{r.name}_labelled.png").is_file()), found[0])
+    # one run's pictures: the others look alike (their files have theirs)
+    _copy_picture(
+        page, f"{shown.name}.png", "the highest-scoring boxes on defect-free boards, with class and score"
+    )
+    called = next(iter(shown.doc["at_bundle_threshold"]["per_class"]), None)
+    if called is not None:
+        caption = f"labelled {called} defects of the same split, cut out the same way"
+        if _copy_picture(page, f"{shown.name}_labelled.png", caption):
+            page.prose("false-calls-beside-labels", cited=page.cite(shown.name), called=called)
+
+
+def _copy_picture(page: Page, name: str, caption: str) -> bool:
+    """A picture from bench/results/ onto the page (copied beside the page's plots); False when there is none."""
+    import shutil
+
+    picture = RESULTS_DIR / name
+    if not picture.is_file():
+        return False
+    IMG.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(picture, IMG / picture.name)
+    page.image(picture.name, caption)
+    return True
 
 
 def _diagnosis(page: Page, diagnosis: Result | None) -> None:
