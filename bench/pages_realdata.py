@@ -733,14 +733,38 @@ def is_step_matched(result: Result) -> bool:
     return "epochs" in (result.doc.get("overrides") or {})
 
 
+def _changes(result: Result, control: Result | None = None) -> dict[str, Any]:
+    """What a step-matched run changed: its settings other than the epochs (those the control also set left
+    out) and the weights it started from, when not the shipped ones."""
+    shared = _flat((control.doc.get("overrides") or {}) if control is not None else {})
+    changed = {
+        key: value
+        for key, value in _flat(result.doc.get("overrides") or {}).items()
+        if key != "epochs" and shared.get(key, object()) != value
+    }
+    start = result.doc.get("start_weights")
+    if start:
+        changed["start weights"] = Path(start["file"]).name
+    return changed
+
+
 def _control(result: Result, runs: list[Result]) -> Result | None:
-    """The run of the same data, seed and epochs that changed nothing else."""
+    """The run of the same data, seed and epochs that changed nothing else: from the shipped weights, with a
+    subset of the run's settings (the most of them)."""
     epochs = result.doc["overrides"]["epochs"]
-    for other in runs:
-        same = other.doc["dataset"] == result.doc["dataset"] and other.seed() == result.seed()
-        if same and other.doc.get("overrides") == {"epochs": epochs} and other is not result:
-            return other
-    return None
+    settings = _flat(result.doc["overrides"])
+    candidates = [
+        other
+        for other in runs
+        if other is not result
+        and other.doc["dataset"] == result.doc["dataset"]
+        and other.seed() == result.seed()
+        and not other.doc.get("start_weights")
+        and (other.doc.get("overrides") or {}).get("epochs") == epochs
+        and _flat(other.doc["overrides"]).items() <= settings.items()
+        and _changes(result, other)
+    ]
+    return max(candidates, key=lambda other: len(other.doc["overrides"]), default=None)
 
 
 def _step_matched(page: Page, runs: list[Result]) -> None:
@@ -752,11 +776,10 @@ def _step_matched(page: Page, runs: list[Result]) -> None:
         if control is None:
             continue
         value, base = _score(result), _score(control)
-        overrides = {k: v for k, v in _flat(result.doc["overrides"]).items() if k != "epochs"}
         rows.append(
             [
                 LABELS.get(result.doc["dataset"], result.doc["dataset"]),
-                ", ".join(f"`{key}={value}`" for key, value in overrides.items()),
+                ", ".join(f"`{key}={value}`" for key, value in _changes(result, control).items()),
                 result.doc["overrides"]["epochs"],
                 result.seed(),
                 f"{control.doc.get('steps') or 0:,} / {result.doc.get('steps') or 0:,}",
