@@ -363,6 +363,7 @@ def page_real_data(results: dict[str, Result], plots: list[Callable[[], None]]) 
     _fragments(page, runs + experiments)
     _tried(page, runs, [r for r in experiments if not is_step_matched(r)])
     _step_matched(page, [r for r in experiments if is_step_matched(r)])
+    _distilled(page, results.get("distill_tiny"))
     _diagnosis(page, results.get("agdd_diagnosis"))
     _false_calls(page, results)
     _good_only(page, results)
@@ -809,6 +810,28 @@ def _step_matched(page: Page, runs: list[Result]) -> None:
             "files",
         ),
         rows,
+    )
+
+
+def _distilled(page: Page, distill: Result | None) -> None:
+    """How the start weights named `tiny_plain_distilled.pt` in the pairs above were made (bench/distill.py)."""
+    if distill is None or distill.dirty:
+        return
+    doc = distill.doc
+    images = doc["provenance"]["images"]
+    curve = doc["curve"]
+    settings = doc["settings"]
+    page.prose(
+        "distilled-imagenet-features",
+        synthetic=f"{sum(images['synthetic'].values()):,}",
+        photographs=images["real"],
+        steps=f"{settings['steps']:,}",
+        batch=settings["batch"],
+        crop=settings["crop"],
+        first_loss=f2(curve[0]["loss"]),
+        last_loss=f2(curve[-1]["loss"]),
+        machine=distill.machine,
+        cited=page.cite(distill.name),
     )
 
 
