@@ -735,9 +735,12 @@ def is_step_matched(result: Result) -> bool:
 
 
 def _changes(result: Result, control: Result | None = None) -> dict[str, Any]:
-    """What a step-matched run changed: its settings other than the epochs (those the control also set left
-    out) and the weights it started from, when not the shipped ones."""
+    """What a step-matched run changed: its settings other than the epochs (those the control also set, or
+    chose by itself, left out) and the weights it started from, when not the shipped ones."""
     shared = _flat((control.doc.get("overrides") or {}) if control is not None else {})
+    if control is not None:  # what the control's run chose by itself is no change either
+        chosen = {choice["name"]: choice["value"] for choice in control.doc.get("choices") or []}
+        shared = {**chosen, **shared}
     changed = {
         key: value
         for key, value in _flat(result.doc.get("overrides") or {}).items()
