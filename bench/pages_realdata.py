@@ -363,7 +363,7 @@ def page_real_data(results: dict[str, Result], plots: list[Callable[[], None]]) 
     _fragments(page, runs + experiments)
     _tried(page, runs, [r for r in experiments if not is_step_matched(r)])
     _step_matched(page, [r for r in experiments if is_step_matched(r)])
-    _distilled(page, results.get("distill_tiny"))
+    _distilled(page, results.get("distill_tiny"), [r for r in experiments if is_step_matched(r)])
     _diagnosis(page, results.get("agdd_diagnosis"))
     _false_calls(page, results)
     _good_only(page, results)
@@ -816,14 +816,25 @@ def _step_matched(page: Page, runs: list[Result]) -> None:
     )
 
 
-def _distilled(page: Page, distill: Result | None) -> None:
-    """How the start weights named `tiny_plain_distilled.pt` in the pairs above were made (bench/distill.py)."""
+def _distilled(page: Page, distill: Result | None, runs: list[Result]) -> None:
+    """How the start weights named `tiny_plain_distilled.pt` in the pairs above were made (bench/distill.py),
+    and what they changed on average per dataset."""
     if distill is None or distill.dirty:
         return
     doc = distill.doc
     images = doc["provenance"]["images"]
-    curve = doc["curve"]
     settings = doc["settings"]
+    differences: dict[str, list[float]] = {}
+    for result in runs:
+        control = _control(result, runs)
+        if control is not None and "start weights" in _changes(result, control):
+            label = LABELS.get(result.doc["dataset"], result.doc["dataset"])
+            differences.setdefault(label, []).append(_score(result) - _score(control))
+    outcome = "; ".join(
+        f"{label}: {statistics.mean(values):+.3f} on average over {len(values)} seeds "
+        f"({min(values):+.3f} to {max(values):+.3f})"
+        for label, values in differences.items()
+    )
     page.prose(
         "distilled-imagenet-features",
         synthetic=f"{sum(images['synthetic'].values()):,}",
@@ -831,10 +842,11 @@ def _distilled(page: Page, distill: Result | None) -> None:
         steps=f"{settings['steps']:,}",
         batch=settings["batch"],
         crop=settings["crop"],
-        first_loss=f2(curve[0]["loss"]),
-        last_loss=f2(curve[-1]["loss"]),
+        first_loss=f2(doc["curve"][0]["loss"]),
+        last_loss=f2(doc["curve"][-1]["loss"]),
         machine=distill.machine,
         cited=page.cite(distill.name),
+        outcome=outcome or "no pair recorded yet",
     )
 
 
@@ -893,12 +905,17 @@ def _false_call_sentences(page: Page, result: Result, explain: bool) -> list[str
 
 
 def _trained_with(page: Page, doc: dict[str, Any]) -> str:
-    """', trained with `key=value`' when the bundle's run changed settings from the defaults."""
+    """', trained with `key=value`' (and the start weights) when the bundle's run changed them from the
+    defaults."""
     run = page.results.get(Path(doc["bundle"]).parent.name)
-    overrides = (run.doc.get("overrides") or {}) if run else {}
+    if run is None:
+        return ""
+    changed = {key: value for key, value in _flat(run.doc.get("overrides") or {}).items()}
+    if run.doc.get("start_weights"):
+        changed["start weights"] = Path(run.doc["start_weights"]["file"]).name
     return (
-        (", trained with " + ", ".join(f"`{key}={value}`" for key, value in overrides.items()))
-        if overrides
+        (", trained with " + ", ".join(f"`{key}={value}`" for key, value in changed.items()))
+        if changed
         else ""
     )
 
