@@ -170,6 +170,7 @@ ON_REQUEST = {
     "pretrain": "make pretrain   # the starting weights the package ships",
     "registration": "python -m bench.registration",
     "false_calls": "python -m bench.false_calls --bundle MODEL.onnx --data DATA --name NAME",
+    "distill": "python -m bench.distill --steps 2000 --batch 16 --crop 256 --threads 1   # about 35 min",
     "repeat_check": "python -m bench.repeat_check RUN/last.pt --data DATA",
     "template_oracle": "python -m bench.template_oracle RUN/last.pt",
     "template_probe": "python -m bench.template_probe CHECKPOINT",
