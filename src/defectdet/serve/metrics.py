@@ -70,9 +70,8 @@ class ServiceMetrics:
         for gauge in (self.drift_limit, self.drift_z, self.drift_chart_level, self.drift_value):
             _clear(gauge)
         self._chart_gauges: dict[str, tuple[Any, Any, Any]] = {}  # statistic -> its value, z and level gauges
-        self._drift_unrendered: dict[str, Any] | None = (
-            None  # the newest answer's drift, not yet in the gauges
-        )
+        # the newest answer's drift, not yet in the gauges (one process: set when /metrics is read)
+        self._drift_unrendered: dict[str, Any] | None = None
         if monitor is None:
             self.drift_level.set(-1)
             return
