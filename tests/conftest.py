@@ -30,25 +30,6 @@ def pytest_configure(config: pytest.Config) -> None:
         sys.modules["torch"].set_num_threads(len(share))
 
 
-# Tests of 10 s or more (besides those marked slow), by file: run first, see pytest_collection_modifyitems.
-LONG_TEST_FILES = frozenset(
-    {
-        "test_line_walk.py",
-        "test_loop_walk.py",
-        "test_fleet.py",
-        "test_demo.py",
-        "test_loader_doctor.py",
-        "test_distributed.py",
-    }
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest tests first: under `make test` two workers share the queue, and a 20-second test that
-    starts last leaves the other core idle until it ends; started first, the short ones fill in around it."""
-    items.sort(key=lambda item: not (item.get_closest_marker("slow") or item.path.name in LONG_TEST_FILES))
-
-
 # A quick, quiet CPU run: tests add the data, sizes and budgets they are about.
 SMALL_TRAIN = {"device": "cpu", "workers": 0, "progress": False, "epochs": 2, "warmup_steps": 1}
 
