@@ -910,7 +910,7 @@ def _trained_with(page: Page, doc: dict[str, Any]) -> str:
     run = page.results.get(Path(doc["bundle"]).parent.name)
     if run is None:
         return ""
-    changed = {key: value for key, value in _flat(run.doc.get("overrides") or {}).items()}
+    changed = dict(_flat(run.doc.get("overrides") or {}))
     if run.doc.get("start_weights"):
         changed["start weights"] = Path(run.doc["start_weights"]["file"]).name
     return (

@@ -216,6 +216,31 @@ def _misses_and_false_alarms(
     return len(record.gt_boxes) - hits, int(kept.sum()) - hits
 
 
+def _class_name(class_names: Sequence[str], class_id: int) -> str:
+    return class_names[class_id] if 0 <= class_id < len(class_names) else str(class_id)
+
+
+def _labelled_box(axes, box: np.ndarray, text: str | None, color: str, below: bool, **line: Any) -> None:
+    """One box outline in `color` with `text` (if any) on a `color` tag above its top edge (`below`: under its
+    bottom)."""
+    from matplotlib.patches import Rectangle
+
+    axes.add_patch(
+        Rectangle((box[0], box[1]), box[2] - box[0], box[3] - box[1], fill=False, edgecolor=color, **line)
+    )
+    if text is None:
+        return
+    axes.text(
+        box[0],
+        box[3] + 2 if below else box[1] - 2,
+        text,
+        color="black" if below else "white",
+        fontsize=8,
+        va="top" if below else "bottom",
+        bbox={"facecolor": color, "edgecolor": "none", "pad": 1.0, "alpha": 0.85},
+    )
+
+
 def _draw_record(
     axes,
     record: ImageRecord,
@@ -226,8 +251,6 @@ def _draw_record(
 ) -> int:
     """Draw one record on `axes`: the image, ground truth (green, dashed; a missed one named under its box) and
     the predictions >= threshold (red, class + score). Returns how many predictions were drawn."""
-    from matplotlib.patches import Rectangle
-
     image = load(record)
     if image is None:
         image = np.full((max(record.height, 1), max(record.width, 1)), 128, dtype=np.uint8)
@@ -241,51 +264,13 @@ def _draw_record(
     same_class = record.gt_classes[:, None] == record.det_classes[kept][None, :]
     found = ((box_iou(record.gt_boxes, record.det_boxes[kept]) >= match_iou) & same_class).any(axis=1)
     for box, class_id, was_found in zip(record.gt_boxes, record.gt_classes, found, strict=True):
-        if not was_found:  # name the missed defect under its box
-            name = class_names[class_id] if 0 <= class_id < len(class_names) else str(class_id)
-            axes.text(
-                box[0],
-                box[3] + 2,
-                f"missed {name}",
-                color="black",
-                fontsize=8,
-                va="top",
-                bbox={"facecolor": GT_COLOR, "edgecolor": "none", "pad": 1.0, "alpha": 0.85},
-            )
-        axes.add_patch(
-            Rectangle(
-                (box[0], box[1]),
-                box[2] - box[0],
-                box[3] - box[1],
-                fill=False,
-                edgecolor=GT_COLOR,
-                linewidth=1.6,
-                linestyle="--",
-            )
-        )
+        missed = None if was_found else f"missed {_class_name(class_names, class_id)}"  # only a miss is named
+        _labelled_box(axes, box, missed, GT_COLOR, below=True, linewidth=1.6, linestyle="--")
     for box, score, class_id in zip(
         record.det_boxes[kept], record.det_scores[kept], record.det_classes[kept], strict=True
     ):
-        axes.add_patch(
-            Rectangle(
-                (box[0], box[1]),
-                box[2] - box[0],
-                box[3] - box[1],
-                fill=False,
-                edgecolor=PRED_COLOR,
-                linewidth=1.4,
-            )
-        )
-        name = class_names[class_id] if 0 <= class_id < len(class_names) else str(class_id)
-        axes.text(
-            box[0],
-            box[1] - 2,
-            f"{name} {score:.2f}",
-            color="white",
-            fontsize=8,
-            va="bottom",
-            bbox={"facecolor": PRED_COLOR, "edgecolor": "none", "pad": 1.0, "alpha": 0.85},
-        )
+        text = f"{_class_name(class_names, class_id)} {score:.2f}"
+        _labelled_box(axes, box, text, PRED_COLOR, below=False, linewidth=1.4)
     return int(kept.sum())
 
 

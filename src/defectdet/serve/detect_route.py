@@ -11,10 +11,8 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from defectdet.serve.answers import FastJSON
-from defectdet.serve.routes import refusal_response
+from defectdet.serve.routes import DETECT_PATH, refusal_response
 from defectdet.serve.service import Service
-
-DETECT_PATH = "/v1/detect"
 
 
 class DetectRoute:

@@ -53,10 +53,10 @@ class ConnectionLimit:
 
     def _head_with_body(self, send: Send) -> Send:
         """`send`, with the response's head written together with its body (`HeadWithBody`)."""
-        transport = self.protocol.transport
+        transport: HeadWithBody = self.protocol.transport  # type: ignore[assignment]  # ServiceProtocol's
 
         async def send_joined(message: Message) -> None:
-            if message["type"] == "http.response.start" and isinstance(transport, HeadWithBody):
+            if message["type"] == "http.response.start":
                 transport.hold_head()
             await send(message)
 

@@ -24,6 +24,7 @@ from defectdet.serve.settings import ServeSettings
 from defectdet.serve.upload import UploadError
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+DETECT_PATH = "/v1/detect"  # answered before the router by `serve.detect_route`; declared here for OpenAPI
 DETECT_BODY_SCHEMA = {
     "requestBody": {
         "required": True,
@@ -109,7 +110,7 @@ def add_inspection_routes(app: FastAPI, service: Service, settings: ServeSetting
     """/v1/detect, the health and readiness probes and /v1/model."""
 
     @app.post(
-        "/v1/detect",
+        DETECT_PATH,
         openapi_extra=detect_body_schema(service.metadata),
         summary="Detect defects in one image",
     )
